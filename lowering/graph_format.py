@@ -1,0 +1,147 @@
+"""The graph interchange document, format v1 (documented in docs/graph-format.md).
+
+A client (the torch backend, or anyone) sends this JSON; the service never receives
+weights, pickles or code. Every model is strict and bounded so a malformed or hostile
+document fails in validation with a precise message instead of deep inside the solver.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FORMAT_NAME = "sticksat.graph"
+FORMAT_VERSION = 1
+
+MAX_NODES = 20_000
+MAX_RANK = 8
+MAX_ARGS = 64
+MAX_LIST = 1024
+
+DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
+
+Ident = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class SymSize(_Strict):
+    """A symbolic size. Format v1 only carries it so validation can name it precisely."""
+
+    sym: Annotated[str, Field(max_length=256)]
+
+
+Size = Union[Annotated[int, Field(ge=0, le=2**40)], SymSize]
+
+
+class TensorMeta(_Strict):
+    shape: Annotated[list[Size], Field(max_length=MAX_RANK)]
+    stride: Annotated[list[Size], Field(max_length=MAX_RANK)]
+    storage_offset: Size = 0
+    dtype: DType
+
+
+class TensorRef(_Strict):
+    kind: Literal["tensor"] = "tensor"
+    node: Ident
+    output: Annotated[int, Field(ge=0, le=16)] = 0
+
+
+class IntArg(_Strict):
+    kind: Literal["int"] = "int"
+    value: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+
+class FloatArg(_Strict):
+    kind: Literal["float"] = "float"
+    # JSON has no inf/nan: they travel as strings.
+    value: Union[float, Literal["inf", "-inf", "nan"]]
+
+
+class BoolArg(_Strict):
+    kind: Literal["bool"] = "bool"
+    value: bool
+
+
+class NoneArg(_Strict):
+    kind: Literal["none"] = "none"
+
+
+class StrArg(_Strict):
+    """Enum-like string arguments (e.g. gelu's approximate='tanh', a memory format)."""
+
+    kind: Literal["str"] = "str"
+    value: Annotated[str, Field(max_length=64)]
+
+
+class DTypeArg(_Strict):
+    kind: Literal["dtype"] = "dtype"
+    value: DType
+
+
+class SymArg(_Strict):
+    """A symbolic int argument (rejected by v1 validation, named precisely)."""
+
+    kind: Literal["sym"] = "sym"
+    sym: Annotated[str, Field(max_length=256)]
+
+
+class ListArg(_Strict):
+    kind: Literal["list"] = "list"
+    items: Annotated[list["Arg"], Field(max_length=MAX_LIST)]
+
+
+Arg = Annotated[
+    Union[TensorRef, IntArg, FloatArg, BoolArg, NoneArg, StrArg, DTypeArg, SymArg, ListArg],
+    Field(discriminator="kind"),
+]
+ListArg.model_rebuild()
+
+
+class GraphInput(_Strict):
+    id: Ident
+    kind: Literal["user_input", "parameter", "buffer", "constant"]
+    # The model's own name for it (parameter FQN); informational, not hashed.
+    name: Annotated[str, Field(max_length=512)] = ""
+    meta: TensorMeta
+
+
+class Node(_Strict):
+    id: Ident
+    target: Annotated[str, Field(max_length=128, pattern=r"^(aten|prims)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")]
+    args: Annotated[list[Arg], Field(max_length=MAX_ARGS)] = []
+    kwargs: Annotated[dict[Ident, Arg], Field(max_length=MAX_ARGS)] = {}
+    outputs: Annotated[list[TensorMeta], Field(max_length=16)]
+
+
+class GraphDocument(_Strict):
+    format: Literal["sticksat.graph"] = FORMAT_NAME
+    version: Literal[1] = FORMAT_VERSION
+    name: Annotated[str, Field(max_length=256)] = ""
+    inputs: Annotated[list[GraphInput], Field(max_length=MAX_NODES)]
+    nodes: Annotated[list[Node], Field(max_length=MAX_NODES)]
+    outputs: Annotated[list[TensorRef], Field(min_length=1, max_length=MAX_NODES)]
+
+    # -- canonical form and hash -------------------------------------------------------
+    def canonical_json(self) -> str:
+        """The hashed form: labels (graph name, parameter names) are left out, so two
+        clients sending the same computation share one store entry."""
+        data = self.model_dump(mode="json")
+        data.pop("name", None)
+        for inp in data["inputs"]:
+            inp.pop("name", None)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    def graph_hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "GraphDocument":
+        return cls.model_validate_json(text)

@@ -1,0 +1,341 @@
+"""Primitive ops: every aten op is lowered to loop nests of this one shape.
+
+A primitive op is a loop nest over named iteration dims (parallel or reduction). Each
+operand says, for every one of its tensor dims, which iteration dim indexes it (or None
+for a size-1 broadcast dim). The body is one of a few kinds:
+
+- ``matmul``: out[..., m, n] = sum_k x[..., m, k] * y[..., k, n]  (runs on the PT array)
+- ``pointwise``: out = expr(inputs) elementwise (SFP)
+- ``reduce``: out = fold(fn, expr(inputs)) over the reduction dims (SFP)
+- ``gather``: out[i..., d...] = table[index[i...], d...] along one table axis (embedding)
+- ``copy``: out = strided view of the single input's logical row-major elements. Views
+  that are only dim relabelings (permute, unsqueeze, expand of size-1 dims) are folded
+  into consumers' operand maps instead; ``copy`` covers what is not (reshape that
+  regroups dims, slice, im2col windows, cat pieces); the planner decides whether a copy
+  is a free alias on the device layout or moves data.
+- ``fill``: out = constant or iota (no tensor inputs).
+
+All stick, split and residency decisions are expressed over iteration dims, so the
+solver and simulator never look at aten targets. The op rules (which iteration dim each
+operand's stick may sit on) live in ``lowering/op_rules.py`` beside these definitions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional, Union
+
+DimKind = Literal["parallel", "reduction"]
+TensorRole = Literal["user_input", "parameter", "buffer", "constant", "intermediate"]
+
+# Element sizes of the dtypes primitive tensors may have.
+DTYPE_BYTES = {
+    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}
+
+
+@dataclass(frozen=True)
+class PrimTensor:
+    id: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: TensorRole = "intermediate"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class IterDim:
+    name: str
+    size: int
+    kind: DimKind = "parallel"
+
+
+@dataclass(frozen=True)
+class Access:
+    """How an op indexes one tensor: dims[j] is the iteration-dim index for tensor dim j,
+    or None when tensor dim j has size 1 and is broadcast."""
+
+    tensor: str
+    dims: tuple[Optional[int], ...]
+
+
+# -- scalar expressions (bodies of pointwise and reduce ops) ------------------------------
+@dataclass(frozen=True)
+class In:
+    """The value of operand `index` at the current iteration point."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float  # may be +-inf / nan
+
+
+@dataclass(frozen=True)
+class Call:
+    """fn is one of SCALAR_FNS; `attrs` carries static attributes (e.g. dtype of a cast)."""
+
+    fn: str
+    args: tuple["Expr", ...]
+    attrs: tuple[tuple[str, Union[str, float, int]], ...] = ()
+
+
+Expr = Union[In, Const, Call]
+
+SCALAR_FNS = frozenset({
+    # arithmetic
+    "add", "sub", "mul", "div", "neg", "pow", "maximum", "minimum", "abs", "reciprocal",
+    "floordiv", "remainder",
+    # transcendental
+    "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin", "cos",
+    # activations kept fused where Spyre has them
+    "relu", "gelu", "gelu_tanh", "silu",
+    # comparisons and logic (produce bool)
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
+    "bitwise_and", "bitwise_or",
+    # selection and casts
+    "where", "cast",
+})
+
+REDUCE_FNS = frozenset({"sum", "max", "min", "prod", "cumsum"})
+
+
+@dataclass(frozen=True)
+class MatmulBody:
+    """Iteration-dim indices of the matmul roles; every other dim is a batch dim."""
+
+    m: int
+    n: int
+    k: int
+    kind: Literal["matmul"] = "matmul"
+
+
+@dataclass(frozen=True)
+class PointwiseBody:
+    expr: Expr
+    kind: Literal["pointwise"] = "pointwise"
+
+
+@dataclass(frozen=True)
+class ReduceBody:
+    """fold `fn` over the op's reduction dims of `expr` (cumsum: a scan along them)."""
+
+    fn: str
+    expr: Expr = In(0)
+    kind: Literal["reduce"] = "reduce"
+
+
+@dataclass(frozen=True)
+class GatherBody:
+    """out = table[index] along table dim `axis`; operand 0 is the table, 1 the index."""
+
+    axis: int
+    kind: Literal["gather"] = "gather"
+
+
+@dataclass(frozen=True)
+class StridedMap:
+    """out[i] = in_flat[offset + sum_j i_j * strides[j]], over the input's logical
+    row-major element order."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class CopyBody:
+    """Out is assembled from strided pieces of the inputs: piece p writes the region of
+    the output starting at `out_offsets[p]` (per dim) from input p through `maps[p]`.
+    Positions no piece writes hold `pad_value` (constant padding)."""
+
+    maps: tuple[StridedMap, ...]
+    out_offsets: tuple[tuple[int, ...], ...]
+    pad_value: float = 0.0
+    kind: Literal["copy"] = "copy"
+
+
+@dataclass(frozen=True)
+class FillBody:
+    """A constant, or iota along dim `iota_dim` (start + step * index)."""
+
+    value: float = 0.0
+    iota_dim: Optional[int] = None
+    start: float = 0.0
+    step: float = 1.0
+    kind: Literal["fill"] = "fill"
+
+
+Body = Union[MatmulBody, PointwiseBody, ReduceBody, GatherBody, CopyBody, FillBody]
+
+
+@dataclass(frozen=True)
+class PrimOp:
+    id: str
+    iter_dims: tuple[IterDim, ...]
+    inputs: tuple[Access, ...]
+    output: Access
+    body: Body
+    # The aten node this op came from (for error messages and traces).
+    source: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.body.kind
+
+
+@dataclass
+class PrimGraph:
+    """Ops in a valid execution order; tensors by id; graph inputs/outputs by id."""
+
+    name: str
+    tensors: dict[str, PrimTensor]
+    ops: list[PrimOp]
+    inputs: list[str]
+    outputs: list[str]
+    # graph hash of the interchange document this was lowered from
+    source_hash: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def producer(self) -> dict[str, PrimOp]:
+        return {op.output.tensor: op for op in self.ops}
+
+    def consumers(self) -> dict[str, list[PrimOp]]:
+        out: dict[str, list[PrimOp]] = {t: [] for t in self.tensors}
+        for op in self.ops:
+            for acc in op.inputs:
+                out[acc.tensor].append(op)
+        return out
+
+
+# -- JSON form (embedded in SuperDSC programs; see docs/superdsc.md) ---------------------
+_EXPR_TYPES = {"in": In, "const": Const, "call": Call}
+_BODY_TYPES = {b.__dataclass_fields__["kind"].default: b
+               for b in (MatmulBody, PointwiseBody, ReduceBody, GatherBody, CopyBody, FillBody)}
+
+
+def _float_json(v: float):
+    if v != v:
+        return "nan"
+    if v in (float("inf"), float("-inf")):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def _float_from(v) -> float:
+    return float(v) if isinstance(v, str) else v
+
+
+def expr_to_json(e: Expr) -> dict:
+    if isinstance(e, In):
+        return {"in": e.index}
+    if isinstance(e, Const):
+        return {"const": _float_json(e.value)}
+    return {"call": e.fn, "args": [expr_to_json(a) for a in e.args],
+            **({"attrs": {k: v for k, v in e.attrs}} if e.attrs else {})}
+
+
+def expr_from_json(d: dict, depth: int = 0) -> Expr:
+    if depth > 64:
+        raise ValueError("expression nested deeper than 64")
+    if "in" in d:
+        return In(int(d["in"]))
+    if "const" in d:
+        return Const(_float_from(d["const"]))
+    fn = d["call"]
+    if fn not in SCALAR_FNS:
+        raise ValueError(f"unknown scalar function {fn!r}")
+    return Call(fn, tuple(expr_from_json(a, depth + 1) for a in d["args"]),
+                tuple(sorted(d.get("attrs", {}).items())))
+
+
+def body_to_json(b: Body) -> dict:
+    if isinstance(b, PointwiseBody):
+        return {"kind": "pointwise", "expr": expr_to_json(b.expr)}
+    if isinstance(b, ReduceBody):
+        return {"kind": "reduce", "fn": b.fn, "expr": expr_to_json(b.expr)}
+    if isinstance(b, CopyBody):
+        return {"kind": "copy", "pad_value": _float_json(b.pad_value),
+                "out_offsets": [list(o) for o in b.out_offsets],
+                "maps": [{"shape": list(m.shape), "strides": list(m.strides), "offset": m.offset}
+                         for m in b.maps]}
+    if isinstance(b, FillBody):
+        return {"kind": "fill", "value": _float_json(b.value), "iota_dim": b.iota_dim,
+                "start": b.start, "step": b.step}
+    if isinstance(b, MatmulBody):
+        return {"kind": "matmul", "m": b.m, "n": b.n, "k": b.k}
+    return {"kind": "gather", "axis": b.axis}
+
+
+def body_from_json(d: dict) -> Body:
+    kind = d["kind"]
+    if kind == "pointwise":
+        return PointwiseBody(expr_from_json(d["expr"]))
+    if kind == "reduce":
+        if d["fn"] not in REDUCE_FNS:
+            raise ValueError(f"unknown reduction {d['fn']!r}")
+        return ReduceBody(d["fn"], expr_from_json(d["expr"]))
+    if kind == "copy":
+        return CopyBody(tuple(StridedMap(tuple(m["shape"]), tuple(m["strides"]), int(m["offset"]))
+                              for m in d["maps"]),
+                        tuple(tuple(o) for o in d["out_offsets"]), _float_from(d["pad_value"]))
+    if kind == "fill":
+        return FillBody(_float_from(d["value"]), d["iota_dim"], d["start"], d["step"])
+    if kind == "matmul":
+        return MatmulBody(int(d["m"]), int(d["n"]), int(d["k"]))
+    if kind == "gather":
+        return GatherBody(int(d["axis"]))
+    raise ValueError(f"unknown body kind {kind!r}")
+
+
+def op_to_json(op: PrimOp) -> dict:
+    return {
+        "id": op.id,
+        "source": op.source,
+        "iter_dims": [{"name": d.name, "size": d.size, "kind": d.kind} for d in op.iter_dims],
+        "inputs": [{"tensor": a.tensor, "dims": list(a.dims)} for a in op.inputs],
+        "output": {"tensor": op.output.tensor, "dims": list(op.output.dims)},
+        "body": body_to_json(op.body),
+    }
+
+
+def op_from_json(d: dict) -> PrimOp:
+    return PrimOp(
+        id=d["id"],
+        iter_dims=tuple(IterDim(x["name"], int(x["size"]), x["kind"]) for x in d["iter_dims"]),
+        inputs=tuple(Access(a["tensor"], tuple(a["dims"])) for a in d["inputs"]),
+        output=Access(d["output"]["tensor"], tuple(d["output"]["dims"])),
+        body=body_from_json(d["body"]),
+        source=d.get("source", ""),
+    )
+
+
+def tensor_to_json(t: PrimTensor) -> dict:
+    return {"id": t.id, "shape": list(t.shape), "dtype": t.dtype, "role": t.role}
+
+
+def tensor_from_json(d: dict) -> PrimTensor:
+    return PrimTensor(d["id"], tuple(int(s) for s in d["shape"]), d["dtype"], d["role"])
+
+
+def graph_to_json(g: PrimGraph) -> dict:
+    return {"name": g.name, "source_hash": g.source_hash,
+            "tensors": [tensor_to_json(t) for t in g.tensors.values()],
+            "ops": [op_to_json(o) for o in g.ops], "inputs": list(g.inputs), "outputs": list(g.outputs)}
+
+
+def graph_from_json(d: dict) -> PrimGraph:
+    tensors = [tensor_from_json(t) for t in d["tensors"]]
+    return PrimGraph(d["name"], {t.id: t for t in tensors}, [op_from_json(o) for o in d["ops"]],
+                     list(d["inputs"]), list(d["outputs"]), d.get("source_hash", ""))

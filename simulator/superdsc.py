@@ -1,0 +1,160 @@
+"""The SuperDSC program, format v1 (documented in docs/superdsc.md).
+
+What a planner emits and the simulator judges. It mirrors the concepts of torch-spyre's
+SuperDSC (codegen/superdsc.py) so a Spyre engineer recognizes them:
+
+| here                         | torch-spyre SuperDSC                 |
+|------------------------------|--------------------------------------|
+| OpDecl.num_cores_used        | numCoresUsed_                        |
+| OpDecl.core_split            | numWkSlicesPerDim_                   |
+| OpDecl.core_slices           | coreIdToWkSlice_                     |
+| Layout.dim_order/stick_dim   | layoutDimOrder_ / stickDimOrder_     |
+| Memory(kind=lx|hbm)          | scheduleTree_ allocate, component_   |
+| OpDecl.ex_unit               | computeOp_ exUnit pt|sfp             |
+
+Every op carries its full primitive loop nest, so a program can be run and timed without
+the graph it came from.
+"""
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROGRAM_FORMAT = "sticksat.superdsc"
+PROGRAM_VERSION = 1
+
+_MAX = 200_000
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Layout(_Model):
+    """Device layout of a tensor. `dim_order` lists the logical dims outermost first;
+    the last one is the stick dim (data moves in 128-byte sticks along it).
+    `device_size[i]` is the allocated size of dim `dim_order[i]`: the stick dim is
+    padded up to whole sticks. A rank-0 tensor has empty lists and occupies one stick."""
+
+    dim_order: Annotated[list[int], Field(max_length=8)]
+    device_size: Annotated[list[int], Field(max_length=8)]
+    stick_elems: int
+
+    @property
+    def stick_dim(self) -> Optional[int]:
+        return self.dim_order[-1] if self.dim_order else None
+
+
+class HbmMemory(_Model):
+    kind: Literal["hbm"] = "hbm"
+    offset: int  # bytes from the start of the program's device-memory segment
+    # A free view shares its source's bytes: same offset, its own layout.
+    alias_of: Optional[str] = None
+
+
+class LxMemory(_Model):
+    """Resident in scratchpad: each core holds its own slice at the same `lx_address`
+    (bytes, stick aligned) from op index `live_from` (the producer) to `live_to` (the
+    last reader), inclusive. The slice a core holds is the one the producer wrote."""
+
+    kind: Literal["lx"] = "lx"
+    lx_address: int
+    size_per_core: int  # bytes reserved per core
+    live_from: int
+    live_to: int
+
+
+Memory = Annotated[Union[HbmMemory, LxMemory], Field(discriminator="kind")]
+
+
+class TensorDecl(_Model):
+    id: str
+    shape: Annotated[list[int], Field(max_length=8)]
+    dtype: str
+    role: Literal["user_input", "parameter", "buffer", "constant", "intermediate"]
+    layout: Layout
+    memory: Memory
+    is_output: bool = False
+
+
+class CoreSlice(_Model):
+    """coreIdToWkSlice_: core `core` runs slice index `slice[d]` along each split dim d
+    (names of iteration dims; unsplit dims are whole)."""
+
+    core: int
+    slice: dict[str, int]
+
+
+class OpDecl(_Model):
+    id: str
+    kind: Literal["compute", "restickify", "relayout"]
+    # opfunc: matmul, pointwise fn name, reduce fn, gather, copy, fill, restickify, relayout
+    opfunc: str
+    ex_unit: Literal["pt", "sfp", "dma"]
+    # compute ops: the primitive loop nest (lowering.primitives.op_to_json form).
+    prim: Optional[dict] = None
+    # restickify/relayout ops: src -> dst, same logical tensor in another layout.
+    src: Optional[str] = None
+    dst: Optional[str] = None
+    # numWkSlicesPerDim_: iteration-dim name -> number of slices across cores.
+    core_split: dict[str, int] = {}
+    num_cores_used: int = 1
+    core_slices: Annotated[list[CoreSlice], Field(max_length=1024)] = []
+    # Temporal tiles per core: iteration-dim name -> number of tiles each core loops over.
+    temporal_tiles: dict[str, int] = {}
+    # A copy op the planner declares free: its output aliases its input's bytes.
+    alias: bool = False
+    bundle: int = 0
+
+
+class Bundle(_Model):
+    """A device program: LX contents persist between its ops, never across bundles.
+    `external_tensors` are the tensors it references in device memory (counted against
+    the hardware's per-bundle limit)."""
+
+    id: int
+    ops: list[str]
+    external_tensors: list[str]
+
+
+class PlanStats(_Model):
+    planner: str
+    predicted_us: Optional[float] = None
+    solver_status: Optional[str] = None
+    objective: Optional[float] = None
+    bound: Optional[float] = None
+    gap: Optional[float] = None
+    solve_seconds: Optional[float] = None
+    lower_bound_us: Optional[float] = None
+    hardware_digest: str
+    compiler_version: str
+    notes: list[str] = []
+
+
+class Program(_Model):
+    format: Literal["sticksat.superdsc"] = PROGRAM_FORMAT
+    version: Literal[1] = PROGRAM_VERSION
+    graph_name: str = ""
+    graph_hash: str = ""
+    hardware: str  # target name
+    tensors: Annotated[list[TensorDecl], Field(max_length=_MAX)]
+    ops: Annotated[list[OpDecl], Field(max_length=_MAX)]  # in execution order
+    bundles: list[Bundle]
+    inputs: list[str]
+    outputs: list[str]
+    stats: PlanStats
+
+    def tensor_map(self) -> dict[str, TensorDecl]:
+        return {t.id: t for t in self.tensors}
+
+    def to_json(self, indent: int | None = None) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Program":
+        return cls.model_validate_json(text)
+
+    def to_dict(self) -> dict:
+        return json.loads(self.model_dump_json())
