@@ -1,0 +1,349 @@
+"""The hardware description: one JSON data file per target (simulator/targets/<name>.json).
+
+This module is the only reader of those files. Every parameter in a target file is an
+object {"value": ..., "unit": ..., "source": ...} or {..., "assumption": true,
+"reasoning": ...}; the loader checks that each one says where it comes from and flattens
+the file into a frozen `Hardware`. The simulator's timing model and the solver's cost
+model both derive their rates from this one object, so they cannot drift apart.
+`hw.digest` (sha256 of the canonical JSON) goes into every program a planner emits.
+Format: docs/hardware.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Union
+
+HARDWARE_FORMAT = "sticksat.hardware"
+HARDWARE_VERSION = 1
+TARGETS_DIR = Path(__file__).resolve().parent / "targets"
+_TARGET_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class HardwareError(ValueError):
+    """A target file is missing, malformed, or has a number without a source."""
+
+
+@dataclass(frozen=True)
+class ReductionReadCurve:
+    """Standalone row-reduction read rate, GB/s = min(cap, base + amp*exp(-rows/rows_scale))."""
+
+    cap_gbps: float
+    base_gbps: float
+    amp_gbps: float
+    rows_scale: float
+
+    def gbps(self, rows: int) -> float:
+        return min(self.cap_gbps, self.base_gbps + self.amp_gbps * math.exp(-rows / self.rows_scale))
+
+
+@dataclass(frozen=True)
+class UnderfillCurve:
+    """Streaming efficiency of a per-core tile of `rows` rows x `cols` columns (elements):
+    eff = min(cap, (rows/rows_full)^rows_exp * (cols/cols_ref)^cols_exp). Small tiles
+    underfill the load/store pipeline; the cap lets a very large tile run a little faster
+    than the nominal rate, as measured."""
+
+    cap: float
+    rows_full: float
+    rows_exp: float
+    cols_ref: float
+    cols_exp: float
+
+    def efficiency(self, rows: float, cols: float) -> float:
+        if rows <= 0 or cols <= 0:
+            return 1.0
+        eff = (rows / self.rows_full) ** self.rows_exp * (cols / self.cols_ref) ** self.cols_exp
+        return min(self.cap, eff)
+
+
+@dataclass(frozen=True, eq=False)
+class Hardware:
+    name: str
+    digest: str
+    description: str
+    # topology
+    cores: int
+    corelets_per_core: int
+    pt_array: tuple[int, int]
+    stick_bytes: int
+    lx_bytes_per_core: int
+    lx_capacity_bytes: int
+    bundle_tensor_limit: int
+    bundle_tensor_limit_counts: str
+    per_core_span_bytes: int
+    device_memory_bytes: int
+    device_memory_usable_bytes: int
+    # device memory (LPDDR5): one bus shared by all cores
+    dram_peak_gbps: float
+    dram_oneway_gbps: float
+    dram_balanced_gbps: float
+    dram_turnaround_ns_per_byte: float
+    dram_min_active_cores_for_peak: int
+    # ring
+    ring_bytes_per_cycle: int
+    clock_ghz: float
+    ring_hop_latency_ns: float
+    # PT (systolic array)
+    pt_peak_mac_per_ns_per_core: float
+    pt_sustained_mac_per_ns_per_core: float
+    pt_default_layout_bmm_mac_per_ns_per_core: float
+    pt_batch_outer_bmm_mac_per_ns_per_core: float
+    pt_rows_per_pass: int
+    pt_target_passes: int
+    pt_dtype_rate_scale: Mapping[str, float]
+    # SFP (vector unit)
+    sfp_sticks_per_cycle_per_corelet: float
+    sfp_transcendental_cycles: float
+    # measured access-pattern rates
+    restickify_gbps: float
+    lx_relayout_gbps_per_core: float
+    mm_replicated_read_gbps_per_core: float
+    mm_replicated_read_fixed_us: float
+    reduction_read_curve: ReductionReadCurve
+    broadcast_op_gbps: float
+    cross_row_reduction_gbps: float
+    loop_overhead_us: float
+    lx_spill_knee_bytes: int
+    lx_spill_exponent: float
+    underfill_curve: UnderfillCurve
+    psum_ring_us_per_elem_hop: float
+    power_watts: float
+    dtype_bytes: Mapping[str, int]
+    # the whole parameter table with units and sources, for reports and docs
+    provenance: Mapping[str, Mapping[str, Any]]
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Hardware) and other.digest == self.digest
+
+    # --- element and stick geometry -------------------------------------------------
+    def dtype_size(self, dtype: str) -> int:
+        try:
+            return self.dtype_bytes[dtype]
+        except KeyError:
+            raise HardwareError(f"target {self.name!r} has no size for dtype {dtype!r}") from None
+
+    def elems_per_stick(self, dtype: str) -> int:
+        return max(1, self.stick_bytes // self.dtype_size(dtype))
+
+    def sticks(self, n_elems: int, dtype: str) -> int:
+        """Whole sticks needed to hold `n_elems` elements of one stick row."""
+        per = self.elems_per_stick(dtype)
+        return -(-n_elems // per)
+
+    @property
+    def lx_capacity_sticks(self) -> int:
+        return self.lx_capacity_bytes // self.stick_bytes
+
+    # --- derived rates (one home for every rate the timing and cost models use) -----
+    @property
+    def ring_gbps_per_direction(self) -> float:
+        return self.ring_bytes_per_cycle * self.clock_ghz
+
+    @property
+    def sfp_sticks_per_ns_per_core(self) -> float:
+        return self.sfp_sticks_per_cycle_per_corelet * self.corelets_per_core * self.clock_ghz
+
+    def pt_mac_per_ns(self, dtype: str = "float16", layout: str = "sustained") -> float:
+        """Per-core PT rate. layout: "sustained" (matmul / well-laid-out bmm),
+        "default_bmm" (both rank-3 operands on the compiler-default tile order),
+        "batch_outer" (bmm with the batch dim outermost), "peak" (datasheet)."""
+        base = {
+            "sustained": self.pt_sustained_mac_per_ns_per_core,
+            "default_bmm": self.pt_default_layout_bmm_mac_per_ns_per_core,
+            "batch_outer": self.pt_batch_outer_bmm_mac_per_ns_per_core,
+            "peak": self.pt_peak_mac_per_ns_per_core,
+        }[layout]
+        return base * self.pt_dtype_rate_scale.get(dtype, 1.0)
+
+    def pt_pass_efficiency(self, rows_per_core: int) -> float:
+        """PT efficiency when each core's M slice is short: the array streams M in passes
+        of `pt_rows_per_pass` rows; below `pt_target_passes` passes, pipeline fill and drain
+        dominate and throughput falls as sqrt(passes / target)."""
+        passes = max(1, -(-rows_per_core // self.pt_rows_per_pass))
+        return min(1.0, math.sqrt(passes / self.pt_target_passes))
+
+    def dram_ns(self, read_bytes: float, write_bytes: float, gbps: float | None = None) -> float:
+        """Shared-bus time for one kernel: (R+W)/BW + turnaround*min(R, W)."""
+        bw = self.dram_oneway_gbps if gbps is None else gbps
+        return (read_bytes + write_bytes) / bw + self.dram_turnaround_ns_per_byte * min(read_bytes, write_bytes)
+
+    def spill_derate(self, working_set_bytes_per_core: float) -> float:
+        """Bandwidth multiplier (<= 1) when a per-core working set spills past the knee."""
+        if working_set_bytes_per_core <= self.lx_spill_knee_bytes:
+            return 1.0
+        return (self.lx_spill_knee_bytes / working_set_bytes_per_core) ** self.lx_spill_exponent
+
+    def to_summary(self) -> dict:
+        """Flat name -> value view (for CLI output and docs)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "provenance":
+                continue
+            v = getattr(self, f.name)
+            if dataclasses.is_dataclass(v):
+                v = dataclasses.asdict(v)
+            elif isinstance(v, Mapping):
+                v = dict(v)
+            out[f.name] = v
+        return out
+
+
+# Parameters whose JSON value is an object, turned into a typed value here.
+_COMPOSITE = {
+    "reduction_read_curve": ReductionReadCurve,
+    "underfill_curve": UnderfillCurve,
+}
+_MAPPINGS = {"pt_dtype_rate_scale", "dtype_bytes"}
+_NOT_PARAMS = {"name", "digest", "description", "provenance", "bundle_tensor_limit_counts"}
+
+
+def _param_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(Hardware) if f.name not in _NOT_PARAMS]
+
+
+def _check_entry(target: str, key: str, entry: Any) -> None:
+    if not isinstance(entry, dict) or "value" not in entry:
+        raise HardwareError(f"{target}: parameter {key!r} must be an object with a 'value'")
+    if "unit" not in entry:
+        raise HardwareError(f"{target}: parameter {key!r} has no 'unit'")
+    has_source = isinstance(entry.get("source"), str) and entry["source"].strip()
+    is_assumption = entry.get("assumption") is True and isinstance(entry.get("reasoning"), str) \
+        and entry["reasoning"].strip()
+    if not (has_source or is_assumption):
+        raise HardwareError(
+            f"{target}: parameter {key!r} needs a 'source', or 'assumption': true with 'reasoning'")
+
+
+def _convert(key: str, value: Any, field_type: str) -> Any:
+    if key in _COMPOSITE:
+        cls = _COMPOSITE[key]
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(value, dict) or set(value) != names:
+            raise HardwareError(f"parameter {key!r} must have exactly the keys {sorted(names)}")
+        return cls(**{k: float(v) for k, v in value.items()})
+    if key in _MAPPINGS:
+        if not isinstance(value, dict):
+            raise HardwareError(f"parameter {key!r} must be an object")
+        return MappingProxyType({str(k): v for k, v in value.items()})
+    if key == "pt_array":
+        if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, int) for x in value)):
+            raise HardwareError("parameter 'pt_array' must be [rows, cols]")
+        return (value[0], value[1])
+    if field_type == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise HardwareError(f"parameter {key!r} must be an integer")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise HardwareError(f"parameter {key!r} must be a number")
+    return float(value)
+
+
+def canonical_json(doc: dict) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def hardware_from_dict(doc: dict, origin: str = "<dict>") -> Hardware:
+    """Build a Hardware from a parsed target document (strict: unknown or missing
+    parameters, and numbers without a source, are errors)."""
+    if not isinstance(doc, dict):
+        raise HardwareError(f"{origin}: a target file is a JSON object")
+    if doc.get("format") != HARDWARE_FORMAT or doc.get("version") != HARDWARE_VERSION:
+        raise HardwareError(f"{origin}: expected format {HARDWARE_FORMAT!r} version {HARDWARE_VERSION}")
+    extra_top = set(doc) - {"format", "version", "name", "description", "params"}
+    if extra_top:
+        raise HardwareError(f"{origin}: unknown top-level keys {sorted(extra_top)}")
+    name = doc.get("name")
+    if not isinstance(name, str) or not _TARGET_NAME.match(name):
+        raise HardwareError(f"{origin}: 'name' must match {_TARGET_NAME.pattern}")
+    params = doc.get("params")
+    if not isinstance(params, dict):
+        raise HardwareError(f"{origin}: 'params' must be an object")
+
+    expected = _param_names()
+    missing = [k for k in expected if k not in params]
+    unknown = [k for k in params if k not in expected]
+    if missing:
+        raise HardwareError(f"{origin}: missing parameters {missing}")
+    if unknown:
+        raise HardwareError(f"{origin}: unknown parameters {unknown}")
+
+    types = {f.name: f.type for f in dataclasses.fields(Hardware)}
+    values: dict[str, Any] = {}
+    for key in expected:
+        entry = params[key]
+        _check_entry(origin, key, entry)
+        values[key] = _convert(key, entry["value"], str(types[key]))
+
+    counts = params["bundle_tensor_limit"].get("counts")
+    if not isinstance(counts, str) or not counts.strip():
+        raise HardwareError(f"{origin}: 'bundle_tensor_limit' must say what it 'counts'")
+    _check_consistency(origin, values)
+
+    provenance = MappingProxyType({
+        k: MappingProxyType({kk: vv for kk, vv in v.items() if kk != "value"}) for k, v in params.items()
+    })
+    digest = hashlib.sha256(canonical_json(doc).encode("ascii")).hexdigest()
+    return Hardware(name=name, digest=digest, description=str(doc.get("description", "")),
+                    bundle_tensor_limit_counts=counts, provenance=provenance, **values)
+
+
+def _check_consistency(origin: str, v: dict[str, Any]) -> None:
+    positive = ["cores", "corelets_per_core", "stick_bytes", "lx_bytes_per_core", "lx_capacity_bytes",
+                "bundle_tensor_limit", "per_core_span_bytes", "dram_oneway_gbps", "dram_balanced_gbps",
+                "clock_ghz", "pt_sustained_mac_per_ns_per_core", "sfp_sticks_per_cycle_per_corelet",
+                "restickify_gbps", "lx_relayout_gbps_per_core", "mm_replicated_read_gbps_per_core"]
+    for k in positive:
+        if not v[k] > 0:
+            raise HardwareError(f"{origin}: parameter {k!r} must be positive")
+    if v["lx_capacity_bytes"] > v["lx_bytes_per_core"]:
+        raise HardwareError(f"{origin}: lx_capacity_bytes exceeds lx_bytes_per_core")
+    if v["lx_capacity_bytes"] % v["stick_bytes"]:
+        raise HardwareError(f"{origin}: lx_capacity_bytes must be whole sticks")
+    if v["dram_oneway_gbps"] > v["dram_peak_gbps"]:
+        raise HardwareError(f"{origin}: dram_oneway_gbps exceeds the datasheet peak")
+    if v["pt_sustained_mac_per_ns_per_core"] > v["pt_peak_mac_per_ns_per_core"]:
+        raise HardwareError(f"{origin}: sustained PT rate exceeds the peak")
+
+
+def _resolve(name_or_path: Union[str, Path]) -> Path:
+    s = str(name_or_path)
+    if _TARGET_NAME.match(s):
+        path = TARGETS_DIR / f"{s}.json"
+        if not path.is_file():
+            known = sorted(p.stem for p in TARGETS_DIR.glob("*.json"))
+            raise HardwareError(f"unknown target {s!r}; known targets: {known}")
+        return path
+    path = Path(s)
+    if not path.is_file():
+        raise HardwareError(f"no hardware file at {s!r}")
+    return path
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(path: str, mtime_ns: int) -> Hardware:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise HardwareError(f"{path}: not valid JSON: {e}") from None
+    return hardware_from_dict(doc, origin=path)
+
+
+def load_target(name_or_path: Union[str, Path] = "spyre") -> Hardware:
+    """Load a target by name (simulator/targets/<name>.json) or by file path."""
+    path = _resolve(name_or_path)
+    return _load_cached(str(path), path.stat().st_mtime_ns)
+
+
+def list_targets() -> list[str]:
+    return sorted(p.stem for p in TARGETS_DIR.glob("*.json"))
