@@ -1,0 +1,319 @@
+"""Validation of a client's graph document, with one precise error per problem.
+
+Two layers:
+- `parse_document` turns raw JSON (or a dict) into a `GraphDocument`; schema violations
+  become `GraphError("schema", ...)` carrying the JSON path and, when the path is inside
+  a node or input, that node's id.
+- `validate_document` checks what the schema cannot express: unique ids, references that
+  resolve, a graph that is a DAG in definition order, static sizes, structurally
+  consistent metadata, and (optionally) that every op can be lowered.
+
+Shape/dtype errors that need shape inference (e.g. matmul inner sizes) are raised by the
+lowering with the same codes (`shape_mismatch`, `dtype_mismatch`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Union
+
+from pydantic import ValidationError
+
+from lowering.errors import GraphError
+from lowering.graph_format import (
+    GraphDocument,
+    ListArg,
+    Node,
+    SymArg,
+    SymSize,
+    TensorMeta,
+    TensorRef,
+)
+
+# A document larger than this is rejected before JSON parsing (the node/list bounds in
+# the schema would reject it later anyway, after costing the memory to parse it).
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+
+# Ops whose output dtype is stated by an explicit argument: (position, keyword).
+_DTYPE_ARG_OPS: dict[str, tuple[int | None, str]] = {
+    "prims.convert_element_type.default": (1, "dtype"),
+    "aten._to_copy.default": (None, "dtype"),
+    "aten.full.default": (None, "dtype"),
+    "aten.arange.default": (None, "dtype"),
+    "aten.arange.start": (None, "dtype"),
+    "aten.arange.start_step": (None, "dtype"),
+    "aten.zeros.default": (None, "dtype"),
+    "aten.ones.default": (None, "dtype"),
+    "aten.empty.memory_format": (None, "dtype"),
+    "aten.scalar_tensor.default": (None, "dtype"),
+}
+
+
+# -- parsing ---------------------------------------------------------------------------
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not valid JSON (non-finite floats travel as the strings "
+                     f"'inf', '-inf', 'nan')")
+
+
+def parse_document(raw: Union[bytes, str, dict]) -> GraphDocument:
+    """Parse and schema-check a graph document. Never raises anything but GraphError."""
+    if isinstance(raw, (bytes, bytearray, str)):
+        if len(raw) > MAX_DOCUMENT_BYTES:
+            raise GraphError("schema", f"document is {len(raw)} bytes; the limit is {MAX_DOCUMENT_BYTES}")
+        try:
+            data = json.loads(raw, parse_constant=_reject_constant)
+        except UnicodeDecodeError as e:
+            raise GraphError("schema", f"document is not UTF-8: {e}") from None
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            raise GraphError("schema", f"invalid JSON: {e}") from None
+    elif isinstance(raw, dict):
+        data = raw
+    else:
+        raise GraphError("schema", f"a graph document is a JSON object, not {type(raw).__name__}")
+    if not isinstance(data, dict):
+        raise GraphError("schema", f"a graph document is a JSON object, not {type(data).__name__}")
+    try:
+        return GraphDocument.model_validate(data)
+    except ValidationError as e:
+        raise _schema_error(e, data) from None
+
+
+def _schema_error(err: ValidationError, data: dict) -> GraphError:
+    first = err.errors(include_url=False)[0]
+    path, node_id = _json_path(first["loc"], data)
+    more = err.error_count() - 1
+    suffix = f" (and {more} more schema error{'s' if more > 1 else ''})" if more else ""
+    return GraphError("schema", f"{path or '<document>'}: {first['msg']}{suffix}", node_id)
+
+
+def _json_path(loc: tuple, data: Any) -> tuple[str, str | None]:
+    """Render pydantic's error location as a JSON path, dropping discriminated-union tags
+    (pydantic inserts the tag, e.g. 'tensor', as a path element that is not in the
+    document), and find the id of the node or graph input the path lies in."""
+    parts: list[str] = []
+    node_id: str | None = None
+    current = data
+    for depth, item in enumerate(loc):
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+            current = current[item] if isinstance(current, list) and 0 <= item < len(current) else None
+        else:
+            if isinstance(current, dict) and item not in current and current.get("kind") == item:
+                continue  # a union tag, not a key
+            parts.append(f".{item}" if parts else str(item))
+            current = current.get(item) if isinstance(current, dict) else None
+        if depth == 1 and loc[0] in ("nodes", "inputs") and isinstance(current, dict):
+            ident = current.get("id")
+            node_id = ident if isinstance(ident, str) else None
+    return "".join(parts), node_id
+
+
+# -- semantic checks -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Definition:
+    index: int  # position in definition order: inputs first, then nodes
+    outputs: int  # how many outputs a reference may select from
+
+
+def iter_tensor_refs(args: Any) -> Iterator[TensorRef]:
+    """Every tensor reference among a node's args/kwargs, depth first."""
+    items = args.values() if isinstance(args, dict) else args
+    for a in items:
+        if isinstance(a, TensorRef):
+            yield a
+        elif isinstance(a, ListArg):
+            yield from iter_tensor_refs(a.items)
+
+
+def _iter_sym_args(args: Any) -> Iterator[SymArg]:
+    items = args.values() if isinstance(args, dict) else args
+    for a in items:
+        if isinstance(a, SymArg):
+            yield a
+        elif isinstance(a, ListArg):
+            yield from _iter_sym_args(a.items)
+
+
+def _node_refs(node: Node) -> list[TensorRef]:
+    return list(iter_tensor_refs(node.args)) + list(iter_tensor_refs(node.kwargs))
+
+
+def find_problems(doc: GraphDocument, check_support: bool = True) -> list[GraphError]:
+    """All problems found, in a stable order (structure first, then metadata, then op
+    support). A problem in the structure stops the later checks, which assume it."""
+    problems = _check_ids(doc)
+    if problems:
+        return problems
+    problems = _check_references(doc)
+    if problems:
+        return problems
+    problems = _check_metadata(doc)
+    if check_support:
+        problems += _check_support(doc)
+    return problems
+
+
+def validate_document(doc: GraphDocument, check_support: bool = True) -> None:
+    """Raise the first problem as a GraphError naming its node.
+
+    `check_support=False` skips the op-support check: the torch backend validates a
+    whole graph first and then partitions unsupported ops out to eager torch."""
+    problems = find_problems(doc, check_support=check_support)
+    if problems:
+        raise problems[0]
+
+
+def _check_ids(doc: GraphDocument) -> list[GraphError]:
+    seen: dict[str, str] = {}
+    problems = []
+    entries = [(i.id, "graph input") for i in doc.inputs] + [(n.id, "node") for n in doc.nodes]
+    for ident, what in entries:
+        if ident in seen:
+            problems.append(GraphError(
+                "duplicate_id", f"id '{ident}' is used by a {seen[ident]} and again by a {what}; "
+                f"ids of inputs and nodes share one namespace", ident))
+        else:
+            seen[ident] = what
+    return problems
+
+
+def _check_references(doc: GraphDocument) -> list[GraphError]:
+    defs: dict[str, _Definition] = {}
+    for i, inp in enumerate(doc.inputs):
+        defs[inp.id] = _Definition(i, 1)
+    base = len(doc.inputs)
+    for i, node in enumerate(doc.nodes):
+        defs[node.id] = _Definition(base + i, len(node.outputs))
+    by_id = {n.id: n for n in doc.nodes}
+
+    problems: list[GraphError] = []
+    for i, node in enumerate(doc.nodes):
+        position = base + i
+        for ref in _node_refs(node):
+            problem = _check_ref(ref, defs, f"node '{node.id}'", node.id)
+            if problem:
+                problems.append(problem)
+                continue
+            if ref.node == node.id:
+                problems.append(GraphError("cycle", f"node '{node.id}' uses its own output", node.id))
+            elif defs[ref.node].index > position:
+                cycle = _path_back(ref.node, node.id, by_id)
+                if cycle:
+                    loop = " -> ".join([node.id, *cycle])
+                    problems.append(GraphError("cycle", f"dependency cycle: {loop}", node.id))
+                else:
+                    problems.append(GraphError(
+                        "use_before_definition",
+                        f"node '{node.id}' uses '{ref.node}', which is defined later; nodes must be "
+                        f"listed in a topological order", node.id))
+    for k, ref in enumerate(doc.outputs):
+        problem = _check_ref(ref, defs, f"graph output {k}", ref.node)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _check_ref(ref: TensorRef, defs: dict[str, _Definition], user: str, node_id: str) -> GraphError | None:
+    target = defs.get(ref.node)
+    if target is None:
+        return GraphError("dangling_ref", f"{user} refers to '{ref.node}', which is neither a graph "
+                          f"input nor a node", node_id)
+    if ref.output >= target.outputs:
+        return GraphError("dangling_ref", f"{user} refers to output {ref.output} of '{ref.node}', "
+                          f"which has {target.outputs} output{'s' if target.outputs != 1 else ''}", node_id)
+    return None
+
+
+def _path_back(start: str, goal: str, by_id: dict[str, Node]) -> list[str] | None:
+    """A dependency path start -> ... -> goal (following operands), if there is one."""
+    parent: dict[str, str | None] = {start: None}
+    stack = [start]
+    while stack:
+        current = stack.pop()
+        if current == goal:
+            path = []
+            step: str | None = current
+            while step is not None:
+                path.append(step)
+                step = parent[step]
+            return list(reversed(path))
+        node = by_id.get(current)
+        if node is None:
+            continue
+        for ref in _node_refs(node):
+            if ref.node not in parent:
+                parent[ref.node] = current
+                stack.append(ref.node)
+    return None
+
+
+def _meta_problems(meta: TensorMeta, where: str, node_id: str) -> list[GraphError]:
+    problems = []
+    for field_name, values in (("shape", meta.shape), ("stride", meta.stride),
+                               ("storage_offset", [meta.storage_offset])):
+        for axis, v in enumerate(values):
+            if isinstance(v, SymSize):
+                at = f"{field_name}[{axis}]" if field_name != "storage_offset" else field_name
+                problems.append(GraphError(
+                    "symbolic_size", f"{where} has symbolic {at} = {v.sym}; format v1 takes static "
+                    f"shapes only (compile with dynamic=False or mark the size static)", node_id))
+    if len(meta.shape) != len(meta.stride):
+        problems.append(GraphError(
+            "shape_mismatch", f"{where} has a rank-{len(meta.shape)} shape but "
+            f"{len(meta.stride)} strides", node_id))
+    return problems
+
+
+def _check_metadata(doc: GraphDocument) -> list[GraphError]:
+    problems: list[GraphError] = []
+    for inp in doc.inputs:
+        problems += _meta_problems(inp.meta, f"graph input '{inp.id}'", inp.id)
+    for node in doc.nodes:
+        for k, meta in enumerate(node.outputs):
+            where = f"output {k} of node '{node.id}'" if len(node.outputs) > 1 else f"node '{node.id}'"
+            problems += _meta_problems(meta, where, node.id)
+        for sym in _iter_sym_args(list(node.args) + list(node.kwargs.values())):
+            problems.append(GraphError(
+                "symbolic_size", f"node '{node.id}' ({node.target}) has a symbolic argument {sym.sym}; "
+                f"format v1 takes static shapes only", node.id))
+        problems += _dtype_problems(node)
+    return problems
+
+
+def _dtype_problems(node: Node) -> list[GraphError]:
+    """Structural dtype check: an op that states its result dtype as an argument must
+    produce that dtype."""
+    rule = _DTYPE_ARG_OPS.get(node.target)
+    if rule is None or not node.outputs:
+        return []
+    position, keyword = rule
+    arg = node.kwargs.get(keyword)
+    if arg is None and position is not None and position < len(node.args):
+        arg = node.args[position]
+    stated = getattr(arg, "value", None) if getattr(arg, "kind", None) == "dtype" else None
+    if stated is None or stated == node.outputs[0].dtype:
+        return []
+    return [GraphError("dtype_mismatch", f"node '{node.id}' ({node.target}) asks for dtype {stated} "
+                       f"but declares an output of dtype {node.outputs[0].dtype}", node.id)]
+
+
+def supported_targets() -> frozenset[str]:
+    # Imported lazily: the lowering package may import this module.
+    from lowering import SUPPORTED_TARGETS
+
+    return frozenset(SUPPORTED_TARGETS)
+
+
+def _check_support(doc: GraphDocument) -> list[GraphError]:
+    supported = supported_targets()
+    missing = [n for n in doc.nodes if n.target not in supported]
+    if not missing:
+        return []
+    all_targets = sorted({n.target for n in missing})
+    return [GraphError("unsupported_op", f"node '{n.id}' uses {n.target}, which sticksat cannot lower "
+                       f"(unsupported in this graph: {', '.join(all_targets)})", n.id) for n in missing]
+
