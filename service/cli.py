@@ -9,6 +9,7 @@ import sys
 # subcommand -> module (kept in the order `sticksat --help` shows them)
 COMMANDS: dict[str, str] = {
     "version": "service.commands.version",
+    "serve": "service.commands.serve",
 }
 
 

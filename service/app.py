@@ -1,0 +1,555 @@
+"""The sticksat HTTP service (FastAPI).
+
+Routes: POST /compile, POST /simulate, GET /programs/{key}, GET /graphs/{graph_hash},
+GET /healthz, GET /readyz, GET /metrics, GET /version. Every error is an RFC 9457
+problem document (service/problems.py). Solves run in the process pool created in the
+lifespan (service/pool.py), never on the event loop; the store (service/store.py) makes
+a repeated compile a lookup.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from fastapi import FastAPI, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from lowering.errors import GraphError
+from lowering.graph_format import GraphDocument
+from service import pipeline
+from service.logging import log_event
+from service.metrics import ServiceMetrics
+from service.pool import PoolFull, PoolNotReady, SolverPool, wait
+from service.problems import (
+    Problem,
+    ProblemError,
+    from_problem_error,
+    openapi_responses,
+    problem_response,
+)
+from service.store import ProgramRecord, ProgramStore, program_key
+from service.version import COMPILER_VERSION
+from simulator.superdsc import Program
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    store_path: str
+    workers: int = 1
+    # Distinct jobs allowed to wait for a worker; one more is a 503.
+    queue_limit: int = 8
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    limits: pipeline.GraphLimits = field(default_factory=pipeline.GraphLimits)
+    # Without a client deadline a compile waits at most this long (or its time limit
+    # plus a minute, whichever is longer).
+    default_deadline_s: float = 300.0
+
+
+# -- request and response models -----------------------------------------------------
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class CompileOptionsIn(_Strict):
+    planner: Optional[str] = Field(None, max_length=32, pattern=r"^[a-z0-9_]+$",
+                                   description="planner name (GET /version lists them); default: the best available")
+    time_limit_s: Optional[float] = Field(None, gt=0, le=pipeline.MAX_TIME_LIMIT_S,
+                                          description="solver budget in seconds (part of the store key)")
+    deterministic: bool = Field(False, description="fixed seed and deterministic time limit")
+    target: Optional[str] = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$",
+                                  description="hardware target name; default spyre")
+    deadline_s: Optional[float] = Field(None, gt=0, le=86_400,
+                                        description="answer within this many seconds: the best feasible "
+                                                    "validated plan by then, else 504")
+
+
+class CompileRequest(_Strict):
+    graph: Optional[GraphDocument] = Field(None, description="a sticksat graph document (format v1)")
+    export: Optional[dict[str, Any]] = Field(
+        None, description="a torch.export serialized program (JSON), decomposed with Inductor's table")
+    options: CompileOptionsIn = Field(default_factory=CompileOptionsIn)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "CompileRequest":
+        if (self.graph is None) == (self.export is None):
+            raise ValueError("give exactly one of 'graph' or 'export'")
+        return self
+
+
+class HardwareRef(BaseModel):
+    name: str
+    digest: str
+
+
+class CompileResponse(BaseModel):
+    key: str = Field(description="store key: GET /programs/{key}")
+    graph_hash: str
+    compiler_version: str
+    cached: bool = Field(description="answered from the store without solving")
+    coalesced: bool = Field(description="joined an identical solve already in flight")
+    complete: bool = Field(description="solved with the full time limit (false: cut short by a deadline)")
+    options: dict[str, Any]
+    hardware: HardwareRef
+    stats: dict[str, Any]
+    program: dict[str, Any]
+
+
+class SimulateRequest(_Strict):
+    program: Program
+    graph: Optional[GraphDocument] = Field(None, description="needed for numerics (the reference)")
+    target: Optional[str] = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    numerics: bool = False
+    trace: bool = Field(False, description="include the Chrome/Perfetto trace")
+
+
+# -- middleware ----------------------------------------------------------------------
+
+class _ServiceMiddleware:
+    """Body size limit (413 before the app sees the body) and per-route request metrics.
+
+    The body is read here, up to the limit, and replayed to the app: a chunked upload
+    without Content-Length is bounded as well as a declared one."""
+
+    def __init__(self, app, max_body_bytes: int, metrics: ServiceMetrics):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status_holder = {"status": 500}
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start":
+                status_holder["status"] = message["status"]
+            await send(message)
+
+        try:
+            if scope["method"] in ("POST", "PUT", "PATCH"):
+                body_or_response = await self._read_body(scope, receive)
+                if isinstance(body_or_response, Response):
+                    await body_or_response(scope, receive, send_wrapper)
+                    return
+                receive = _replay(body_or_response, receive)
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            label = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(label, scope["method"], str(status_holder["status"])).inc()
+            self.metrics.request_seconds.labels(label).observe(time.perf_counter() - started)
+
+    async def _read_body(self, scope, receive):
+        declared = None
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    return problem_response(400, "bad_content_length", "Content-Length is not an integer")
+        if declared is not None and declared > self.max_body_bytes:
+            return self._too_large(declared)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return self._too_large(size)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    def _too_large(self, size: int) -> Response:
+        self.metrics.rejected.labels("body_too_large").inc()
+        return problem_response(413, "body_too_large",
+                                f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes",
+                                headers={"Connection": "close"})
+
+
+def _replay(body: bytes, receive):
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+# -- the app -------------------------------------------------------------------------
+
+class ServiceState:
+    def __init__(self, config: ServiceConfig, metrics: ServiceMetrics):
+        self.config = config
+        self.metrics = metrics
+        self.store: Optional[ProgramStore] = None
+        self.pool: Optional[SolverPool] = None
+        self.warm_task: Optional[asyncio.Task] = None
+        self.warm_error: Optional[str] = None
+
+
+def _graph_error_problem(exc: GraphError, errors: Optional[list[GraphError]] = None) -> ProblemError:
+    more = [e.to_dict() for e in errors] if errors and len(errors) > 1 else None
+    return ProblemError(422, exc.code, exc.message, node=exc.node, errors=more)
+
+
+def create_app(config: ServiceConfig) -> FastAPI:
+    metrics = ServiceMetrics()
+    state = ServiceState(config, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.store = ProgramStore(config.store_path)
+        state.pool = SolverPool(config.workers, config.queue_limit, on_inflight_change=metrics.inflight.set)
+        metrics.pool_workers.set(config.workers)
+
+        async def warm():
+            try:
+                await state.pool.start(pipeline.warm_worker)
+                log_event("pool_ready", workers=config.workers, queue_limit=config.queue_limit,
+                          store=str(config.store_path))
+            except Exception as exc:  # noqa: BLE001 - reported by /readyz
+                state.warm_error = f"{type(exc).__name__}: {exc}"
+                log_event("pool_failed", error=state.warm_error)
+
+        # Readiness is reported while the workers start: /readyz answers 503 until then.
+        state.warm_task = asyncio.create_task(warm())
+        try:
+            yield
+        finally:
+            state.warm_task.cancel()
+            state.pool.shutdown()
+            state.store.close()
+
+    app = FastAPI(
+        title="sticksat",
+        version=COMPILER_VERSION,
+        description="Layout and tiling optimizer service for the IBM Spyre accelerator: "
+                    "graph document → validated SuperDSC program. Errors are application/problem+json.",
+        lifespan=lifespan,
+    )
+    app.state.service = state
+
+    # -- error handlers ------------------------------------------------------------
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError):
+        return from_problem_error(exc, instance=request.url.path)
+
+    @app.exception_handler(GraphError)
+    async def _graph(request: Request, exc: GraphError):
+        return from_problem_error(_graph_error_problem(exc), instance=request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return _request_validation_problem(exc, request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return problem_response(exc.status_code, code, str(exc.detail), instance=request.url.path,
+                                headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log_event("internal_error", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        return problem_response(500, "internal_error", f"{type(exc).__name__}: {exc}", instance=request.url.path)
+
+    # -- health --------------------------------------------------------------------
+    @app.get("/healthz", summary="liveness")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="readiness: 503 until the solver pool is up", responses=openapi_responses(503))
+    async def readyz() -> dict[str, Any]:
+        if state.pool is None or not state.pool.ready:
+            detail = state.warm_error or "solver pool is starting"
+            raise ProblemError(503, "not_ready", detail, headers={"Retry-After": "1"})
+        return {"status": "ready", "workers": state.pool.workers, "queue_limit": state.pool.queue_limit}
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response,
+             responses={200: {"content": {"text/plain": {}}}})
+    async def metrics_route() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.get("/version", summary="compiler, dependency and hardware versions")
+    async def version() -> dict[str, Any]:
+        import numpy
+        import ortools
+        import pydantic
+
+        targets = {name: pipeline.load_hardware(name).digest for name in pipeline.available_targets()}
+        return {"sticksat": COMPILER_VERSION, "numpy": numpy.__version__, "ortools": ortools.__version__,
+                "pydantic": pydantic.__version__, "python": platform.python_version(),
+                "planners": pipeline.available_planners(), "default_planner": pipeline.default_planner(),
+                "targets": targets}
+
+    # -- compile -------------------------------------------------------------------
+    @app.post("/compile", summary="graph document → validated SuperDSC program + stats",
+              response_model=CompileResponse, responses=openapi_responses(413, 422, 500, 503, 504))
+    async def compile_route(body: CompileRequest, request: Request) -> Response:
+        return await _compile(state, body, time.time())
+
+    # -- simulate ------------------------------------------------------------------
+    @app.post("/simulate", summary="program → validation result, simulated timing, optional trace",
+              responses=openapi_responses(413, 422, 500, 503, 504))
+    async def simulate_route(body: SimulateRequest) -> dict[str, Any]:
+        return await _simulate(state, body)
+
+    # -- store ---------------------------------------------------------------------
+    @app.get("/programs/{key}", summary="a stored program with its stats", responses=openapi_responses(404, 422))
+    async def get_program(key: str = Path(pattern=r"^[0-9a-f]{64}$")) -> dict[str, Any]:
+        record = state.store.get_program(key)
+        if record is None:
+            raise ProblemError(404, "not_found", f"no program with key {key}")
+        out = record.summary(COMPILER_VERSION)
+        out["stats"] = record.stats
+        out["has_solution"] = record.solution is not None
+        out["program"] = json.loads(record.program)
+        return out
+
+    @app.get("/graphs/{graph_hash}", summary="a stored graph document and its programs",
+             responses=openapi_responses(404, 422))
+    async def get_graph(graph_hash: str = Path(pattern=r"^[0-9a-f]{64}$")) -> dict[str, Any]:
+        record = state.store.get_graph(graph_hash)
+        if record is None:
+            raise ProblemError(404, "not_found", f"no graph with hash {graph_hash}")
+        return {"graph_hash": record.graph_hash, "name": record.name, "created_at": record.created_at,
+                "document": json.loads(record.document),
+                "programs": [p.summary(COMPILER_VERSION) for p in state.store.programs_for_graph(graph_hash)]}
+
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.add_middleware(_ServiceMiddleware, max_body_bytes=config.max_body_bytes, metrics=metrics)
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+    # Errors come from our handlers as problem+json; FastAPI's default 422 schema would
+    # describe a body we never send.
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    for path_item in schema.get("paths", {}).values():
+        for operation in path_item.values():
+            for status, response in operation.get("responses", {}).items():
+                content = response.get("content", {})
+                if status.startswith(("4", "5")) and "application/json" in content:
+                    content.pop("application/json")
+                    content["application/problem+json"] = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    app.openapi_schema = schema
+    return schema
+
+
+def _request_validation_problem(exc: RequestValidationError, instance: str) -> Response:
+    """Pydantic errors of a request body → 422 problem naming the graph node (when the
+    error lies inside the graph document) and the JSON path."""
+    from lowering.validate import _json_path  # one home for "error location → node id"
+
+    errors = exc.errors()
+    body = getattr(exc, "body", None)
+    findings: list[dict[str, Any]] = []
+    for err in errors[:20]:
+        loc = tuple(err.get("loc", ()))
+        if loc and loc[0] == "body":
+            loc = loc[1:]
+        node = None
+        path = ".".join(str(p) for p in loc)
+        if len(loc) >= 1 and loc[0] == "graph" and isinstance(body, dict) and isinstance(body.get("graph"), dict):
+            sub_path, node = _json_path(loc[1:], body["graph"])
+            path = "graph" + ("." + sub_path if sub_path and not sub_path.startswith("[") else sub_path)
+        findings.append({"code": "schema", "message": f"{path or '<body>'}: {err.get('msg')}", "path": path,
+                         "node": node})
+    first = findings[0] if findings else {"message": "invalid request", "node": None}
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return problem_response(422, "schema", first["message"] + more, node=first.get("node"),
+                            errors=findings if len(findings) > 1 else None, instance=instance)
+
+
+# -- compile handler -----------------------------------------------------------------
+
+def _response_text(record: ProgramRecord, *, cached: bool, coalesced: bool, hardware_name: str) -> str:
+    # Assembled from the stored program text: a cache hit does not parse or re-serialize
+    # the program.
+    head = {
+        "key": record.key, "graph_hash": record.graph_hash, "compiler_version": record.compiler_version,
+        "cached": cached, "coalesced": coalesced, "complete": record.complete, "options": record.options,
+        "hardware": {"name": hardware_name, "digest": record.hardware_digest}, "stats": record.stats,
+    }
+    return json.dumps(head)[:-1] + ',"program":' + record.program + "}"
+
+
+async def _compile(state: ServiceState, body: CompileRequest, received_at: float) -> Response:
+    config, metrics, store = state.config, state.metrics, state.store
+    opts = body.options
+    try:
+        doc = body.graph if body.graph is not None else pipeline.document_from_export(body.export)
+        pipeline.check_graph_limits(doc, config.limits)
+        options = pipeline.resolve_options(opts.planner, opts.time_limit_s, opts.deterministic, opts.target)
+    except GraphError as exc:
+        metrics.rejected.labels(exc.code).inc()
+        raise _graph_error_problem(exc) from None
+    hw = pipeline.load_hardware(options.target)
+    graph_hash = doc.graph_hash()
+    key = program_key(graph_hash, COMPILER_VERSION, options.options_hash(), hw.digest)
+    log_fields = {"graph_hash": graph_hash, "key": key, "planner": options.planner, "target": options.target}
+
+    stored = store.get_program(key)
+    if stored is not None and stored.complete:
+        metrics.cache_hits.inc()
+        log_event("compile", cached=True, status=stored.stats.get("solver_status"), gap=stored.stats.get("gap"),
+                  seconds=round(time.time() - received_at, 6), **log_fields)
+        return Response(_response_text(stored, cached=True, coalesced=False, hardware_name=hw.name),
+                        media_type="application/json")
+
+    # A miss: validate fully (a stored program proves an identical graph passed before).
+    from lowering.validate import find_problems
+
+    problems = find_problems(doc)
+    if problems:
+        metrics.rejected.labels(problems[0].code).inc()
+        raise _graph_error_problem(problems[0], problems)
+    metrics.cache_misses.inc()
+    document_json = doc.to_json()
+    await asyncio.to_thread(store.put_graph, graph_hash, document_json, doc.name)
+
+    deadline_s = opts.deadline_s if opts.deadline_s is not None else max(
+        config.default_deadline_s, options.time_limit_s + 60.0)
+    deadline_at = received_at + deadline_s
+    job = pipeline.CompileJob(document=document_json, options=options, deadline_at=deadline_at,
+                              hint=stored.solution if stored is not None else None)
+
+    async def persist(outcome: pipeline.CompileOutcome) -> None:
+        metrics.solve_seconds.labels(options.planner).observe(outcome.seconds)
+        status = outcome.stats.get("solver_status") or outcome.status
+        metrics.solver_status.labels(options.planner, str(status)).inc()
+        log_event("solve", status=status, outcome=outcome.status, gap=outcome.stats.get("gap"),
+                  predicted_us=outcome.stats.get("predicted_us"), seconds=round(outcome.seconds, 6),
+                  complete=outcome.complete, error=outcome.error, **log_fields)
+        if outcome.status != "ok" or outcome.program is None:
+            return
+        now = time.time()
+        record = ProgramRecord(key=key, graph_hash=graph_hash, compiler_version=COMPILER_VERSION,
+                               options_hash=options.options_hash(), options=options.solve_dict(),
+                               hardware=hw.name, hardware_digest=hw.digest, program=outcome.program,
+                               stats=outcome.stats, solution=outcome.solution, complete=outcome.complete,
+                               created_at=now, updated_at=now)
+        await asyncio.to_thread(store.put_program, record)
+
+    try:
+        future, joined = state.pool.submit(key, pipeline.compile_job, job, on_done=persist)
+    except PoolFull as exc:
+        metrics.rejected.labels("pool_full").inc()
+        raise ProblemError(503, "pool_full", str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
+    except PoolNotReady as exc:
+        metrics.rejected.labels("not_ready").inc()
+        raise ProblemError(503, "not_ready", str(exc), headers={"Retry-After": "1"}) from None
+    if joined:
+        metrics.coalesced.inc()
+
+    try:
+        outcome: pipeline.CompileOutcome = await wait(future, deadline_at - time.time())
+    except asyncio.TimeoutError:
+        outcome = pipeline.CompileOutcome(status="deadline_exceeded", complete=False)
+
+    if outcome.status == "ok":
+        record = store.get_program(key)
+        if record is None:  # the store kept a better row than this outcome: impossible for a miss
+            raise ProblemError(500, "store_error", f"solved program {key} is not in the store")
+        log_event("compile", cached=False, coalesced=joined, status=record.stats.get("solver_status"),
+                  gap=record.stats.get("gap"), seconds=round(time.time() - received_at, 6), **log_fields)
+        return Response(_response_text(record, cached=False, coalesced=joined, hardware_name=hw.name),
+                        media_type="application/json")
+    if outcome.status == "graph_error":
+        err = outcome.error or {}
+        metrics.rejected.labels(err.get("code", "graph_error")).inc()
+        raise ProblemError(422, err.get("code", "invalid_graph"), err.get("message", ""), node=err.get("node"))
+    if outcome.status == "deadline_exceeded":
+        metrics.deadline_exceeded.inc()
+        # An earlier solve cut short by its deadline is still a valid plan: the best
+        # feasible one the service has.
+        fallback = store.get_program(key)
+        if fallback is not None:
+            log_event("compile", cached=True, deadline_fallback=True, status=fallback.stats.get("solver_status"),
+                      seconds=round(time.time() - received_at, 6), **log_fields)
+            return Response(_response_text(fallback, cached=True, coalesced=joined, hardware_name=hw.name),
+                            media_type="application/json")
+        log_event("compile", status="deadline_exceeded", seconds=round(time.time() - received_at, 6), **log_fields)
+        raise ProblemError(504, "deadline_exceeded",
+                           f"no validated plan within the deadline of {deadline_s:g} s; the solve continues "
+                           f"and its program will be stored under key {key}")
+    detail = (outcome.error or {}).get("message", outcome.status)
+    raise ProblemError(500, outcome.status, f"the planner produced no valid program: {detail}")
+
+
+async def _simulate(state: ServiceState, body: SimulateRequest) -> dict[str, Any]:
+    import hashlib
+
+    target = body.target or body.program.hardware or "spyre"
+    try:
+        pipeline.load_hardware(target)
+    except GraphError as exc:
+        raise _graph_error_problem(exc) from None
+    if body.numerics and body.graph is None:
+        raise ProblemError(422, "invalid_option", "numerics needs the graph document (the reference)")
+    job = pipeline.SimulateJob(program=body.program.to_json(),
+                               graph=body.graph.to_json() if body.graph is not None else None,
+                               target=target, numerics=body.numerics, trace=body.trace)
+    key = "simulate:" + hashlib.sha256(json.dumps(
+        [job.program, job.graph, job.target, job.numerics, job.trace]).encode()).hexdigest()
+    try:
+        future, _ = state.pool.submit(key, pipeline.simulate_job, job)
+    except PoolFull as exc:
+        state.metrics.rejected.labels("pool_full").inc()
+        raise ProblemError(503, "pool_full", str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
+    except PoolNotReady as exc:
+        raise ProblemError(503, "not_ready", str(exc), headers={"Retry-After": "1"}) from None
+    try:
+        return await wait(future, state.config.default_deadline_s)
+    except asyncio.TimeoutError:
+        raise ProblemError(504, "deadline_exceeded",
+                           f"simulation did not finish within {state.config.default_deadline_s:g} s") from None
+
+
+def config_from_env() -> ServiceConfig:
+    """For `uvicorn service.app:app_from_env --factory`."""
+    return ServiceConfig(
+        store_path=os.environ.get("STICKSAT_STORE", default_store_path()),
+        workers=int(os.environ.get("STICKSAT_WORKERS", "1")),
+        queue_limit=int(os.environ.get("STICKSAT_QUEUE_LIMIT", "8")),
+    )
+
+
+def default_store_path() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "sticksat", "store.sqlite")
+
+
+def app_from_env() -> FastAPI:
+    return create_app(config_from_env())

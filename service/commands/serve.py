@@ -1,0 +1,57 @@
+"""`sticksat serve`: run the compile service (FastAPI under uvicorn)."""
+from __future__ import annotations
+
+import os
+
+
+def _default_workers() -> int:
+    # One core stays with the event loop and the store.
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="run the compile service (HTTP)")
+    p.add_argument("--host", default=os.environ.get("STICKSAT_HOST", "127.0.0.1"),
+                   help="bind address (default 127.0.0.1; the Docker image binds 0.0.0.0)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("STICKSAT_PORT", "8000")))
+    p.add_argument("--store", default=None,
+                   help="SQLite store file (default $STICKSAT_STORE or ~/.local/share/sticksat/store.sqlite)")
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"solver worker processes (default $STICKSAT_WORKERS or cores-1 = {_default_workers()})")
+    p.add_argument("--queue-limit", type=int, default=int(os.environ.get("STICKSAT_QUEUE_LIMIT", "8")),
+                   help="distinct jobs that may wait for a worker before requests get 503 (default 8)")
+    p.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (413 beyond)")
+    p.add_argument("--max-nodes", type=int, default=None, help="graph node limit (422 beyond)")
+    p.add_argument("--max-total-elements", type=int, default=None,
+                   help="limit on the summed elements of all graph tensors (422 beyond)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import dataclasses
+
+    import uvicorn
+
+    from service.app import DEFAULT_MAX_BODY_BYTES, ServiceConfig, create_app, default_store_path
+    from service.logging import configure
+    from service.pipeline import GraphLimits
+
+    configure(args.log_level)
+    limits = GraphLimits()
+    if args.max_nodes is not None:
+        limits = dataclasses.replace(limits, max_nodes=args.max_nodes)
+    if args.max_total_elements is not None:
+        limits = dataclasses.replace(limits, max_total_elements=args.max_total_elements)
+    workers = args.workers if args.workers is not None else int(os.environ.get("STICKSAT_WORKERS",
+                                                                              _default_workers()))
+    config = ServiceConfig(
+        store_path=args.store or os.environ.get("STICKSAT_STORE") or default_store_path(),
+        workers=workers,
+        queue_limit=args.queue_limit,
+        max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+        limits=limits,
+    )
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_config=None,
+                log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5)
+    return 0

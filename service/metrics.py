@@ -1,0 +1,43 @@
+"""Prometheus metrics of one service instance.
+
+Each app owns its own CollectorRegistry (not the process-global default), so two apps in
+one process (tests) never clash and /metrics shows exactly this service's numbers.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Solve times range from milliseconds (naive planner, tiny graph) to minutes (CP-SAT with
+# a large budget on a big model).
+_SOLVE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+_REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class ServiceMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("sticksat_requests", "HTTP requests by route, method and status",
+                                ["route", "method", "status"], registry=r)
+        self.request_seconds = Histogram("sticksat_request_seconds", "HTTP request latency by route",
+                                         ["route"], buckets=_REQUEST_BUCKETS, registry=r)
+        self.solve_seconds = Histogram("sticksat_solve_seconds",
+                                       "Wall time of one compile job in a worker (lower + plan + validate)",
+                                       ["planner"], buckets=_SOLVE_BUCKETS, registry=r)
+        self.cache_hits = Counter("sticksat_cache_hits", "Compiles answered from the program store", registry=r)
+        self.cache_misses = Counter("sticksat_cache_misses", "Compiles that needed a solve", registry=r)
+        self.coalesced = Counter("sticksat_coalesced", "Requests that joined an identical in-flight solve",
+                                 registry=r)
+        self.solver_status = Counter("sticksat_solver_status", "Finished solves by planner and solver status",
+                                     ["planner", "status"], registry=r)
+        self.rejected = Counter("sticksat_rejected", "Requests refused before solving, by reason",
+                                ["reason"], registry=r)
+        self.deadline_exceeded = Counter("sticksat_deadline_exceeded",
+                                         "Compiles whose deadline passed before a plan was ready", registry=r)
+        self.inflight = Gauge("sticksat_inflight_jobs", "Distinct jobs running or queued in the solver pool",
+                              registry=r)
+        self.pool_workers = Gauge("sticksat_pool_workers", "Worker processes of the solver pool", registry=r)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

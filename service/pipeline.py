@@ -1,0 +1,345 @@
+"""Document → validated SuperDSC program + stats: the one place the service calls
+lowering, the solver and the simulator.
+
+Two halves:
+- cheap checks the service runs on the request path before it spends a worker
+  (`check_graph_limits`, `check_document`, `resolve_options`): a bad graph is a 422
+  without a trip through the pool;
+- the jobs a pool worker runs (`compile_job`, `simulate_job`). They take and return
+  plain picklable dataclasses holding JSON text, never live model objects, so the
+  process boundary stays cheap and explicit.
+
+`compile_in_process` runs the same job in the calling process (the embedded default
+of the torch backend when no service URL is set).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any, Optional, Union
+
+from lowering.errors import GraphError
+from lowering.graph_format import GraphDocument, SymSize
+from service.version import COMPILER_VERSION
+
+# Planners in the order the service prefers them when a request names none.
+PLANNER_PREFERENCE = ("cpsat", "heuristic", "naive")
+DEFAULT_TIME_LIMIT_S = 10.0
+MAX_TIME_LIMIT_S = 3600.0
+
+
+# -- size limits ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GraphLimits:
+    """What one /compile may ask for. The format's own bounds (20k nodes, rank 8) stop
+    hostile documents; these are the service's operating limits, configurable per
+    deployment."""
+
+    max_nodes: int = 5_000
+    max_rank: int = 8
+    max_dim: int = 2**31 - 1
+    # Sum of elements over every graph input and node output: bounds what the planner
+    # and simulator allocate for one request.
+    max_total_elements: int = 2**34
+
+
+def _numel(shape: list) -> Optional[int]:
+    n = 1
+    for s in shape:
+        if isinstance(s, SymSize):
+            return None  # symbolic: validation names it precisely
+        n *= s
+    return n
+
+
+def check_graph_limits(doc: GraphDocument, limits: GraphLimits) -> None:
+    """Raise GraphError("graph_too_large", ..., node) when the graph exceeds a limit."""
+    if len(doc.nodes) > limits.max_nodes:
+        raise GraphError("graph_too_large",
+                         f"graph has {len(doc.nodes)} nodes; this service accepts at most {limits.max_nodes}")
+    total = 0
+    metas = [(inp.id, inp.meta) for inp in doc.inputs]
+    metas += [(node.id, meta) for node in doc.nodes for meta in node.outputs]
+    for owner, meta in metas:
+        if len(meta.shape) > limits.max_rank:
+            raise GraphError("graph_too_large",
+                             f"tensor of rank {len(meta.shape)}; at most {limits.max_rank} dims are accepted", owner)
+        for size in meta.shape:
+            if isinstance(size, int) and size > limits.max_dim:
+                raise GraphError("graph_too_large",
+                                 f"dim of size {size} exceeds the limit {limits.max_dim}", owner)
+        n = _numel(meta.shape)
+        if n is not None:
+            total += n
+            if total > limits.max_total_elements:
+                raise GraphError("graph_too_large",
+                                 f"graph tensors total more than {limits.max_total_elements} elements "
+                                 f"(limit reached at this tensor)", owner)
+
+
+def check_document(doc: GraphDocument) -> None:
+    """Structural and semantic validation (H1's validator): GraphError on failure."""
+    from lowering.validate import validate_document
+
+    validate_document(doc)
+
+
+def document_from_export(raw: dict) -> GraphDocument:
+    """A torch.export serialized program (JSON) → graph document. GraphError on failure."""
+    from lowering import export_serde
+
+    return export_serde.document_from_serialized(raw)
+
+
+# -- options -------------------------------------------------------------------------
+
+def available_planners() -> list[str]:
+    from solver.planners import PLANNERS
+
+    return sorted(PLANNERS)
+
+
+def default_planner() -> str:
+    names = set(available_planners())
+    for name in PLANNER_PREFERENCE:
+        if name in names:
+            return name
+    raise RuntimeError("no planner is registered")
+
+
+def available_targets() -> list[str]:
+    from simulator.hardware import list_targets
+
+    return sorted(list_targets())
+
+
+@lru_cache(maxsize=16)
+def load_hardware(target: str):
+    """Targets are looked up by name among the shipped ones only: a client never
+    names a file path."""
+    from simulator.hardware import load_target
+
+    if target not in available_targets():
+        raise GraphError("unknown_target", f"unknown target {target!r}; known: {available_targets()}")
+    return load_target(target)
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """The options that determine the program. `options_hash` keys the store; the
+    target enters the key through its hardware digest, the deadline not at all (it
+    bounds one request's wait, not what the answer is)."""
+
+    planner: str
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    deterministic: bool = False
+    target: str = "spyre"
+
+    def solve_dict(self) -> dict[str, Any]:
+        return {"planner": self.planner, "time_limit_s": float(self.time_limit_s),
+                "deterministic": bool(self.deterministic)}
+
+    def options_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.solve_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def resolve_options(planner: Optional[str] = None, time_limit_s: Optional[float] = None,
+                    deterministic: bool = False, target: Optional[str] = None) -> CompileOptions:
+    """Fill defaults and check names; GraphError("invalid_option") for a bad one."""
+    name = planner or default_planner()
+    if name not in available_planners():
+        raise GraphError("invalid_option", f"unknown planner {name!r}; available: {available_planners()}")
+    limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
+    if not (0 < limit <= MAX_TIME_LIMIT_S):
+        raise GraphError("invalid_option", f"time_limit_s must be in (0, {MAX_TIME_LIMIT_S}]")
+    target_name = target or "spyre"
+    load_hardware(target_name)
+    return CompileOptions(planner=name, time_limit_s=limit, deterministic=bool(deterministic), target=target_name)
+
+
+# -- the compile job -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompileJob:
+    document: str  # graph document JSON (already validated on the request path)
+    options: CompileOptions
+    # Wall-clock time (time.time()) by which the caller needs an answer; None = no deadline.
+    deadline_at: Optional[float] = None
+    # A stored solution of an earlier, incomplete solve of the same key (warm start).
+    hint: Optional[str] = None
+
+
+@dataclass
+class CompileOutcome:
+    status: str  # "ok" | "graph_error" | "plan_invalid" | "deadline_exceeded"
+    program: Optional[str] = None  # SuperDSC program JSON
+    stats: dict[str, Any] = field(default_factory=dict)
+    solution: Optional[str] = None
+    # The solve ran with the requested time limit (not cut short by the deadline).
+    complete: bool = True
+    effective_time_limit_s: Optional[float] = None
+    error: Optional[dict[str, Any]] = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Seconds kept back from a deadline for emitting, validating and returning the program.
+def _deadline_reserve(remaining: float) -> float:
+    return min(1.0, 0.2 * remaining)
+
+
+def _solution_of(program) -> Optional[str]:
+    """The planner's warm-start form of a program, when the solver exposes one."""
+    try:
+        from solver.planners import solution_of  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    solution = solution_of(program)
+    if solution is None:
+        return None
+    return solution if isinstance(solution, str) else json.dumps(solution)
+
+
+def _hint_from(solution: Optional[str]):
+    if solution is None:
+        return None
+    try:
+        from solver.planners import hint_from_solution  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return hint_from_solution(solution)
+
+
+def compile_job(job: CompileJob) -> CompileOutcome:
+    """Lower, plan (the planner validates on the simulator) and serialize. Runs in a
+    pool worker; never raises for a client's mistake, it returns it."""
+    from lowering import lower_document
+    from solver.planners import PlanInvalid, plan
+
+    started = time.time()
+    options = job.options
+    effective_limit = options.time_limit_s
+    if job.deadline_at is not None:
+        remaining = job.deadline_at - started
+        if remaining <= 0:
+            return CompileOutcome(status="deadline_exceeded", complete=False,
+                                  error={"code": "deadline_exceeded",
+                                         "message": "the deadline passed while the job was queued"})
+    try:
+        doc = GraphDocument.from_json(job.document)
+        hw = load_hardware(options.target)
+        pg = lower_document(doc)
+        if job.deadline_at is not None:
+            remaining = job.deadline_at - time.time()
+            if remaining <= 0:
+                return CompileOutcome(status="deadline_exceeded", complete=False, seconds=time.time() - started,
+                                      error={"code": "deadline_exceeded",
+                                             "message": "the deadline passed while lowering the graph"})
+            effective_limit = max(0.01, min(options.time_limit_s, remaining - _deadline_reserve(remaining)))
+        program = plan(pg, hw, planner=options.planner, time_limit_s=effective_limit,
+                       deterministic=options.deterministic, hint=_hint_from(job.hint))
+    except GraphError as exc:
+        return CompileOutcome(status="graph_error", error=exc.to_dict(), seconds=time.time() - started)
+    except PlanInvalid as exc:
+        return CompileOutcome(status="plan_invalid", seconds=time.time() - started,
+                              error={"code": "plan_invalid", "message": str(exc)})
+    if not program.graph_hash:
+        program.graph_hash = doc.graph_hash()
+    if not program.graph_name:
+        program.graph_name = doc.name
+    stats = json.loads(program.stats.model_dump_json())
+    status = (stats.get("solver_status") or "").upper()
+    complete = effective_limit >= options.time_limit_s or status == "OPTIMAL"
+    return CompileOutcome(status="ok", program=program.to_json(), stats=stats, solution=_solution_of(program),
+                          complete=complete, effective_time_limit_s=effective_limit,
+                          seconds=time.time() - started)
+
+
+def compile_in_process(document: Union[GraphDocument, dict, str], planner: Optional[str] = None,
+                       time_limit_s: Optional[float] = None, deterministic: bool = False,
+                       target: Optional[str] = None, limits: Optional[GraphLimits] = None) -> dict[str, Any]:
+    """The embedded path: validate and compile in this process; returns the program as
+    a dict. Raises GraphError for a bad graph, solver.planners.PlanInvalid for a
+    planner bug."""
+    if isinstance(document, GraphDocument):
+        doc = document
+    else:
+        from lowering.validate import parse_document
+
+        doc = parse_document(document)
+    check_graph_limits(doc, limits or GraphLimits())
+    check_document(doc)
+    options = resolve_options(planner, time_limit_s, deterministic, target)
+    outcome = compile_job(CompileJob(document=doc.to_json(), options=options))
+    if outcome.status == "graph_error":
+        err = outcome.error or {}
+        raise GraphError(err.get("code", "invalid_graph"), err.get("message", ""), err.get("node"))
+    if outcome.status != "ok" or outcome.program is None:
+        from solver.planners import PlanInvalid
+
+        raise PlanInvalid((outcome.error or {}).get("message", outcome.status))
+    return json.loads(outcome.program)
+
+
+# -- the simulate job ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SimulateJob:
+    program: str  # SuperDSC program JSON
+    graph: Optional[str] = None  # graph document JSON (needed for numerics)
+    target: str = "spyre"
+    numerics: bool = False
+    trace: bool = False
+
+
+def simulate_job(job: SimulateJob) -> dict[str, Any]:
+    """Validate and time a program (optionally check numerics against the graph and
+    export a trace). Returns a JSON-ready dict; program schema errors are findings."""
+    from pydantic import ValidationError
+
+    from simulator.api import simulate
+    from simulator.superdsc import Program
+
+    started = time.time()
+    try:
+        program = Program.from_json(job.program)
+    except ValidationError as exc:
+        return {"valid": False, "errors": [{"code": "schema", "message": str(e.get("msg")),
+                                            "path": list(e.get("loc", ()))} for e in exc.errors()[:50]],
+                "seconds": time.time() - started}
+    hw = load_hardware(job.target)
+    graph = GraphDocument.from_json(job.graph) if job.graph else None
+    result = simulate(program, hw=hw, graph=graph, numerics=job.numerics, trace=job.trace)
+    out = result.to_dict() if hasattr(result, "to_dict") else dict(vars(result))
+    out["seconds"] = time.time() - started
+    return json.loads(json.dumps(out, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if hasattr(value, "__dataclass_fields__"):
+        return asdict(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def warm_worker(target: str = "spyre") -> float:
+    """Import the heavy modules and load the hardware once, so the first real job in a
+    fresh worker does not pay for it. Returns the seconds it took."""
+    started = time.time()
+    import lowering  # noqa: F401
+    import solver.planners  # noqa: F401
+    import simulator.api  # noqa: F401
+
+    load_hardware(target)
+    return time.time() - started
