@@ -1,0 +1,322 @@
+"""Regenerate every benchmark graph document (run from the repo root):
+
+    HF_HUB_OFFLINE=1 /work/venv/bin/python benchmarks/graphs/make_graphs.py [--suite NAME]
+
+Each graph is one transformer layer (or one matmul) at real size, captured with
+`backend.capture.capture` on meta tensors: the layer is instantiated on the meta device
+from a hand-written transformers config (public numbers, no hub download, no weights),
+so nothing is allocated and nothing is downloaded. fp16 throughout.
+
+Layout: benchmarks/graphs/<suite>/<name>.json (gzipped as .json.gz when large). The
+service-side `sticksat bench` only reads these files; it never captures.
+
+Suites:
+- layers: one decoder layer of Llama-3.1-8B, Granite-3.3-8B and Mistral-7B-v0.3 in prefill
+  (512 tokens) and decode (1 new token against a 2048-token KV cache); one encoder layer of
+  BERT-base (512 tokens) and ViT-B/16 (224x224 image: 197 tokens); one GPT-2 block (512 tokens).
+- sweep: matmul/bmm shapes over batch sizes: linear layers [M,4096]x[4096,N] for decode-
+  to prefill-sized M, attention-shaped bmm over batch (heads) counts.
+- tiny: the same layer kinds at toy sizes, for fast tests of the bench command.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from backend.capture import capture  # noqa: E402
+
+OUT_DIR = Path(__file__).resolve().parent
+DTYPE = torch.float16
+GZIP_ABOVE_BYTES = 256 * 1024
+
+
+def _meta(*shape: int) -> torch.Tensor:
+    return torch.empty(*shape, dtype=DTYPE, device="meta")
+
+
+# -- hand-written configs (public model cards / config.json numbers) -----------------------
+def llama31_8b_config(**overrides):
+    from transformers import LlamaConfig
+
+    kw = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+              intermediate_size=14336, rms_norm_eps=1e-5, num_hidden_layers=1, vocab_size=128256,
+              max_position_embeddings=131072, hidden_act="silu",
+              rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 8192})
+    kw.update(overrides)
+    return LlamaConfig(**kw)
+
+
+def granite33_8b_config(**overrides):
+    from transformers import GraniteConfig
+
+    kw = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, intermediate_size=12800,
+              rms_norm_eps=1e-5, num_hidden_layers=1, vocab_size=49159, max_position_embeddings=131072,
+              hidden_act="silu", attention_multiplier=0.0078125, residual_multiplier=0.22,
+              embedding_multiplier=12.0, logits_scaling=16.0,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000000.0})
+    kw.update(overrides)
+    return GraniteConfig(**kw)
+
+
+def mistral7b_v03_config(**overrides):
+    from transformers import MistralConfig
+
+    kw = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+              intermediate_size=14336, rms_norm_eps=1e-5, num_hidden_layers=1, vocab_size=32768,
+              max_position_embeddings=32768, hidden_act="silu", sliding_window=None,
+              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    kw.update(overrides)
+    return MistralConfig(**kw)
+
+
+_DECODERS = {
+    "llama": ("transformers.models.llama.modeling_llama", "Llama"),
+    "granite": ("transformers.models.granite.modeling_granite", "Granite"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
+}
+
+
+def _decoder_classes(family: str):
+    import importlib
+
+    module_name, prefix = _DECODERS[family]
+    mod = importlib.import_module(module_name)
+    return getattr(mod, f"{prefix}DecoderLayer"), getattr(mod, f"{prefix}RotaryEmbedding")
+
+
+class DecoderPrefill(torch.nn.Module):
+    """One decoder layer over a full prompt: causal self-attention, rotary positions."""
+
+    def __init__(self, family: str, cfg):
+        super().__init__()
+        layer_cls, rotary_cls = _decoder_classes(family)
+        cfg._attn_implementation = "sdpa"
+        self.layer = layer_cls(cfg, layer_idx=0)
+        self.rotary = rotary_cls(cfg)
+
+    def forward(self, hidden_states):
+        positions = torch.arange(hidden_states.shape[1], device=hidden_states.device)[None]
+        pe = self.rotary(hidden_states, positions)
+        out = self.layer(hidden_states, attention_mask=None, position_ids=positions, position_embeddings=pe)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class DecoderDecode(torch.nn.Module):
+    """One decoder layer for one new token against a KV cache passed as graph inputs.
+
+    The cache layer is filled with the inputs directly (not through `update`, which would
+    concatenate onto an empty tensor); the layer then appends the new token's k/v with
+    torch.cat exactly as transformers' DynamicCache does in eager decode."""
+
+    def __init__(self, family: str, cfg):
+        super().__init__()
+        layer_cls, rotary_cls = _decoder_classes(family)
+        cfg._attn_implementation = "sdpa"
+        self.cfg = cfg
+        self.layer = layer_cls(cfg, layer_idx=0)
+        self.rotary = rotary_cls(cfg)
+
+    def forward(self, hidden_states, past_key, past_value):
+        from transformers.cache_utils import DynamicCache
+
+        past = past_key.shape[2]
+        positions = torch.arange(past, past + hidden_states.shape[1], device=hidden_states.device)[None]
+        pe = self.rotary(hidden_states, positions)
+        cache = DynamicCache(config=self.cfg)
+        layer_cache = cache.layers[0]
+        layer_cache.dtype, layer_cache.device = past_key.dtype, past_key.device
+        layer_cache.keys, layer_cache.values = past_key, past_value
+        layer_cache.is_initialized = True
+        out = self.layer(hidden_states, attention_mask=None, position_ids=positions, past_key_values=cache,
+                         position_embeddings=pe, use_cache=True)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class EncoderLayer(torch.nn.Module):
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, hidden_states):
+        out = self.layer(hidden_states)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, k: int, n: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(k, n, bias=False)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class Bmm(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.bmm(a, b)
+
+
+def _decoder_prefill(family: str, cfg_fn: Callable, seq: int, **cfg_kw):
+    def build():
+        cfg = cfg_fn(**cfg_kw)
+        with torch.device("meta"):
+            model = DecoderPrefill(family, cfg).to(DTYPE).eval()
+        return model, (_meta(1, seq, cfg.hidden_size),)
+    return build
+
+
+def _decoder_decode(family: str, cfg_fn: Callable, past: int, **cfg_kw):
+    def build():
+        cfg = cfg_fn(**cfg_kw)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        with torch.device("meta"):
+            model = DecoderDecode(family, cfg).to(DTYPE).eval()
+        kv = (1, cfg.num_key_value_heads, past, head_dim)
+        return model, (_meta(1, 1, cfg.hidden_size), _meta(*kv), _meta(*kv))
+    return build
+
+
+def _bert(seq: int, **cfg_kw):
+    def build():
+        from transformers import BertConfig
+        from transformers.models.bert.modeling_bert import BertLayer
+
+        kw = dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+                  layer_norm_eps=1e-12, num_hidden_layers=1, max_position_embeddings=512)
+        kw.update(cfg_kw)
+        cfg = BertConfig(**kw)
+        cfg._attn_implementation = "sdpa"
+        with torch.device("meta"):
+            model = EncoderLayer(BertLayer(cfg)).to(DTYPE).eval()
+        return model, (_meta(1, seq, cfg.hidden_size),)
+    return build
+
+
+def _vit(image: int, patch: int, **cfg_kw):
+    def build():
+        from transformers import ViTConfig
+        from transformers.models.vit.modeling_vit import ViTLayer
+
+        kw = dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+                  layer_norm_eps=1e-12, num_hidden_layers=1, image_size=image, patch_size=patch)
+        kw.update(cfg_kw)
+        cfg = ViTConfig(**kw)
+        cfg._attn_implementation = "sdpa"
+        tokens = (image // patch) ** 2 + 1  # patches + [CLS]
+        with torch.device("meta"):
+            model = EncoderLayer(ViTLayer(cfg)).to(DTYPE).eval()
+        return model, (_meta(1, tokens, cfg.hidden_size),)
+    return build
+
+
+def _gpt2(seq: int, **cfg_kw):
+    def build():
+        from transformers import GPT2Config
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+        kw = dict(n_embd=768, n_head=12, n_inner=3072, n_layer=1, n_positions=1024,
+                  layer_norm_epsilon=1e-5, activation_function="gelu_new")
+        kw.update(cfg_kw)
+        cfg = GPT2Config(**kw)
+        cfg._attn_implementation = "sdpa"
+        with torch.device("meta"):
+            model = EncoderLayer(GPT2Block(cfg, layer_idx=0)).to(DTYPE).eval()
+        return model, (_meta(1, seq, cfg.n_embd),)
+    return build
+
+
+def _linear(m: int, k: int, n: int):
+    def build():
+        with torch.device("meta"):
+            model = Linear(k, n).to(DTYPE).eval()
+        return model, (_meta(m, k),)
+    return build
+
+
+def _bmm(b: int, m: int, k: int, n: int):
+    def build():
+        return Bmm().eval(), (_meta(b, m, k), _meta(b, k, n))
+    return build
+
+
+_TINY_DEC = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 intermediate_size=128, vocab_size=128, max_position_embeddings=256,
+                 rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+
+SUITES: dict[str, dict[str, Callable]] = {
+    "layers": {
+        "llama31_8b_prefill512": _decoder_prefill("llama", llama31_8b_config, 512),
+        "llama31_8b_decode2048": _decoder_decode("llama", llama31_8b_config, 2048),
+        "granite33_8b_prefill512": _decoder_prefill("granite", granite33_8b_config, 512),
+        "granite33_8b_decode2048": _decoder_decode("granite", granite33_8b_config, 2048),
+        "mistral7b_prefill512": _decoder_prefill("mistral", mistral7b_v03_config, 512),
+        "mistral7b_decode2048": _decoder_decode("mistral", mistral7b_v03_config, 2048),
+        "bert_base_layer512": _bert(512),
+        "vit_b16_layer197": _vit(224, 16),
+        "gpt2_block512": _gpt2(512),
+    },
+    "sweep": {
+        **{f"linear_m{m}_k4096_n{n}": _linear(m, 4096, n)
+           for m in (1, 4, 16, 128, 512) for n in (4096, 14336)},
+        **{f"bmm_qk_b{b}_m512_k128_n512": _bmm(b, 512, 128, 512) for b in (1, 8, 32)},
+        **{f"bmm_pv_b{b}_m512_k512_n128": _bmm(b, 512, 512, 128) for b in (1, 8, 32)},
+    },
+    "tiny": {
+        "llama_tiny_prefill16": _decoder_prefill("llama", llama31_8b_config, 16, **_TINY_DEC),
+        "llama_tiny_decode32": _decoder_decode("llama", llama31_8b_config, 32, **_TINY_DEC),
+        "gpt2_tiny_block16": _gpt2(16, n_embd=64, n_head=4, n_inner=128, n_positions=64),
+        "bert_tiny_layer16": _bert(16, hidden_size=64, num_attention_heads=4, intermediate_size=128),
+        "linear_tiny_m16_k64_n128": _linear(16, 64, 128),
+        "bmm_tiny_b4_m32_k64_n32": _bmm(4, 32, 64, 32),
+    },
+}
+
+
+def write_document(doc: dict, suite: str, name: str) -> Path:
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    out = OUT_DIR / suite
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in (out / f"{name}.json", out / f"{name}.json.gz"):
+        stale.unlink(missing_ok=True)
+    if len(text) > GZIP_ABOVE_BYTES:
+        path = out / f"{name}.json.gz"
+        # mtime=0: regenerating an unchanged graph gives byte-identical files.
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as fh:
+            fh.write(text.encode())
+    else:
+        path = out / f"{name}.json"
+        path.write_text(text)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", choices=sorted(SUITES), action="append",
+                    help="suite(s) to regenerate (default: all)")
+    ap.add_argument("--only", help="regenerate only graphs whose name contains this")
+    args = ap.parse_args(argv)
+    for suite in args.suite or sorted(SUITES):
+        for name, build in SUITES[suite].items():
+            if args.only and args.only not in name:
+                continue
+            model, inputs = build()
+            doc = capture(model, inputs, name=name)
+            path = write_document(doc, suite, name)
+            print(f"{suite}/{name}: {len(doc['nodes'])} nodes -> {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
