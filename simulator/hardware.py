@@ -56,12 +56,18 @@ class UnderfillCurve:
     rows_exp: float
     cols_ref: float
     cols_exp: float
+    eff_floor: float
+    floor_exp: float
 
     def efficiency(self, rows: float, cols: float) -> float:
         if rows <= 0 or cols <= 0:
             return 1.0
-        eff = (rows / self.rows_full) ** self.rows_exp * (cols / self.cols_ref) ** self.cols_exp
-        return min(self.cap, eff)
+        raw = (rows / self.rows_full) ** self.rows_exp * (cols / self.cols_ref) ** self.cols_exp
+        if raw >= self.eff_floor:
+            return min(self.cap, raw)
+        # Below the smallest fitted value the power law is not extrapolated: it continues
+        # with a much weaker exponent, so tiny tiles stay ordered but bounded.
+        return min(self.cap, self.eff_floor) * (raw / self.eff_floor) ** self.floor_exp
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,6 +105,7 @@ class Hardware:
     pt_rows_per_pass: int
     pt_target_passes: int
     pt_dtype_rate_scale: Mapping[str, float]
+    bmm_layout_min_batch: int
     # SFP (vector unit)
     sfp_sticks_per_cycle_per_corelet: float
     sfp_transcendental_cycles: float
@@ -114,7 +121,6 @@ class Hardware:
     lx_spill_knee_bytes: int
     lx_spill_exponent: float
     underfill_curve: UnderfillCurve
-    psum_ring_us_per_elem_hop: float
     power_watts: float
     dtype_bytes: Mapping[str, int]
     # the whole parameter table with units and sources, for reports and docs

@@ -97,7 +97,12 @@ def test_derived_rates():
     assert hw.reduction_read_curve.gbps(100) == 150.0
     assert hw.reduction_read_curve.gbps(100_000) == pytest.approx(114.0, abs=0.01)
     assert hw.spill_derate(256 * 1024) == 1.0
-    assert hw.spill_derate(4 * 512 * 1024) == pytest.approx(0.25 ** 0.15)
+    assert hw.spill_derate(4 * 512 * 1024) == pytest.approx(0.25 ** hw.lx_spill_exponent)
+    assert hw.spill_derate(4 * 512 * 1024) < 1.0
+    uf = hw.underfill_curve
+    assert uf.efficiency(4096, 4096) == 1.0
+    assert uf.efficiency(2, 2048) == pytest.approx((2 / 7.9) ** 0.5)
+    assert 0 < uf.efficiency(0.01, 128) < uf.eff_floor
     assert hw.ring_gbps_per_direction == pytest.approx(128 * hw.clock_ghz)
     assert hw.pt_mac_per_ns("float16", "default_bmm") < hw.pt_mac_per_ns("float16", "batch_outer") \
         < hw.pt_mac_per_ns("float16") < hw.pt_mac_per_ns("float16", "peak")
