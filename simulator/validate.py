@@ -1,0 +1,510 @@
+"""The program validator: every check of DESIGN.md "Simulator §1", each with its own code.
+
+`validate_program(program, hw) -> list[ProgramIssue]` ([] means valid). It never raises on a
+bad program (a client may send anything); each issue names the op and/or tensor it concerns.
+
+Codes (docs/simulator.md has the full table):
+  version             format name or version is not sticksat.superdsc v1
+  schema              the document does not parse / duplicate ids / malformed loop nest
+  hardware_mismatch   program targets another hardware name or digest
+  unknown_tensor      an op, input or output names an undeclared tensor
+  shape_mismatch      a loop nest's operand maps disagree with the declared tensor shapes
+  read_before_write   a tensor is read (or is a program output) before it is produced/loaded
+  multiple_producers  a tensor is written twice, or a program input is overwritten
+  layout_invalid      dim_order/device_size do not describe the tensor
+  stick_alignment     stick dim not padded to whole sticks, or an address not stick aligned
+  split_unknown_dim   core_split names a dim the loop nest does not have
+  split_uneven        a split is not even / not in whole sticks (or splits a scan)
+  cores_over_limit    more cores than the hardware has (split product or a core id)
+  multi_reduction_split more than one reduction dim split across cores
+  core_slices         coreIdToWkSlice_ is not a bijection cores <-> work slices of the split
+  temporal_tiles      temporal tiles name unknown dims or do not divide the per-core slice
+  op_rule             operand layouts violate the op's stick rule (lowering/op_rules.py)
+  restickify_invalid  a restickify/relayout whose src/dst are not one tensor in two layouts
+  io_memory           a program input or output is not in device memory
+  lx_capacity         LX live bytes per core exceed the allocator capacity, or a buffer ends past it
+  lx_overlap          two LX buffers live at the same time overlap in address
+  lx_size             an LX buffer is smaller than the slice a core writes into it
+  lx_live_range       an LX tensor written outside live_from or read outside its live range
+  lx_cross_bundle     an LX value read in another bundle than the one that wrote it
+  lx_slice_mismatch   a core reads from its LX a slice it did not write (different slicing)
+  lx_reduction_split  the output of an op with a split reduction dim (cross-core partial sums) in LX
+  hbm_overlap         two device-memory tensors live at the same time overlap in bytes
+  device_memory       a device-memory tensor ends past the usable device memory
+  span_exceeded       a core's access to one tensor spans more than the per-core span
+  bundle_structure    bundles do not partition the ops into consecutive groups / wrong lists
+  bundle_limit        a bundle references more external tensors than the hardware allows
+  alias_illegal       an alias claim whose bytes are not the output in its layout
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Optional, Union
+
+from pydantic import ValidationError
+
+from lowering.op_rules import check_split, copy_is_alias, matching_choice, split_units
+from lowering.primitives import DTYPE_BYTES, PrimOp, op_from_json
+from simulator.geometry import (
+    box_contains, box_lx_bytes, box_span_bytes, core_ranges, layout_nbytes, layout_problems,
+    op_granules, operand_box, reduction_split,
+)
+from simulator.superdsc import (
+    PROGRAM_FORMAT, PROGRAM_VERSION, HbmMemory, LxMemory, Program, TensorDecl,
+)
+
+
+@dataclass(frozen=True)
+class ProgramIssue:
+    code: str
+    message: str
+    op: Optional[str] = None
+    tensor: Optional[str] = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def parse_program(program: Union[Program, dict, str, bytes]) -> tuple[Optional[Program], list[ProgramIssue]]:
+    """A Program from any accepted form, or the version/schema issues that stop it."""
+    if isinstance(program, Program):
+        return program, []
+    try:
+        raw = json.loads(program) if isinstance(program, (str, bytes)) else program
+    except (ValueError, TypeError) as e:
+        return None, [ProgramIssue("schema", f"not JSON: {e}")]
+    if not isinstance(raw, dict):
+        return None, [ProgramIssue("schema", "a program is a JSON object")]
+    if raw.get("format") != PROGRAM_FORMAT or raw.get("version") != PROGRAM_VERSION:
+        return None, [ProgramIssue("version", f"expected format {PROGRAM_FORMAT!r} version {PROGRAM_VERSION}, "
+                                              f"got {raw.get('format')!r} version {raw.get('version')!r}")]
+    try:
+        return Program.model_validate(raw), []
+    except ValidationError as e:
+        return None, [ProgramIssue("schema", f"{err['loc']}: {err['msg']}") for err in e.errors()[:20]]
+
+
+def resolve_alias(tmap: dict[str, TensorDecl], t: str) -> str:
+    seen = 0
+    while t in tmap and isinstance(tmap[t].memory, HbmMemory) and tmap[t].memory.alias_of and seen < 64:
+        t = tmap[t].memory.alias_of
+        seen += 1
+    return t
+
+
+def external_tensors(program: Program, op_ids: list[str]) -> set[str]:
+    """Device-memory tensors (alias roots) the given ops reference: what the bundle limit counts."""
+    tmap = program.tensor_map()
+    by_id = {o.id: o for o in program.ops}
+    out: set[str] = set()
+    for oid in op_ids:
+        o = by_id.get(oid)
+        if o is None or o.prim is None:
+            continue
+        names = [a["tensor"] for a in o.prim.get("inputs", [])] + [o.prim.get("output", {}).get("tensor")]
+        for t in names:
+            if t in tmap and isinstance(tmap[t].memory, HbmMemory):
+                out.add(resolve_alias(tmap, t))
+    return out
+
+
+class _Checker:
+    def __init__(self, program: Program, hw):
+        self.p = program
+        self.hw = hw
+        self.issues: list[ProgramIssue] = []
+        self.tmap: dict[str, TensorDecl] = {}
+        self.prims: dict[str, PrimOp] = {}
+
+    def add(self, code: str, message: str, op: Optional[str] = None, tensor: Optional[str] = None):
+        self.issues.append(ProgramIssue(code, message, op, tensor))
+
+    # -- tensors ------------------------------------------------------------------------------
+    def check_tensors(self):
+        hw = self.hw
+        sb = hw.stick_bytes
+        for t in self.p.tensors:
+            if t.id in self.tmap:
+                self.add("schema", f"tensor {t.id} declared twice", tensor=t.id)
+                continue
+            self.tmap[t.id] = t
+            if t.dtype not in DTYPE_BYTES:
+                self.add("schema", f"unknown dtype {t.dtype!r}", tensor=t.id)
+                continue
+            for code, msg in layout_problems(t.layout, t.shape, t.dtype, sb):
+                self.add(code, f"{t.id}: {msg}", tensor=t.id)
+            m = t.memory
+            if isinstance(m, HbmMemory):
+                if m.offset % sb:
+                    self.add("stick_alignment", f"{t.id}: device-memory offset {m.offset} not stick aligned", tensor=t.id)
+                end = m.offset + layout_nbytes(t.layout, t.dtype) if t.dtype in DTYPE_BYTES else 0
+                if m.offset < 0 or end > hw.device_memory_usable_bytes:
+                    self.add("device_memory", f"{t.id}: bytes [{m.offset}, {end}) outside usable device memory",
+                             tensor=t.id)
+            else:
+                if m.lx_address % sb or m.size_per_core % sb:
+                    self.add("stick_alignment", f"{t.id}: LX address {m.lx_address} / size {m.size_per_core} "
+                                                f"not stick aligned", tensor=t.id)
+                if m.lx_address < 0 or m.lx_address + m.size_per_core > hw.lx_capacity_bytes:
+                    self.add("lx_capacity", f"{t.id}: LX buffer [{m.lx_address}, {m.lx_address + m.size_per_core}) "
+                                            f"ends past the capacity {hw.lx_capacity_bytes}", tensor=t.id)
+                if m.live_to < m.live_from:
+                    self.add("lx_live_range", f"{t.id}: live range [{m.live_from}, {m.live_to}] is empty", tensor=t.id)
+        for t in self.tmap.values():
+            if isinstance(t.memory, HbmMemory) and t.memory.alias_of is not None:
+                src = self.tmap.get(t.memory.alias_of)
+                if src is None or not isinstance(src.memory, HbmMemory):
+                    self.add("alias_illegal", f"{t.id}: alias of {t.memory.alias_of}, which is not in device memory",
+                             tensor=t.id)
+                elif src.memory.offset != t.memory.offset:
+                    self.add("alias_illegal", f"{t.id}: alias of {src.id} at another offset", tensor=t.id)
+        for role, names in (("input", self.p.inputs), ("output", self.p.outputs)):
+            for n in names:
+                if n not in self.tmap:
+                    self.add("unknown_tensor", f"program {role} {n} is not declared", tensor=n)
+                elif not isinstance(self.tmap[n].memory, HbmMemory):
+                    self.add("io_memory", f"program {role} {n} must be in device memory", tensor=n)
+
+    # -- ops ----------------------------------------------------------------------------------
+    def check_ops(self):
+        hw = self.hw
+        p = self.p
+        written: dict[str, int] = {t: -1 for t in p.inputs if t in self.tmap}
+        bundle_of_op: dict[int, int] = {}
+        seen_ids = set()
+        for k, o in enumerate(p.ops):
+            bundle_of_op[k] = o.bundle
+            if o.id in seen_ids:
+                self.add("schema", f"op id {o.id} used twice", op=o.id)
+            seen_ids.add(o.id)
+            if o.prim is None:
+                self.add("schema", f"{o.id}: op has no loop nest", op=o.id)
+                continue
+            try:
+                prim = op_from_json(o.prim)
+            except (KeyError, ValueError, TypeError) as e:
+                self.add("schema", f"{o.id}: malformed loop nest: {e}", op=o.id)
+                continue
+            names = [a.tensor for a in prim.inputs] + [prim.output.tensor]
+            missing = [n for n in names if n not in self.tmap]
+            if missing:
+                for n in missing:
+                    self.add("unknown_tensor", f"{o.id}: references undeclared tensor {n}", op=o.id, tensor=n)
+                continue
+            if not self._check_shapes(o.id, prim):
+                continue
+            self.prims[o.id] = prim
+            for a in prim.inputs:
+                if a.tensor not in written:
+                    self.add("read_before_write", f"{o.id}: reads {a.tensor} before it is produced or loaded",
+                             op=o.id, tensor=a.tensor)
+            out = prim.output.tensor
+            if out in written:
+                self.add("multiple_producers", f"{o.id}: writes {out}, already "
+                                               f"{'a program input' if written[out] < 0 else 'written'}",
+                         op=o.id, tensor=out)
+            else:
+                written[out] = k
+            self._check_kind(o, prim)
+            self._check_split_and_geometry(k, o, prim)
+        for t in p.outputs:
+            if t in self.tmap and t not in written:
+                self.add("read_before_write", f"program output {t} is never produced", tensor=t)
+        # an alias claim must come from an alias op
+        alias_ops = {self.prims[o.id].output.tensor for o in p.ops if o.alias and o.id in self.prims}
+        for t in self.tmap.values():
+            if isinstance(t.memory, HbmMemory) and t.memory.alias_of and t.id not in alias_ops:
+                self.add("alias_illegal", f"{t.id}: declared an alias but no alias copy produces it", tensor=t.id)
+        self.written = written
+
+    def _check_shapes(self, op_id: str, prim: PrimOp) -> bool:
+        ok = True
+        n_it = len(prim.iter_dims)
+        for role, acc in [("input", a) for a in prim.inputs] + [("output", prim.output)]:
+            t = self.tmap[acc.tensor]
+            if len(acc.dims) != len(t.shape):
+                self.add("shape_mismatch", f"{op_id}: {role} {acc.tensor} has rank {len(t.shape)}, "
+                                           f"loop nest maps {len(acc.dims)} dims", op=op_id, tensor=acc.tensor)
+                ok = False
+                continue
+            for j, d in enumerate(acc.dims):
+                if d is None:
+                    if t.shape[j] != 1 and not (prim.kind == "gather" and role == "input"
+                                                and acc is prim.inputs[0] and j == prim.body.axis):
+                        self.add("shape_mismatch", f"{op_id}: {acc.tensor} dim {j} unmapped but size {t.shape[j]}",
+                                 op=op_id, tensor=acc.tensor)
+                        ok = False
+                elif not (0 <= d < n_it):
+                    self.add("shape_mismatch", f"{op_id}: {acc.tensor} dim {j} maps to no iteration dim",
+                             op=op_id, tensor=acc.tensor)
+                    ok = False
+                elif prim.kind in ("copy",) and role == "input":
+                    continue
+                elif prim.kind == "gather" and acc is prim.inputs[0] and j == prim.body.axis:
+                    continue
+                elif prim.iter_dims[d].size != t.shape[j]:
+                    self.add("shape_mismatch", f"{op_id}: {acc.tensor} dim {j} has size {t.shape[j]}, "
+                                               f"iteration dim {prim.iter_dims[d].name} {prim.iter_dims[d].size}",
+                             op=op_id, tensor=acc.tensor)
+                    ok = False
+        return ok
+
+    def _check_kind(self, o, prim: PrimOp):
+        tm = self.tmap
+        ins = [tm[a.tensor].layout.stick_dim for a in prim.inputs]
+        out = tm[prim.output.tensor].layout.stick_dim
+        if o.kind == "compute":
+            if matching_choice(prim, ins, out) is None:
+                self.add("op_rule", f"{o.id}: operand sticks {ins} -> {out} match none of the {prim.kind} "
+                                    f"op's stick options", op=o.id)
+            if o.alias:
+                src = prim.inputs[0].tensor if prim.inputs else None
+                dst = prim.output.tensor
+                if prim.kind != "copy" or src is None:
+                    self.add("alias_illegal", f"{o.id}: only a copy can be an alias", op=o.id)
+                    return
+                s, d = tm[src], tm[dst]
+                legal = copy_is_alias(prim, s.shape, s.layout.dim_order, d.shape, d.layout.dim_order,
+                                      s.dtype, d.dtype)
+                if not legal:
+                    self.add("alias_illegal", f"{o.id}: the bytes of {src} in its layout are not {dst} in its layout",
+                             op=o.id, tensor=dst)
+                elif not (isinstance(d.memory, HbmMemory) and isinstance(s.memory, HbmMemory)
+                          and d.memory.alias_of == resolve_alias(tm, src)):
+                    self.add("alias_illegal", f"{o.id}: alias output {dst} must be declared alias_of "
+                                              f"{resolve_alias(tm, src)} in device memory", op=o.id, tensor=dst)
+            return
+        # restickify / relayout
+        if len(prim.inputs) != 1 or o.src != prim.inputs[0].tensor or o.dst != prim.output.tensor:
+            self.add("restickify_invalid", f"{o.id}: src/dst do not match its loop nest", op=o.id)
+            return
+        s, d = tm[o.src], tm[o.dst]
+        if list(s.shape) != list(d.shape) or s.dtype != d.dtype or prim.kind != "pointwise" \
+                or list(prim.inputs[0].dims) != list(range(len(s.shape))) \
+                or list(prim.output.dims) != list(range(len(s.shape))):
+            self.add("restickify_invalid", f"{o.id}: {o.src} -> {o.dst} is not one tensor in two layouts",
+                     op=o.id)
+        if o.kind == "relayout" and not (isinstance(s.memory, LxMemory) and isinstance(d.memory, LxMemory)):
+            self.add("restickify_invalid", f"{o.id}: an LX relayout needs both tensors LX-resident", op=o.id)
+
+    def _check_split_and_geometry(self, k: int, o, prim: PrimOp):
+        hw = self.hw
+        tm = self.tmap
+        layouts = {n: tm[n].layout for n in [a.tensor for a in prim.inputs] + [prim.output.tensor]}
+        dtypes = {n: tm[n].dtype for n in layouts}
+        gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
+        split = {n: f for n, f in o.core_split.items()}
+        split_issues = check_split(prim, split, gran, hw.cores)
+        for code, msg in split_issues:
+            self.add(code, msg, op=o.id)
+        if split_issues:
+            return
+        real = {n: f for n, f in split.items() if f > 1}
+        product = 1
+        for f in real.values():
+            product *= f
+        slices_ok = True
+        cores = [cs.core for cs in o.core_slices]
+        if o.num_cores_used != len(o.core_slices) or len(o.core_slices) != product:
+            self.add("core_slices", f"{o.id}: {len(o.core_slices)} core slices, num_cores_used "
+                                    f"{o.num_cores_used}, split needs {product}", op=o.id)
+            slices_ok = False
+        if any(c < 0 or c >= hw.cores for c in cores):
+            self.add("cores_over_limit", f"{o.id}: core id outside 0..{hw.cores - 1}", op=o.id)
+            slices_ok = False
+        if len(set(cores)) != len(cores):
+            self.add("core_slices", f"{o.id}: a core runs two work slices", op=o.id)
+            slices_ok = False
+        seen = set()
+        for cs in o.core_slices:
+            if set(cs.slice) != set(real) and not (not real and not cs.slice):
+                self.add("core_slices", f"{o.id}: core {cs.core} slice names {sorted(cs.slice)}, split dims "
+                                        f"are {sorted(real)}", op=o.id)
+                slices_ok = False
+                break
+            if any(not (0 <= cs.slice[n] < real[n]) for n in real):
+                self.add("core_slices", f"{o.id}: core {cs.core} slice index out of range", op=o.id)
+                slices_ok = False
+                break
+            key = tuple(cs.slice[n] for n in sorted(real))
+            if key in seen:
+                self.add("core_slices", f"{o.id}: work slice {dict(cs.slice)} assigned to two cores", op=o.id)
+                slices_ok = False
+                break
+            seen.add(key)
+        if not slices_ok:
+            return
+        ranges = core_ranges(prim, real, o.core_slices, gran)
+        # temporal tiles divide each core's slice (in whole granules)
+        by_name = {d.name: i for i, d in enumerate(prim.iter_dims)}
+        for n, f in o.temporal_tiles.items():
+            if n not in by_name or not isinstance(f, int) or f < 1:
+                self.add("temporal_tiles", f"{o.id}: temporal tiles {n}={f!r} invalid", op=o.id)
+                continue
+            i = by_name[n]
+            for rng in ranges.values():
+                units = split_units(rng[i][1] - rng[i][0], gran.get(i, 1))
+                if f > max(units, 1):
+                    self.add("temporal_tiles", f"{o.id}: {f} tiles along {n} exceed the {units} units a core has",
+                             op=o.id)
+                    break
+        out_t = tm[prim.output.tensor]
+        if isinstance(out_t.memory, LxMemory) and reduction_split(prim, real):
+            self.add("lx_reduction_split", f"{o.id}: splits a reduction dim across cores, so its output "
+                                           f"{out_t.id} (summed across cores) cannot stay in LX", op=o.id,
+                     tensor=out_t.id)
+        span = hw.per_core_span_bytes
+        operands = [(i, a.tensor) for i, a in enumerate(prim.inputs)] + [(-1, prim.output.tensor)]
+        for idx, tname in operands:
+            t = tm[tname]
+            boxes = {c: operand_box(prim, idx, rng, t.shape) for c, rng in ranges.items()}
+            if isinstance(t.memory, HbmMemory):
+                worst = max(box_span_bytes(b, t.layout, t.dtype) for b in boxes.values())
+                if worst > span:
+                    self.add("span_exceeded", f"{o.id}: a core's access to {tname} spans {worst} bytes "
+                                              f"> {span}", op=o.id, tensor=tname)
+                continue
+            m = t.memory
+            if idx < 0:
+                if k != m.live_from:
+                    self.add("lx_live_range", f"{o.id} (op {k}) writes LX tensor {tname} whose live range "
+                                              f"starts at {m.live_from}", op=o.id, tensor=tname)
+                need = max(box_lx_bytes(b, t.layout, t.dtype) for b in boxes.values())
+                if need > m.size_per_core:
+                    self.add("lx_size", f"{o.id}: a core writes {need} bytes of {tname} into an LX buffer of "
+                                        f"{m.size_per_core}", op=o.id, tensor=tname)
+                continue
+            if not (m.live_from < k <= m.live_to):
+                self.add("lx_live_range", f"{o.id} (op {k}) reads LX tensor {tname} outside its live range "
+                                          f"[{m.live_from}, {m.live_to}]", op=o.id, tensor=tname)
+            if 0 <= m.live_from < len(self.p.ops) and self.p.ops[m.live_from].bundle != o.bundle:
+                self.add("lx_cross_bundle", f"{o.id} (bundle {o.bundle}) reads LX tensor {tname} written in "
+                                            f"bundle {self.p.ops[m.live_from].bundle}", op=o.id, tensor=tname)
+            held = self.lx_boxes(tname)
+            for c, b in boxes.items():
+                if held is None or c not in held or not box_contains(held[c], b):
+                    self.add("lx_slice_mismatch", f"{o.id}: core {c} reads a slice of {tname} its LX does not "
+                                                  f"hold (written with another per-core slicing)",
+                             op=o.id, tensor=tname)
+                    break
+
+    def lx_boxes(self, tname: str) -> Optional[dict]:
+        """Per core, the box of an LX tensor its producer wrote into that core's LX."""
+        cache = self.__dict__.setdefault("_lx_boxes", {})
+        if tname in cache:
+            return cache[tname]
+        m = self.tmap[tname].memory
+        res = None
+        if 0 <= m.live_from < len(self.p.ops):
+            o = self.p.ops[m.live_from]
+            prim = self.prims.get(o.id)
+            if prim is not None and prim.output.tensor == tname:
+                tm = self.tmap
+                layouts = {n: tm[n].layout for n in [a.tensor for a in prim.inputs] + [tname]}
+                dtypes = {n: tm[n].dtype for n in layouts}
+                gran = op_granules(prim, layouts, dtypes, self.hw.stick_bytes)
+                real = {n: f for n, f in o.core_split.items() if f > 1}
+                res = {c: operand_box(prim, -1, rng, tm[tname].shape)
+                       for c, rng in core_ranges(prim, real, o.core_slices, gran).items()}
+        cache[tname] = res
+        return res
+
+    # -- memory over time -----------------------------------------------------------------------
+    def check_memory(self):
+        hw = self.hw
+        n_ops = len(self.p.ops)
+        lx = [(t.id, t.memory) for t in self.tmap.values() if isinstance(t.memory, LxMemory)]
+        if lx:
+            delta = [0] * (n_ops + 2)
+            for _, m in lx:
+                a, b = max(0, m.live_from), min(n_ops, m.live_to)
+                if b >= a:
+                    delta[a] += m.size_per_core
+                    delta[b + 1] -= m.size_per_core
+            live = 0
+            for k in range(n_ops):
+                live += delta[k]
+                if live > hw.lx_capacity_bytes:
+                    self.add("lx_capacity", f"at op {k} ({self.p.ops[k].id}) {live} bytes per core are live "
+                                            f"in LX > {hw.lx_capacity_bytes}", op=self.p.ops[k].id)
+                    break
+            self._overlaps([(i, m.live_from, m.live_to, m.lx_address, m.lx_address + m.size_per_core)
+                            for i, m in lx], "lx_overlap", "LX")
+        # device memory: live from producer (inputs: start) to last reader (outputs: end)
+        last_read: dict[str, int] = {}
+        for k, o in enumerate(self.p.ops):
+            prim = self.prims.get(o.id)
+            if prim is not None:
+                for a in prim.inputs:
+                    last_read[resolve_alias(self.tmap, a.tensor)] = k
+        written = getattr(self, "written", {})
+        outs = {resolve_alias(self.tmap, t) for t in self.p.outputs}
+        hbm = []
+        for t in self.tmap.values():
+            if isinstance(t.memory, HbmMemory) and not t.memory.alias_of and t.dtype in DTYPE_BYTES:
+                start = written.get(t.id, -1)
+                end = n_ops if t.id in outs else max(last_read.get(t.id, start), start)
+                hbm.append((t.id, start, end, t.memory.offset, t.memory.offset + layout_nbytes(t.layout, t.dtype)))
+        self._overlaps(hbm, "hbm_overlap", "device-memory")
+
+    def _overlaps(self, items, code: str, what: str):
+        items = sorted(items, key=lambda x: x[3])
+        active: list = []
+        reported = 0
+        for it in items:
+            active = [a for a in active if a[4] > it[3]]
+            for a in active:
+                if a[1] <= it[2] and it[1] <= a[2]:
+                    self.add(code, f"{what} buffers of {a[0]} [{a[3]}, {a[4]}) and {it[0]} [{it[3]}, {it[4]}) "
+                                   f"overlap while both live", tensor=it[0])
+                    reported += 1
+                    if reported >= 20:
+                        return
+            active.append(it)
+
+    # -- bundles ------------------------------------------------------------------------------------
+    def check_bundles(self):
+        p = self.p
+        order = {o.id: k for k, o in enumerate(p.ops)}
+        covered: list[str] = []
+        prev_end = -1
+        for b in p.bundles:
+            idx = [order.get(oid) for oid in b.ops]
+            if any(i is None for i in idx):
+                self.add("bundle_structure", f"bundle {b.id} lists unknown ops")
+                continue
+            if idx != list(range(prev_end + 1, prev_end + 1 + len(idx))):
+                self.add("bundle_structure", f"bundle {b.id} is not the next consecutive group of ops")
+            if idx:
+                prev_end = idx[-1]
+            for oid in b.ops:
+                if p.ops[order[oid]].bundle != b.id:
+                    self.add("bundle_structure", f"op {oid} is listed in bundle {b.id} but says bundle "
+                                                 f"{p.ops[order[oid]].bundle}", op=oid)
+            covered += b.ops
+            ext = external_tensors(p, b.ops)
+            if ext != set(b.external_tensors):
+                self.add("bundle_structure", f"bundle {b.id} declares external tensors "
+                                             f"{sorted(b.external_tensors)}, references {sorted(ext)}")
+            if len(ext) > self.hw.bundle_tensor_limit:
+                self.add("bundle_limit", f"bundle {b.id} references {len(ext)} device-memory tensors "
+                                         f"> {self.hw.bundle_tensor_limit}: {sorted(ext)}")
+        if sorted(covered) != sorted(o.id for o in p.ops) or len(covered) != len(set(covered)):
+            self.add("bundle_structure", "bundles do not cover every op exactly once")
+
+
+def validate_program(program: Union[Program, dict, str, bytes], hw) -> list[ProgramIssue]:
+    """Every check of DESIGN.md's Simulator §1; [] when the program is valid on `hw`."""
+    prog, issues = parse_program(program)
+    if prog is None:
+        return issues
+    ck = _Checker(prog, hw)
+    if prog.hardware != hw.name or prog.stats.hardware_digest != hw.digest:
+        ck.add("hardware_mismatch", f"program targets {prog.hardware!r} digest {prog.stats.hardware_digest[:12]}, "
+                                    f"hardware is {hw.name!r} digest {hw.digest[:12]}")
+    ck.check_tensors()
+    ck.check_ops()
+    ck.check_memory()
+    ck.check_bundles()
+    return ck.issues

@@ -1,0 +1,294 @@
+"""Plan decisions -> SuperDSC program.
+
+`emit_program(pg, hw, decisions)` derives everything a planner does not decide:
+- each tensor's layout (the producer's stick choice; graph inputs from `input_sticks`);
+- restickify ops where a consumer's stick choice needs another layout: ONE per
+  (tensor, stick dim), placed right before its first consumer and shared by all; a
+  restickify between two LX-resident tensors is an on-chip LX relayout;
+- memory: LX-resident tensors get their lx_address and live range [producer, last reader];
+  everything else a stick-aligned device-memory offset (a free alias copy shares its
+  input's offset);
+- core slices (coreIdToWkSlice_), num_cores_used;
+- bundles: consecutive ops, cut where the planner asked and wherever the next op would push
+  the bundle past the hardware's external-tensor limit, never inside an LX live range;
+- stats: planner, hardware digest, compiler version and whatever the planner measured.
+
+It does not judge legality: the validator does (solver.planners.plan always runs it).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from lowering.op_rules import (
+    ANY, StickChoice, copy_is_alias, default_choice, ex_unit, opfunc, outermost_split,
+    restickify_prim, stick_options,
+)
+from lowering.primitives import PrimGraph, PrimOp, op_to_json
+from lowering.version import COMPILER_VERSION
+from simulator.geometry import (
+    box_lx_bytes, core_ranges, default_core_slices, layout_nbytes, make_layout, op_granules,
+    operand_box, padded,
+)
+from simulator.superdsc import (
+    Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
+)
+from solver.plan import OpPlan, PlanDecisions, restick_id
+
+# Device-memory allocations are aligned to this many bytes (a multiple of the stick).
+HBM_ALIGN = 4096
+
+
+class EmitError(ValueError):
+    """The decisions cannot be turned into a program (not a validation failure: those are
+    reported by the validator)."""
+
+
+class _Item:
+    """One op of the program being built."""
+
+    def __init__(self, prim: PrimOp, kind: str, plan: OpPlan, src: Optional[str] = None,
+                 dst: Optional[str] = None):
+        self.prim = prim
+        self.kind = kind
+        self.plan = plan
+        self.src = src
+        self.dst = dst
+
+
+def _choice(op: PrimOp, plan: OpPlan) -> StickChoice:
+    if plan.stick is None:
+        return default_choice(op)
+    if plan.stick not in stick_options(op):
+        raise EmitError(f"{op.id}: stick choice {plan.stick} is not one of the op's options")
+    return plan.stick
+
+
+def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
+    stick_bytes = hw.stick_bytes
+    shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
+    dtypes = {t.id: t.dtype for t in pg.tensors.values()}
+    roles = {t.id: t.role for t in pg.tensors.values()}
+
+    produced = {op.output.tensor for op in pg.ops}
+    stick_of: dict[str, Optional[int]] = {}
+    for t in pg.tensors.values():
+        if t.id not in produced:
+            rank = len(t.shape)
+            s = decisions.input_sticks.get(t.id, rank - 1 if rank else None)
+            stick_of[t.id] = s
+    choices: dict[str, StickChoice] = {}
+    for op in pg.ops:
+        ch = _choice(op, decisions.ops.get(op.id, OpPlan()))
+        choices[op.id] = ch
+        stick_of[op.output.tensor] = ch.output
+    layouts: dict[str, Layout] = {
+        t: make_layout(shapes[t], dtypes[t], s, stick_bytes) for t, s in stick_of.items()}
+
+    # -- op order with restickify ops ----------------------------------------------------
+    items: list[_Item] = []
+    restick_made: dict[str, str] = {}  # restick tensor id -> source tensor id
+    consumers_of_restick: dict[str, list[tuple[PrimOp, int]]] = {}
+    for op in pg.ops:
+        plan = decisions.ops.get(op.id, OpPlan())
+        ch = choices[op.id]
+        new_inputs = []
+        for i, acc in enumerate(op.inputs):
+            spec = ch.inputs[i]
+            t = acc.tensor
+            if spec is None or spec == ANY or spec == stick_of[t]:
+                new_inputs.append(acc)
+                continue
+            rid = restick_id(t, spec)
+            if rid not in restick_made:
+                restick_made[rid] = t
+                shapes[rid], dtypes[rid], roles[rid] = shapes[t], dtypes[t], "intermediate"
+                layouts[rid] = make_layout(shapes[t], dtypes[t], spec, stick_bytes)
+                items.append(_Item(restickify_prim(f"restick:{rid}", t, rid, shapes[t]),
+                                   "restickify", decisions.restick_ops.get(rid), src=t, dst=rid))
+            consumers_of_restick.setdefault(rid, []).append((op, i))
+            new_inputs.append(type(acc)(rid, acc.dims))
+        prim = op if tuple(new_inputs) == op.inputs else PrimOp(
+            op.id, op.iter_dims, tuple(new_inputs), op.output, op.body, op.source)
+        items.append(_Item(prim, "compute", plan))
+
+    resident = dict(decisions.resident)
+    for t in resident:
+        if t in pg.inputs or t not in shapes or t not in produced and t not in restick_made:
+            raise EmitError(f"{t}: only tensors produced by the program can be LX-resident")
+    for it in items:
+        if it.kind == "restickify" and it.src in resident and it.dst in resident:
+            it.kind = "relayout"
+
+    # -- splits and slices -----------------------------------------------------------------
+    item_index = {it.prim.id: k for k, it in enumerate(items)}
+    splits: dict[str, dict[str, int]] = {}
+    slices: dict[str, list[CoreSlice]] = {}
+    for it in items:
+        gran = op_granules(it.prim, layouts, dtypes, stick_bytes)
+        if it.plan is None:  # restickify without an explicit plan
+            plan = _default_restick_plan(it, consumers_of_restick.get(it.dst, []), decisions,
+                                         resident, gran, hw.cores)
+            it.plan = plan
+        split = {k: v for k, v in it.plan.core_split.items() if v != 1}
+        splits[it.prim.id] = split
+        if it.plan.core_slices is not None:
+            slices[it.prim.id] = [CoreSlice(core=c, slice=dict(s)) for c, s in it.plan.core_slices]
+        elif split:
+            slices[it.prim.id] = default_core_slices(it.prim, split)
+        else:
+            slices[it.prim.id] = [CoreSlice(core=0, slice={})]
+
+    # -- memory -------------------------------------------------------------------------------
+    producer_index: dict[str, int] = {}
+    last_reader: dict[str, int] = {}
+    for k, it in enumerate(items):
+        producer_index[it.prim.output.tensor] = k
+        for acc in it.prim.inputs:
+            last_reader[acc.tensor] = k
+    alias_of: dict[str, str] = {}
+    for it in items:
+        if it.kind == "compute" and it.plan.alias:
+            src = it.prim.inputs[0].tensor if it.prim.inputs else None
+            dst = it.prim.output.tensor
+            if src is None or src in resident or dst in resident:
+                raise EmitError(f"{it.prim.id}: an alias copy needs both tensors in device memory")
+            if not copy_is_alias(it.prim, shapes[src], layouts[src].dim_order, shapes[dst],
+                                 layouts[dst].dim_order, dtypes[src], dtypes[dst]):
+                raise EmitError(f"{it.prim.id}: copy is not a free alias in these layouts")
+            alias_of[dst] = alias_of.get(src, src)
+
+    memories: dict[str, object] = {}
+    offset = 0
+    tensor_order = [t for t in pg.tensors] + list(restick_made)
+    for t in tensor_order:
+        if t in resident:
+            r = resident[t]
+            k = producer_index[t]
+            it = items[k]
+            gran = op_granules(it.prim, layouts, dtypes, stick_bytes)
+            need = 0
+            for rng in core_ranges(it.prim, splits[it.prim.id], slices[it.prim.id], gran).values():
+                box = operand_box(it.prim, -1, rng, shapes[t])
+                need = max(need, box_lx_bytes(box, layouts[t], dtypes[t]))
+            size = r.size_per_core if r.size_per_core is not None else padded(need, stick_bytes)
+            memories[t] = LxMemory(lx_address=r.lx_address, size_per_core=size,
+                                   live_from=k, live_to=max(last_reader.get(t, k), k))
+        elif t in alias_of:
+            continue
+        else:
+            memories[t] = HbmMemory(offset=offset)
+            offset += padded(layout_nbytes(layouts[t], dtypes[t]), HBM_ALIGN)
+    for t, root in alias_of.items():
+        memories[t] = HbmMemory(offset=memories[root].offset, alias_of=root)
+
+    outputs = set(pg.outputs)
+    tensors = [TensorDecl(id=t, shape=list(shapes[t]), dtype=dtypes[t], role=roles[t],
+                          layout=layouts[t], memory=memories[t], is_output=t in outputs)
+               for t in tensor_order]
+
+    # -- ops and bundles -----------------------------------------------------------------------
+    starts = set()
+    for op_id in decisions.bundle_starts:
+        k = item_index.get(op_id)
+        if k is None:
+            raise EmitError(f"bundle start {op_id!r} is not an op")
+        while k > 0 and items[k - 1].kind in ("restickify", "relayout") and \
+                items[k - 1].dst in (a.tensor for a in items[k].prim.inputs):
+            k -= 1
+        starts.add(k)
+    bundle_of = _cut_bundles(items, memories, alias_of, hw.bundle_tensor_limit, starts)
+
+    ops: list[OpDecl] = []
+    for k, it in enumerate(items):
+        is_alias = it.kind == "compute" and it.plan.alias
+        if it.kind == "compute":
+            func, unit = opfunc(it.prim), ("dma" if is_alias else ex_unit(it.prim))
+        elif it.kind == "relayout":
+            func, unit = "relayout", "sfp"
+        else:
+            func, unit = "restickify", "dma"
+        sl = slices[it.prim.id]
+        ops.append(OpDecl(
+            id=it.prim.id, kind=it.kind, opfunc=func, ex_unit=unit, prim=op_to_json(it.prim),
+            src=it.src, dst=it.dst, core_split=splits[it.prim.id], num_cores_used=len(sl),
+            core_slices=sl, temporal_tiles=dict(it.plan.temporal_tiles), alias=is_alias,
+            bundle=bundle_of[k]))
+    bundles = []
+    for b in sorted(set(bundle_of)):
+        member = [k for k in range(len(items)) if bundle_of[k] == b]
+        bundles.append(Bundle(id=b, ops=[items[k].prim.id for k in member],
+                              external_tensors=sorted(_external(items, member, memories, alias_of))))
+
+    stats = dict(decisions.stats)
+    stats.setdefault("notes", [])
+    return Program(
+        graph_name=pg.name, graph_hash=pg.source_hash, hardware=hw.name, tensors=tensors,
+        ops=ops, bundles=bundles, inputs=list(pg.inputs), outputs=list(pg.outputs),
+        stats=PlanStats(planner=decisions.planner, hardware_digest=hw.digest,
+                        compiler_version=COMPILER_VERSION, **stats))
+
+
+def _default_restick_plan(it: _Item, consumers: list[tuple[PrimOp, int]], decisions: PlanDecisions,
+                          resident: dict, gran: dict[int, int], cores: int) -> OpPlan:
+    """A restickify with no explicit plan: when its output stays in LX, slice it the way its
+    first consumer reads it (so each core writes what it will read); otherwise split the
+    outermost dim evenly."""
+    if it.dst in resident and consumers:
+        cons, idx = consumers[0]
+        cplan = decisions.ops.get(cons.id, OpPlan())
+        acc = cons.inputs[idx]
+        cname = {i: d.name for i, d in enumerate(cons.iter_dims)}
+        split: dict[str, int] = {}
+        rename: dict[str, str] = {}
+        for j, d in enumerate(acc.dims):
+            if d is not None and cplan.core_split.get(cname[d], 1) > 1:
+                split[f"d{j}"] = cplan.core_split[cname[d]]
+                rename[cname[d]] = f"d{j}"
+        if cplan.core_slices is not None:
+            cs = cplan.core_slices
+        else:
+            cs = [(c.core, c.slice) for c in default_core_slices(cons, {k: v for k, v in
+                                                                         cplan.core_split.items() if v > 1})]
+        if split:
+            slices = [(c, {rename[n]: v for n, v in s.items() if n in rename}) for c, s in cs]
+            return OpPlan(core_split=split, core_slices=slices)
+    return OpPlan(core_split=outermost_split(it.prim, gran, cores))
+
+
+def _hbm_refs(it: _Item, memories: dict, alias_of: dict[str, str]) -> set[str]:
+    out = set()
+    for t in [a.tensor for a in it.prim.inputs] + [it.prim.output.tensor]:
+        if isinstance(memories[t], HbmMemory):
+            out.add(alias_of.get(t, t))
+    return out
+
+
+def _external(items: list[_Item], member: list[int], memories: dict, alias_of: dict[str, str]) -> set[str]:
+    out: set[str] = set()
+    for k in member:
+        out |= _hbm_refs(items[k], memories, alias_of)
+    return out
+
+
+def _cut_bundles(items: list[_Item], memories: dict, alias_of: dict[str, str], limit: int,
+                 starts: set[int]) -> list[int]:
+    """Bundle index per op: greedy, cutting before an op that would push the bundle past
+    `limit` external tensors (or where the planner asked), never inside an LX live range."""
+    open_until = [-1] * len(items)  # cutting before op k is illegal if an LX range spans it
+    lx_ranges = [(m.live_from, m.live_to) for m in memories.values() if isinstance(m, LxMemory)]
+    for a, b in lx_ranges:
+        for k in range(a + 1, b + 1):
+            if k < len(items):
+                open_until[k] = 1
+    bundle_of = []
+    b = 0
+    cur: set[str] = set()
+    for k, it in enumerate(items):
+        refs = _hbm_refs(it, memories, alias_of)
+        can_cut = k > 0 and open_until[k] < 0
+        if can_cut and (k in starts or len(cur | refs) > limit):
+            b += 1
+            cur = set()
+        cur |= refs
+        bundle_of.append(b)
+    return bundle_of
