@@ -1,0 +1,68 @@
+"""The program store: content addressing, compiler-version isolation, replacement rule,
+persistence across reopen, WAL mode."""
+import json
+
+from service.store import ProgramRecord, ProgramStore, program_key
+
+GRAPH = "a" * 64
+
+
+def _record(key, version="1.0", complete=True, predicted=10.0, solution=None):
+    return ProgramRecord(key=key, graph_hash=GRAPH, compiler_version=version, options_hash="o" * 64,
+                         options={"planner": "naive"}, hardware="spyre", hardware_digest="d" * 64,
+                         program=json.dumps({"p": predicted}), stats={"predicted_us": predicted},
+                         solution=solution, complete=complete, created_at=1.0, updated_at=1.0)
+
+
+def test_key_depends_on_every_component():
+    base = program_key(GRAPH, "1.0", "o" * 64, "d" * 64)
+    assert len(base) == 64
+    assert program_key(GRAPH, "1.1", "o" * 64, "d" * 64) != base
+    assert program_key("b" * 64, "1.0", "o" * 64, "d" * 64) != base
+    assert program_key(GRAPH, "1.0", "p" * 64, "d" * 64) != base
+    assert program_key(GRAPH, "1.0", "o" * 64, "e" * 64) != base
+    assert program_key(GRAPH, "1.0", "o" * 64, "d" * 64) == base
+
+
+def test_roundtrip_survives_reopen_and_uses_wal(tmp_path):
+    path = tmp_path / "store.sqlite"
+    store = ProgramStore(path)
+    assert store.journal_mode() == "wal"
+    store.put_graph(GRAPH, '{"doc": 1}', "g")
+    key = program_key(GRAPH, "1.0", "o" * 64, "d" * 64)
+    assert store.put_program(_record(key, solution='{"s": 1}'))
+    store.close()
+
+    again = ProgramStore(path)
+    rec = again.get_program(key)
+    assert rec is not None and rec.program == json.dumps({"p": 10.0}) and rec.solution == '{"s": 1}'
+    assert rec.options == {"planner": "naive"} and rec.complete
+    assert again.get_graph(GRAPH).document == '{"doc": 1}'
+    assert again.counts() == {"graphs": 1, "programs": 1}
+    assert again.get_program("f" * 64) is None
+
+
+def test_other_compiler_versions_are_not_current(tmp_path):
+    store = ProgramStore(tmp_path / "s.sqlite")
+    old_key = program_key(GRAPH, "0.9", "o" * 64, "d" * 64)
+    store.put_program(_record(old_key, version="0.9"))
+    # The current compiler computes a different key, so the old row is never a hit...
+    assert store.get_program(program_key(GRAPH, "1.0", "o" * 64, "d" * 64)) is None
+    # ...and where it is listed, it says it is not current.
+    (summary,) = [p.summary("1.0") for p in store.programs_for_graph(GRAPH)]
+    assert summary["compiler_version"] == "0.9" and summary["current"] is False
+
+
+def test_replacement_prefers_complete_then_faster(tmp_path):
+    store = ProgramStore(tmp_path / "s.sqlite")
+    key = program_key(GRAPH, "1.0", "o" * 64, "d" * 64)
+    assert store.put_program(_record(key, complete=False, predicted=5.0))
+    # a complete solve replaces an incomplete one even when predicted slower
+    assert store.put_program(_record(key, complete=True, predicted=8.0))
+    assert store.get_program(key).complete
+    # an incomplete one never replaces a complete one
+    assert not store.put_program(_record(key, complete=False, predicted=1.0))
+    # among complete ones, only a faster plan replaces
+    assert not store.put_program(_record(key, complete=True, predicted=9.0))
+    assert store.put_program(_record(key, complete=True, predicted=7.0))
+    assert store.get_program(key).stats["predicted_us"] == 7.0
