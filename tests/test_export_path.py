@@ -1,0 +1,119 @@
+"""The torch.export serialized path gives the same document as live capture."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._export.serde.serialize import serialize  # noqa: E402
+
+from backend.capture import decomposition_table, exported_program_to_document  # noqa: E402
+from lowering.errors import GraphError  # noqa: E402
+from lowering.export_serde import document_from_export  # noqa: E402
+from lowering.graph_format import GraphDocument  # noqa: E402
+from lowering.validate import validate_document  # noqa: E402
+from tests.models import TINY_MODEL_NAMES, tiny_model  # noqa: E402
+
+
+def _exported(model, inputs):
+    with torch.no_grad():
+        ep = torch.export.export(model, tuple(inputs), strict=False)
+        return ep.run_decompositions(decomposition_table())
+
+
+class _Mixed(torch.nn.Module):
+    """Multi-output op (max.dim), a buffer, keyword args (dtype cast) and a float literal."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 6)
+        self.register_buffer("shift", torch.linspace(-1, 1, 6))
+
+    def forward(self, x):
+        y = torch.nn.functional.gelu(self.fc(x)) + self.shift
+        best = y.max(dim=-1)
+        return torch.softmax(y.to(torch.float16), -1), best.values, best.indices
+
+
+def _serialized_json(ep) -> bytes:
+    return serialize(ep).exported_program
+
+
+@pytest.mark.parametrize("name", TINY_MODEL_NAMES)
+def test_serialized_program_gives_the_captured_document(name):
+    model, inputs = tiny_model(name)
+    ep = _exported(model, inputs)
+    live = GraphDocument.model_validate(exported_program_to_document(ep, name=name))
+    from_json = document_from_export(_serialized_json(ep), name=name)
+    assert [n.target for n in from_json.nodes] == [n.target for n in live.nodes]
+    assert [n.outputs for n in from_json.nodes] == [n.outputs for n in live.nodes]
+    assert from_json.graph_hash() == live.graph_hash()
+    assert from_json.inputs == live.inputs  # kinds and parameter names too
+    validate_document(from_json, check_support=False)
+
+
+def test_multi_output_buffer_kwargs_and_pt2_archive():
+    torch.manual_seed(0)
+    ep = _exported(_Mixed().eval(), (torch.randn(3, 8),))
+    live = GraphDocument.model_validate(exported_program_to_document(ep))
+    doc = document_from_export(_serialized_json(ep))
+    assert doc.graph_hash() == live.graph_hash()
+    kinds = {i.kind for i in doc.inputs}
+    assert kinds == {"user_input", "parameter", "buffer"}
+    max_node = next(n for n in doc.nodes if n.target == "aten.max.dim")
+    assert [m.dtype for m in max_node.outputs] == ["float32", "int64"]
+    # The graph outputs select both outputs of the max node by index.
+    assert {(r.node, r.output) for r in doc.outputs} >= {(max_node.id, 0), (max_node.id, 1)}
+    # The .pt2 archive written by torch.export.save: only its JSON entry is read.
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    from_archive = document_from_export(buffer.getvalue())
+    assert from_archive.graph_hash() == live.graph_hash()
+
+
+def test_undecomposed_program_is_reported_as_unsupported():
+    ep = torch.export.export(_Mixed().eval(), (torch.randn(3, 8),), strict=False)
+    doc = document_from_export(_serialized_json(ep))
+    linear = next(n for n in doc.nodes if n.target == "aten.linear.default")
+    with pytest.raises(GraphError) as info:
+        validate_document(doc)
+    assert info.value.code == "unsupported_op" and info.value.node == linear.id
+
+
+def _program() -> dict:
+    ep = _exported(_Mixed().eval(), (torch.randn(3, 8),))
+    return json.loads(_serialized_json(ep))
+
+
+def test_malformed_programs_raise_graph_errors():
+    program = _program()
+    nodes = program["graph_module"]["graph"]["nodes"]
+
+    broken = json.loads(json.dumps(program))
+    broken["graph_module"]["graph"]["nodes"][1]["inputs"][0]["arg"] = {"as_tensor": {"name": "ghost"}}
+    with pytest.raises(GraphError) as info:
+        validate_document(document_from_export(broken), check_support=False)
+    assert info.value.code == "dangling_ref" and info.value.node == nodes[1]["name"]
+
+    broken = json.loads(json.dumps(program))
+    broken["graph_module"]["graph"]["tensor_values"][nodes[0]["outputs"][0]["as_tensor"]["name"]]["sizes"][0] = \
+        {"as_expr": {"expr_str": "s0", "hint": None}}
+    with pytest.raises(GraphError) as info:
+        validate_document(document_from_export(broken), check_support=False)
+    assert info.value.code == "symbolic_size" and info.value.node == nodes[0]["name"]
+    assert "s0" in info.value.message
+
+    broken = json.loads(json.dumps(program))
+    broken["graph_module"]["graph"]["nodes"][2]["target"] = "torch.ops.higher_order.cond"
+    with pytest.raises(GraphError) as info:
+        document_from_export(broken)
+    assert info.value.code == "unsupported_op" and info.value.node == nodes[2]["name"]
+
+    for bad in (b"not json", b"PK\x03\x04garbage", json.dumps({"schema_version": {"major": 3}}),
+                json.dumps({"schema_version": {"major": 8, "minor": 0}, "graph_module": []})):
+        with pytest.raises(GraphError) as info:
+            document_from_export(bad)
+        assert info.value.code == "schema"
