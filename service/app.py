@@ -38,7 +38,7 @@ from service.problems import (
     problem_response,
 )
 from service.store import ProgramRecord, ProgramStore, program_key
-from service.version import COMPILER_VERSION
+from lowering.version import COMPILER_VERSION
 from simulator.superdsc import Program
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -443,7 +443,7 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
         config.default_deadline_s, options.time_limit_s + 60.0)
     deadline_at = received_at + deadline_s
     job = pipeline.CompileJob(document=document_json, options=options, deadline_at=deadline_at,
-                              hint=stored.solution if stored is not None else None)
+                              hint=stored.program if stored is not None else None)
 
     async def persist(outcome: pipeline.CompileOutcome) -> None:
         metrics.solve_seconds.labels(options.planner).observe(outcome.seconds)

@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 
 from lowering.errors import GraphError
 from lowering.graph_format import GraphDocument, SymSize
-from service.version import COMPILER_VERSION
+from lowering.version import COMPILER_VERSION
 
 # Planners in the order the service prefers them when a request names none.
 PLANNER_PREFERENCE = ("cpsat", "heuristic", "naive")
@@ -92,15 +92,18 @@ def document_from_export(raw: dict) -> GraphDocument:
     """A torch.export serialized program (JSON) → graph document. GraphError on failure."""
     from lowering import export_serde
 
-    return export_serde.document_from_serialized(raw)
+    return export_serde.document_from_export(raw)
 
 
 # -- options -------------------------------------------------------------------------
 
 def available_planners() -> list[str]:
-    from solver.planners import PLANNERS
+    from solver import planners
 
-    return sorted(PLANNERS)
+    # cpsat and heuristic register themselves when their modules are imported.
+    for name in PLANNER_PREFERENCE:
+        planners._ensure_registered(name)
+    return sorted(planners.PLANNERS)
 
 
 def default_planner() -> str:
@@ -161,6 +164,10 @@ def resolve_options(planner: Optional[str] = None, time_limit_s: Optional[float]
     return CompileOptions(planner=name, time_limit_s=limit, deterministic=bool(deterministic), target=target_name)
 
 
+class CompileFailed(RuntimeError):
+    """The planner produced no program the validator accepts."""
+
+
 # -- the compile job -----------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -169,7 +176,8 @@ class CompileJob:
     options: CompileOptions
     # Wall-clock time (time.time()) by which the caller needs an answer; None = no deadline.
     deadline_at: Optional[float] = None
-    # A stored solution of an earlier, incomplete solve of the same key (warm start).
+    # The program of an earlier solve of the same key cut short by its deadline: the
+    # warm start (a complete hint) for this one.
     hint: Optional[str] = None
 
 
@@ -195,7 +203,9 @@ def _deadline_reserve(remaining: float) -> float:
 
 
 def _solution_of(program) -> Optional[str]:
-    """The planner's warm-start form of a program, when the solver exposes one."""
+    """The planner's own warm-start form of a program, when the solver exposes one
+    (`solver.planners.solution_of`). Without it the stored program is the solution:
+    `solver.planners.plan` accepts a Program as its hint."""
     try:
         from solver.planners import solution_of  # type: ignore[attr-defined]
     except ImportError:
@@ -206,14 +216,12 @@ def _solution_of(program) -> Optional[str]:
     return solution if isinstance(solution, str) else json.dumps(solution)
 
 
-def _hint_from(solution: Optional[str]):
-    if solution is None:
+def _hint_from(hint: Optional[str]):
+    if hint is None:
         return None
-    try:
-        from solver.planners import hint_from_solution  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return hint_from_solution(solution)
+    from simulator.superdsc import Program
+
+    return Program.from_json(hint)
 
 
 def compile_job(job: CompileJob) -> CompileOutcome:
@@ -265,8 +273,8 @@ def compile_in_process(document: Union[GraphDocument, dict, str], planner: Optio
                        time_limit_s: Optional[float] = None, deterministic: bool = False,
                        target: Optional[str] = None, limits: Optional[GraphLimits] = None) -> dict[str, Any]:
     """The embedded path: validate and compile in this process; returns the program as
-    a dict. Raises GraphError for a bad graph, solver.planners.PlanInvalid for a
-    planner bug."""
+    a dict. Raises GraphError for a bad graph, CompileFailed when the planner produced
+    no valid program (a compiler bug, never the client's)."""
     if isinstance(document, GraphDocument):
         doc = document
     else:
@@ -281,9 +289,7 @@ def compile_in_process(document: Union[GraphDocument, dict, str], planner: Optio
         err = outcome.error or {}
         raise GraphError(err.get("code", "invalid_graph"), err.get("message", ""), err.get("node"))
     if outcome.status != "ok" or outcome.program is None:
-        from solver.planners import PlanInvalid
-
-        raise PlanInvalid((outcome.error or {}).get("message", outcome.status))
+        raise CompileFailed((outcome.error or {}).get("message", outcome.status))
     return json.loads(outcome.program)
 
 
