@@ -1,0 +1,179 @@
+"""The baseline planner: a faithful reimplementation of torch-spyre's published passes.
+
+Pipeline, in upstream's pass order (torch_spyre/_inductor/passes.py):
+1. stick layouts: candidate propagation + beam search, width 64, cost = elements
+   restickified (`solver.heuristic_layouts`);
+2. restickify insertion where a consumer's rule needs another layout (done by the
+   emitter, one per (tensor, layout));
+3. core work division: the matmul split enumeration, then greedy largest-divisor
+   distribution over output dims with at most one reduction dim (`solver.heuristic_work`);
+   restickify ops are divided like any other op;
+4. LX planning: upstream's eligibility rules and greedy first-fit placement without
+   eviction (`solver.heuristic_lx`).
+Views that are free on the device layout (a reshape of outer dims) are claimed as aliases,
+as Inductor's ReinterpretView makes them free upstream.
+
+Where our program model is stricter than upstream (LX contents never cross a bundle, and
+a bundle references at most `hw.bundle_tensor_limit` device-memory tensors), residencies
+whose live range would force a bundle past that limit are dropped, longest first, until
+the program validates. docs/baseline.md lists where this follows upstream and where it
+had to guess.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from lowering.op_rules import (
+    ANY, copy_is_alias, restickify_prim, split_granules,
+)
+from lowering.primitives import PrimGraph, PrimOp
+from simulator.geometry import (
+    box_lx_bytes, core_ranges, default_core_slices, make_layout, operand_box, padded,
+    reduction_split,
+)
+from simulator.validate import validate_program
+from solver.emit import emit_program
+from solver.heuristic_layouts import BEAM_WIDTH, beam_search_layouts
+from solver.heuristic_lx import LxBuffer, greedy_place, lx_eligible_op
+from solver.heuristic_work import divide_work
+from solver.plan import OpPlan, PlanDecisions, Residency, restick_id
+from solver.planners import register
+
+# Validator codes a residency can cause through bundling (emitter never cuts inside an LX
+# live range, so a long one can push a bundle past the external-tensor limit).
+_BUNDLE_CODES = frozenset({"bundle_limit", "lx_cross_bundle"})
+
+
+@dataclass
+class _Step:
+    """One op of the program in emitted order (compute op or inserted restickify)."""
+
+    prim: PrimOp
+    split: dict[str, int]
+    granules: dict[int, int]
+    restick_of: Optional[str] = None   # restick id, for restickify steps
+    alias: bool = False
+
+
+def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
+                   hint=None, lx_planning: bool = True, beam_width: int = BEAM_WIDTH, **_ignored) -> PlanDecisions:
+    stick_bytes = hw.stick_bytes
+    layouts = beam_search_layouts(pg, stick_bytes, width=beam_width)
+    stick_of = dict(layouts.stick_of)
+    shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
+    dtypes = {t.id: t.dtype for t in pg.tensors.values()}
+
+    decisions = PlanDecisions(planner="heuristic")
+    steps: list[_Step] = []
+    for op in pg.ops:
+        ch = layouts.choices[op.id]
+        effective = []
+        for spec, acc in zip(ch.inputs, op.inputs):
+            t = acc.tensor
+            if spec is None or spec == ANY or spec == stick_of[t]:
+                effective.append(stick_of[t])
+                continue
+            rid = restick_id(t, spec)
+            if rid not in stick_of:
+                stick_of[rid], shapes[rid], dtypes[rid] = spec, shapes[t], dtypes[t]
+                prim = restickify_prim(f"restick:{rid}", t, rid, shapes[t])
+                gran = split_granules(prim, [stick_of[t]], spec, [dtypes[t]] * 2, stick_bytes)
+                split = divide_work(prim, gran, hw, [dtypes[t]] * 2)
+                decisions.restick_ops[rid] = OpPlan(core_split=split)
+                steps.append(_Step(prim, split, gran, restick_of=rid))
+            effective.append(spec)
+        dts = [dtypes[a.tensor] for a in op.inputs] + [dtypes[op.output.tensor]]
+        gran = split_granules(op, effective, ch.output, dts, stick_bytes)
+        split = divide_work(op, gran, hw, dts)
+        alias = _free_alias(op, stick_of, shapes, dtypes, stick_bytes)
+        if alias:
+            split = {}  # nothing moves
+        decisions.ops[op.id] = OpPlan(stick=ch, core_split=split, alias=alias)
+        steps.append(_Step(op, split, gran, alias=alias))
+
+    notes = [f"beam search (width {beam_width}): {layouts.restick_elements} elements restickified, "
+             f"{len(decisions.restick_ops)} restickify ops"]
+    if lx_planning:
+        buffers = _lx_buffers(pg, steps, stick_of, shapes, dtypes, hw)
+        greedy_place(buffers, hw.lx_capacity_bytes, stick_bytes)
+        placed = [b for b in buffers if b.address is not None]
+        for b in placed:
+            decisions.resident[b.name] = Residency(lx_address=b.address, size_per_core=b.size)
+        dropped = _fit_bundles(pg, hw, decisions)
+        notes.append(f"LX: {len(buffers)} eligible buffers, {len(placed)} placed first-fit, "
+                     f"{dropped} dropped for bundle limits")
+    decisions.stats["notes"] = notes
+    return decisions
+
+
+def _free_alias(op: PrimOp, stick_of, shapes, dtypes, stick_bytes: int) -> bool:
+    if op.body.kind != "copy" or len(op.inputs) != 1:
+        return False
+    src, dst = op.inputs[0].tensor, op.output.tensor
+    in_order = make_layout(shapes[src], dtypes[src], stick_of[src], stick_bytes).dim_order
+    out_order = make_layout(shapes[dst], dtypes[dst], stick_of[dst], stick_bytes).dim_order
+    return copy_is_alias(op, shapes[src], in_order, shapes[dst], out_order, dtypes[src], dtypes[dst])
+
+
+def _per_core_boxes(step: _Step, operand: int, shape) -> dict:
+    slices = default_core_slices(step.prim, step.split) if step.split else []
+    return {c: operand_box(step.prim, operand, rng, shape)
+            for c, rng in core_ranges(step.prim, step.split, slices, step.granules).items()}
+
+
+def _lx_buffers(pg: PrimGraph, steps: list[_Step], stick_of, shapes, dtypes, hw) -> list[LxBuffer]:
+    """Candidate LX buffers in program order, upstream's eligibility rules applied."""
+    outputs = set(pg.outputs)
+    readers: dict[str, list[tuple[int, int]]] = {}
+    for k, st in enumerate(steps):
+        for i, acc in enumerate(st.prim.inputs):
+            readers.setdefault(acc.tensor, []).append((k, i))
+    buffers = []
+    for k, st in enumerate(steps):
+        if st.restick_of is not None or st.alias or not lx_eligible_op(st.prim):
+            continue
+        t = st.prim.output.tensor
+        uses = readers.get(t, [])
+        if t in outputs or not uses or reduction_split(st.prim, st.split):
+            continue
+        if any(steps[r].alias for r, _ in uses):
+            continue  # an alias view shares device-memory bytes
+        written = _per_core_boxes(st, -1, shapes[t])
+        if any(_per_core_boxes(steps[r], i, shapes[t]) != written for r, i in uses):
+            continue  # core division mismatch: stays in device memory
+        layout = make_layout(shapes[t], dtypes[t], stick_of[t], hw.stick_bytes)
+        size = max(box_lx_bytes(box, layout, dtypes[t]) for box in written.values())
+        buffers.append(LxBuffer(t, padded(size, hw.stick_bytes), sorted({k} | {r for r, _ in uses})))
+    return buffers
+
+
+def _fit_bundles(pg: PrimGraph, hw, decisions: PlanDecisions) -> int:
+    """Drop residencies until no bundle breaks the external-tensor limit because an LX live
+    range kept the emitter from cutting it (longest range over an over-full bundle first);
+    returns how many were dropped."""
+    dropped = 0
+    while decisions.resident:
+        program = emit_program(pg, hw, decisions)
+        issues = [i for i in validate_program(program, hw) if i.code in _BUNDLE_CODES]
+        if not issues:
+            break
+        victims = {i.tensor for i in issues if i.code == "lx_cross_bundle" and i.tensor in decisions.resident}
+        if not victims:
+            index = {o.id: k for k, o in enumerate(program.ops)}
+            spans = [(min(index[o] for o in b.ops), max(index[o] for o in b.ops))
+                     for b in program.bundles if len(b.external_tensors) > hw.bundle_tensor_limit and b.ops]
+            tmap = program.tensor_map()
+            spanning = [(tmap[t].memory.live_to - tmap[t].memory.live_from, t) for t in decisions.resident
+                        if any(tmap[t].memory.live_from <= hi and lo <= tmap[t].memory.live_to
+                               for lo, hi in spans)]
+            if not spanning:
+                break  # the over-full bundle is not caused by residency
+            victims = {max(spanning)[1]}
+        for t in victims:
+            del decisions.resident[t]
+            dropped += 1
+    return dropped
+
+
+register("heuristic", plan_heuristic)
