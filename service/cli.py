@@ -10,6 +10,8 @@ import sys
 COMMANDS: dict[str, str] = {
     "version": "service.commands.version",
     "serve": "service.commands.serve",
+    "compile": "service.commands.compile",
+    "simulate": "service.commands.simulate",
 }
 
 

@@ -1,0 +1,60 @@
+"""`sticksat compile GRAPH.json --planner naive -o PROGRAM.json`: graph document -> validated
+SuperDSC program (parse + validate the document, lower to primitive ops, plan, validate)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compile", help="compile a graph document into a SuperDSC program")
+    p.add_argument("graph", help="graph document (JSON)")
+    p.add_argument("--planner", default="naive", help="planner name (naive, heuristic, cpsat, ...)")
+    p.add_argument("--hardware", default="spyre", help="hardware target name or JSON path")
+    p.add_argument("--time-limit", type=float, default=None, help="solver time limit in seconds")
+    p.add_argument("--deterministic", action="store_true", help="deterministic solver mode")
+    p.add_argument("-o", "--output", default="-", help="program JSON path ('-': stdout)")
+    p.set_defaults(func=run)
+
+
+def load_primgraph(path: str):
+    """Read, validate and lower a graph document."""
+    from lowering import lower_document
+    from lowering.validate import parse_document, validate_document
+
+    doc = parse_document(Path(path).read_bytes())
+    validate_document(doc)
+    return lower_document(doc)
+
+
+def run(args) -> int:
+    from lowering.errors import GraphError
+    from simulator.hardware import load_target
+    from solver.planners import PlanInvalid, plan
+
+    try:
+        pg = load_primgraph(args.graph)
+    except GraphError as e:
+        print(json.dumps({"error": e.code, "message": e.message, "node": e.node}), file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(json.dumps({"error": "io", "message": str(e)}), file=sys.stderr)
+        return 2
+    hw = load_target(args.hardware)
+    try:
+        program = plan(pg, hw, planner=args.planner, time_limit_s=args.time_limit,
+                       deterministic=args.deterministic)
+    except PlanInvalid as e:
+        print(json.dumps({"error": "plan_invalid", "message": str(e),
+                          "errors": [i.to_json() for i in e.issues]}), file=sys.stderr)
+        return 1
+    except KeyError as e:
+        print(json.dumps({"error": "unknown_planner", "message": str(e)}), file=sys.stderr)
+        return 2
+    text = program.to_json(indent=1)
+    if args.output == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        Path(args.output).write_text(text)
+    return 0

@@ -1,0 +1,210 @@
+"""Functional run: execute a SuperDSC program with numpy, byte for byte.
+
+The machine has one device-memory byte array and one LX byte array per core (the allocator
+capacity, `hw.lx_capacity_bytes`). Every tensor is stored in its dtype in its device layout:
+in device memory at its offset (dims in `dim_order`, stick dim last and padded); in LX as
+each core's own slice at `lx_address`, the box the producer wrote on that core stored in
+layout order with the stick dim padded to whole sticks. Each op runs per core on its work
+slice (`core_slices`): the core reads its operand boxes from device memory or from ITS LX
+bytes (addresses computed from the producer's slicing), computes in float32 (simulator/
+kernels.py), and writes its output box back in the output's layout. A split reduction dim
+is combined across cores (partials summed in float32 before rounding).
+
+Nothing here consults the validator: a wrong core->slice map leaves slices unwritten or
+written twice, an LX reader sliced differently from its producer reads another slice's
+bytes, overlapping live LX buffers clobber each other — each shows up as wrong numbers.
+Reads that fall outside a memory raise `RunError`.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from lowering.primitives import DTYPE_BYTES, PrimOp, op_from_json
+from simulator.geometry import (
+    Box, box_storage_extents, core_ranges, element_strides, layout_nbytes, op_granules,
+    operand_box, reduction_split,
+)
+from simulator.kernels import _NP_DTYPES, KernelError, combine_partials, compute_local
+from simulator.superdsc import HbmMemory, LxMemory, Program, TensorDecl
+
+# Refuse to allocate a device-memory image larger than this for a functional run (timing-only
+# simulation of real-size models never allocates).
+MAX_RUN_BYTES = 2 << 30
+
+
+class RunError(RuntimeError):
+    pass
+
+
+def storage_dtype(dtype: str):
+    return np.uint16 if dtype == "bfloat16" else _NP_DTYPES[dtype]
+
+
+def to_storage(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Round computed values to the tensor's storage dtype (bfloat16: round to nearest even)."""
+    if dtype == "bfloat16":
+        bits = np.asarray(values, dtype=np.float32).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    if dtype == "bool":
+        return np.asarray(values).astype(bool)
+    nd = _NP_DTYPES[dtype]
+    v = np.asarray(values)
+    if np.issubdtype(nd, np.integer) and v.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            v = np.nan_to_num(v, nan=0, posinf=0, neginf=0)
+            return np.trunc(v).astype(nd)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return v.astype(nd)
+
+
+def from_storage(raw: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return np.array(raw)
+
+
+def user_dtype(dtype: str):
+    """The numpy dtype outputs are returned in (bfloat16 as float32)."""
+    return np.float32 if dtype == "bfloat16" else _NP_DTYPES[dtype]
+
+
+class Machine:
+    """Device memory + per-core LX byte arrays, and tensor views into them."""
+
+    def __init__(self, program: Program, hw):
+        self.p = program
+        self.hw = hw
+        self.tmap = program.tensor_map()
+        end = 0
+        for t in program.tensors:
+            if isinstance(t.memory, HbmMemory):
+                end = max(end, t.memory.offset + layout_nbytes(t.layout, t.dtype))
+        if end > MAX_RUN_BYTES:
+            raise RunError(f"device-memory image of {end} bytes is too large for a functional run")
+        self.hbm = np.zeros(-(-end // 8) * 8 + 8, dtype=np.uint8)
+        self.lx_bytes = -(-hw.lx_capacity_bytes // 8) * 8
+        self.lx: dict[int, np.ndarray] = {}
+        self.op_index = {o.id: k for k, o in enumerate(program.ops)}
+        self._held: dict[str, dict[int, Box]] = {}
+        self._prims: dict[str, PrimOp] = {}
+
+    def prim(self, k: int) -> PrimOp:
+        o = self.p.ops[k]
+        if o.id not in self._prims:
+            self._prims[o.id] = op_from_json(o.prim)
+        return self._prims[o.id]
+
+    def ranges(self, k: int) -> dict[int, list]:
+        o = self.p.ops[k]
+        prim = self.prim(k)
+        names = [a.tensor for a in prim.inputs] + [prim.output.tensor]
+        layouts = {n: self.tmap[n].layout for n in names}
+        dtypes = {n: self.tmap[n].dtype for n in names}
+        gran = op_granules(prim, layouts, dtypes, self.hw.stick_bytes)
+        real = {n: f for n, f in o.core_split.items() if f > 1}
+        return core_ranges(prim, real, o.core_slices, gran)
+
+    def held_box(self, t: TensorDecl, core: int, fallback: Box) -> Box:
+        """The box of an LX tensor the producer wrote on `core` (what its bytes hold)."""
+        if t.id not in self._held:
+            m = t.memory
+            held: dict[int, Box] = {}
+            if 0 <= m.live_from < len(self.p.ops):
+                prim = self.prim(m.live_from)
+                if prim.output.tensor == t.id:
+                    held = {c: operand_box(prim, -1, rng, t.shape)
+                            for c, rng in self.ranges(m.live_from).items()}
+            self._held[t.id] = held
+        return self._held[t.id].get(core, fallback)
+
+    def view(self, t: TensorDecl, core: Optional[int], box: Box) -> np.ndarray:
+        """A writable numpy view of `box` of tensor `t` as stored (on `core`'s LX if resident)."""
+        item = DTYPE_BYTES[t.dtype]
+        if isinstance(t.memory, HbmMemory):
+            buf, base = self.hbm, t.memory.offset
+            strides = element_strides(t.layout)
+            origin = [0] * len(box)
+        else:
+            if core is None:
+                raise RunError(f"{t.id} is LX-resident: no device-memory image")
+            if core not in self.lx:
+                self.lx[core] = np.zeros(self.lx_bytes, dtype=np.uint8)
+            buf, base = self.lx[core], t.memory.lx_address
+            held = self.held_box(t, core, box)
+            strides = element_strides(t.layout, box_storage_extents(held, t.layout))
+            origin = [a for a, _ in held]
+        start = base + sum((b0 - o) * s for (b0, _), o, s in zip(box, origin, strides)) * item
+        shape = tuple(b1 - b0 for b0, b1 in box)
+        if start < 0:
+            raise RunError(f"{t.id}: access before the start of {'device memory' if buf is self.hbm else 'LX'}")
+        try:
+            return np.ndarray(shape, dtype=storage_dtype(t.dtype), buffer=buf, offset=start,
+                              strides=tuple(s * item for s in strides))
+        except (TypeError, ValueError) as e:
+            raise RunError(f"{t.id}: access outside {'device memory' if buf is self.hbm else 'LX'}: {e}") from e
+
+    # -- execution ------------------------------------------------------------------------------
+    def load_inputs(self, inputs: Mapping[str, np.ndarray]):
+        for name in dict.fromkeys(self.p.inputs):
+            if name not in inputs:
+                raise RunError(f"missing program input {name}")
+            t = self.tmap[name]
+            arr = np.asarray(inputs[name])
+            if tuple(arr.shape) != tuple(t.shape):
+                raise RunError(f"input {name} has shape {arr.shape}, program expects {tuple(t.shape)}")
+            full = tuple((0, s) for s in t.shape)
+            self.view(t, None, full)[...] = to_storage(arr, t.dtype)
+
+    def run_op(self, k: int):
+        o = self.p.ops[k]
+        if o.alias:
+            return  # the output shares its input's bytes: nothing moves
+        prim = self.prim(k)
+        tm = self.tmap
+        out_t = tm[prim.output.tensor]
+        ranges = self.ranges(k)
+        split = {n: f for n, f in o.core_split.items() if f > 1}
+        partial = reduction_split(prim, split)
+        results = []
+        for core, rng in ranges.items():
+            if any(b <= a for a, b in rng) and prim.iter_dims:
+                continue
+            arrays = []
+            for i, acc in enumerate(prim.inputs):
+                t = tm[acc.tensor]
+                raw = self.view(t, core, operand_box(prim, i, rng, t.shape))
+                arrays.append(from_storage(raw, t.dtype))
+            try:
+                out = compute_local(prim, rng, arrays, out_t.shape)
+            except KernelError as e:
+                raise RunError(f"{o.id}: {e}") from e
+            results.append((core, operand_box(prim, -1, rng, out_t.shape), out))
+        if partial:
+            fn = "matmul" if prim.body.kind == "matmul" else prim.body.fn
+            groups: dict[Box, list] = {}
+            for core, box, out in results:
+                groups.setdefault(box, []).append((core, out))
+            results = []
+            for box, members in groups.items():
+                total = combine_partials(fn, [m[1] for m in members])
+                results += [(core, box, total) for core, _ in members]
+        for core, box, out in results:
+            self.view(out_t, core, box)[...] = to_storage(out, out_t.dtype)
+
+    def read_output(self, name: str) -> np.ndarray:
+        t = self.tmap[name]
+        full = tuple((0, s) for s in t.shape)
+        raw = self.view(t, None, full)
+        return from_storage(raw, t.dtype).astype(user_dtype(t.dtype))
+
+
+def run_program(program: Program, inputs: Mapping[str, np.ndarray], hw) -> list[np.ndarray]:
+    """Execute `program` on `inputs` (program input id -> array); one array per
+    `program.outputs` entry, in order, in the tensors' dtypes (bfloat16 returned as float32)."""
+    m = Machine(program, hw)
+    m.load_inputs(inputs)
+    for k in range(len(program.ops)):
+        m.run_op(k)
+    return [m.read_output(name) for name in program.outputs]
