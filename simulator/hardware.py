@@ -92,7 +92,7 @@ class Hardware:
     dram_oneway_gbps: float
     dram_balanced_gbps: float
     dram_turnaround_ns_per_byte: float
-    dram_min_active_cores_for_peak: int
+    dram_turnaround_min_cores: int
     # ring
     ring_bytes_per_cycle: int
     clock_ghz: float
@@ -179,10 +179,16 @@ class Hardware:
         passes = max(1, -(-rows_per_core // self.pt_rows_per_pass))
         return min(1.0, math.sqrt(passes / self.pt_target_passes))
 
-    def dram_ns(self, read_bytes: float, write_bytes: float, gbps: float | None = None) -> float:
-        """Shared-bus time for one kernel: (R+W)/BW + turnaround*min(R, W)."""
+    def dram_ns(self, read_bytes: float, write_bytes: float, gbps: float | None = None,
+                cores: int | None = None) -> float:
+        """Shared-bus time of one kernel moving R read and W written bytes:
+        (R+W)/BW + turnaround*min(R, W), the turnaround paid when `cores` (None: many)
+        interleave their streams (at least `dram_turnaround_min_cores`)."""
         bw = self.dram_oneway_gbps if gbps is None else gbps
-        return (read_bytes + write_bytes) / bw + self.dram_turnaround_ns_per_byte * min(read_bytes, write_bytes)
+        t = (read_bytes + write_bytes) / bw
+        if cores is None or cores >= self.dram_turnaround_min_cores:
+            t += self.dram_turnaround_ns_per_byte * min(read_bytes, write_bytes)
+        return t
 
     def spill_derate(self, working_set_bytes_per_core: float) -> float:
         """Bandwidth multiplier (<= 1) when a per-core working set spills past the knee."""

@@ -1,0 +1,631 @@
+"""Timing model: how long a SuperDSC program takes on the target, op by op, core by core.
+
+`time_program(program, hw) -> TimingReport`. Analytic per *tile class*: the cores of an op
+whose work slices have the same extents cost the same, so an op is priced once per class
+(usually one or two classes), never per element — a real-size decoder layer times in well
+under a second. Every rate comes from the hardware file (`simulator.hardware`); nothing
+here is keyed on a shape, an op name or a published measurement. docs/simulator-timing.md
+derives each term.
+
+Per op (all cores of an op start together after a barrier; the next op starts when the
+slowest core is done):
+- device-memory traffic: every operand that lives in device memory moves its per-core
+  box in whole sticks; the bytes of all cores share one bus (`dram_oneway_gbps`) and a
+  kernel that both reads and writes pays the read/write turnaround on min(R, W) when
+  several cores interleave their streams. LX-resident operands move no device-memory bytes;
+  graph inputs and outputs cross device memory once even when resident (clone in/out).
+- access patterns measured on device: a pointwise op with a broadcast operand (loaded
+  once, not per core) streams at `broadcast_op_gbps`; a restickify at `restickify_gbps`;
+  a reduction along the stick dim reads at the rows-dependent `reduction_read_curve`, one
+  across rows at `cross_row_reduction_gbps`.
+- matmul operands the core split does not index are loaded by every core of that split,
+  at the per-core ceiling `mm_replicated_read_gbps_per_core` (plus a fixed cost).
+- compute: matmul on the PT array at the sustained rate, or the default-layout /
+  batch-outer bmm rate, derated for short per-core M slices; pointwise/reduce on the SFP
+  at whole sticks per cycle.
+- temporal tiles: loads overlap compute when double buffering fits in LX (the back-end's
+  working reserve plus the LX the plan leaves free); each tile iteration costs
+  `loop_overhead_us`; a small per-core tile underfills the stream (`underfill_curve`); a
+  per-tile working set past `lx_spill_knee_bytes` spills and runs slower. Consecutive ops
+  of one bundle with the same temporal tiling form one coarse-tiled fused kernel: it reads
+  each external tensor once and pays the loop overhead once.
+- a split reduction dim combines partial sums over the ring.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from lowering.primitives import (Call, Const, In, MatmulBody, PointwiseBody, PrimOp, ReduceBody,
+                                 op_from_json)
+from simulator.geometry import box_lx_bytes, dim_chunk, op_granules
+from simulator.hardware import Hardware, load_target
+from simulator.superdsc import LxMemory, OpDecl, Program, TensorDecl
+
+_GRAPH_INPUT_ROLES = ("user_input", "parameter", "buffer", "constant")
+_TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin",
+                             "cos", "gelu", "gelu_tanh", "silu", "pow", "div", "reciprocal"})
+
+
+@dataclass
+class OpTiming:
+    op_id: str
+    opfunc: str
+    ex_unit: str
+    kind: str
+    bundle: int
+    cores: int
+    start_us: float = 0.0
+    end_us: float = 0.0
+    compute_us: float = 0.0          # PT/SFP busy time of the slowest core
+    memory_us: float = 0.0           # device-memory (and replicated-load) time of the op
+    ring_us: float = 0.0
+    overhead_us: float = 0.0         # temporal-tile loop overhead
+    bound_by: str = "memory"         # memory | compute | replicated_load | ring | overhead | none
+    hbm_read_bytes: int = 0
+    hbm_write_bytes: int = 0
+    lx_bytes: int = 0
+    ring_bytes: int = 0
+    macs: int = 0
+    temporal_tiles: int = 1
+    double_buffered: bool = True
+    fused_group: Optional[int] = None
+    effects: list[str] = field(default_factory=list)
+    # per core: (memory_us, compute_us) of that core
+    per_core: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+    def to_dict(self) -> dict:
+        return {
+            "op": self.op_id, "opfunc": self.opfunc, "ex_unit": self.ex_unit, "kind": self.kind,
+            "bundle": self.bundle, "cores": self.cores, "start_us": self.start_us,
+            "end_us": self.end_us, "compute_us": self.compute_us, "memory_us": self.memory_us,
+            "ring_us": self.ring_us, "overhead_us": self.overhead_us, "bound_by": self.bound_by,
+            "hbm_read_bytes": self.hbm_read_bytes, "hbm_write_bytes": self.hbm_write_bytes,
+            "lx_bytes": self.lx_bytes, "ring_bytes": self.ring_bytes, "macs": self.macs,
+            "temporal_tiles": self.temporal_tiles, "double_buffered": self.double_buffered,
+            "fused_group": self.fused_group, "effects": list(self.effects),
+        }
+
+
+@dataclass
+class TimingReport:
+    total_us: float
+    ops: list[OpTiming]
+    core_busy_us: list[float]
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+    lx_bytes: int
+    ring_bytes: int
+    hardware: str
+    hardware_digest: str
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.hbm_read_bytes + self.hbm_write_bytes
+
+    def op(self, op_id: str) -> OpTiming:
+        for o in self.ops:
+            if o.op_id == op_id:
+                return o
+        raise KeyError(op_id)
+
+    def to_dict(self) -> dict:
+        return {
+            "total_us": self.total_us, "hardware": self.hardware,
+            "hardware_digest": self.hardware_digest, "hbm_read_bytes": self.hbm_read_bytes,
+            "hbm_write_bytes": self.hbm_write_bytes, "lx_bytes": self.lx_bytes,
+            "ring_bytes": self.ring_bytes, "core_busy_us": list(self.core_busy_us),
+            "ops": [o.to_dict() for o in self.ops],
+        }
+
+
+# -- per-op analysis -------------------------------------------------------------------------
+@dataclass
+class _Operand:
+    tensor: TensorDecl
+    is_output: bool
+    in_lx: bool
+    indexes_all_splits: bool
+    replication: int            # cores of the split that load their own copy
+    per_core: dict[int, int]  # tile class -> bytes one core moves (whole sticks)
+    first_read: bool = True     # graph-input clone-in / fused-group first read
+
+
+@dataclass
+class _Class:
+    extents: tuple[int, ...]    # per iteration dim, elements of one core's slice
+    cores: list[int]
+
+
+def _n_expr_ops(e) -> tuple[int, int]:
+    """(arithmetic ops, transcendental ops) in a scalar expression."""
+    if isinstance(e, (In, Const)):
+        return 0, 0
+    a, t = (0, 1) if e.fn in _TRANSCENDENTAL else (1, 0)
+    for x in e.args:
+        xa, xt = _n_expr_ops(x)
+        a += xa
+        t += xt
+    return a, t
+
+
+def _tile_classes(prim: PrimOp, op: OpDecl, granules: dict[int, int]) -> list[_Class]:
+    """Group the op's cores by the extents of their work slices."""
+    split = op.core_split
+    chunks = []
+    for i, d in enumerate(prim.iter_dims):
+        f = split.get(d.name, 1)
+        chunks.append(d.size if f <= 1 else dim_chunk(d.size, f, granules.get(i, 1)))
+    slices = op.core_slices or []
+    if not slices:
+        return [_Class(tuple(chunks), [0])]
+    classes: dict[tuple[int, ...], list[int]] = {}
+    for cs in slices:
+        ext = []
+        for i, d in enumerate(prim.iter_dims):
+            f = split.get(d.name, 1)
+            if f <= 1:
+                ext.append(d.size)
+                continue
+            k = cs.slice.get(d.name, 0)
+            lo = min(k * chunks[i], d.size)
+            hi = min((k + 1) * chunks[i], d.size)
+            ext.append(hi - lo)
+        classes.setdefault(tuple(ext), []).append(cs.core)
+    return [_Class(e, c) for e, c in classes.items()]
+
+
+def _box(prim: PrimOp, operand: int, extents: tuple[int, ...], shape: list[int]) -> tuple:
+    """Per tensor dim (0, length) of the region one core touches (lengths only matter)."""
+    acc = prim.output if operand < 0 else prim.inputs[operand]
+    box = []
+    for j, d in enumerate(acc.dims):
+        if d is None or d >= len(extents):
+            box.append((0, shape[j]))
+        else:
+            box.append((0, min(extents[d], shape[j])))
+    return tuple(box)
+
+
+def _matmul_layout_rate(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardware) -> tuple[str, int]:
+    """Which PT rate a matmul runs at, from its operands' device layouts.
+
+    A bmm (batch iteration dims indexed by both x and y) with a batch extent of at least
+    `bmm_layout_min_batch` runs at the batch-outer rate when every batched operand keeps its
+    batch dims outermost in `dim_order`, else at the default-layout rate (batch dims inside
+    the other dims, as torch-spyre's default device tile order has them). A plain matmul,
+    a projection (y not batched) or a small batch runs at the sustained rate."""
+    body = prim.body
+    assert isinstance(body, MatmulBody)
+    x, y = prim.inputs[0], prim.inputs[1]
+    batch = [i for i in range(len(prim.iter_dims)) if i not in (body.m, body.n, body.k)
+             and i in x.dims and i in y.dims]
+    extent = 1
+    for i in batch:
+        extent *= prim.iter_dims[i].size
+    if not batch or extent < hw.bmm_layout_min_batch:
+        return "sustained", extent
+    for acc in (x, y):
+        order = tensors[acc.tensor].layout.dim_order
+        batch_tdims = {j for j, d in enumerate(acc.dims) if d in batch}
+        n_b = len(batch_tdims)
+        if set(order[:n_b]) != batch_tdims:
+            return "default_bmm", extent
+    return "batch_outer", extent
+
+
+class _Timer:
+    def __init__(self, program: Program, hw: Hardware):
+        self.p = program
+        self.hw = hw
+        self.tensors = program.tensor_map()
+        self.layouts = {t: d.layout for t, d in self.tensors.items()}
+        self.dtypes = {t: d.dtype for t, d in self.tensors.items()}
+        n = len(program.ops)
+        # LX bytes per core held by resident tensors at each op (difference array)
+        diff = [0] * (n + 1)
+        for t in program.tensors:
+            m = t.memory
+            if isinstance(m, LxMemory):
+                lo, hi = max(0, m.live_from), min(n - 1, m.live_to)
+                if lo <= hi:
+                    diff[lo] += m.size_per_core
+                    diff[hi + 1] -= m.size_per_core
+        self.resident_live = []
+        acc = 0
+        for k in range(n):
+            acc += diff[k]
+            self.resident_live.append(acc)
+        self.clone_in_done: set[str] = set()
+
+    def dram_ns(self, r: float, w: float, cores: int, gbps: Optional[float] = None) -> float:
+        return self.hw.dram_ns(r, w, gbps=gbps, cores=cores)
+
+    def analyse(self, k: int, op: OpDecl, group_seen: Optional[set[str]]) -> OpTiming:
+        hw = self.hw
+        prim = op_from_json(op.prim) if op.prim is not None else None
+        ot = OpTiming(op_id=op.id, opfunc=op.opfunc, ex_unit=op.ex_unit, kind=op.kind,
+                      bundle=op.bundle, cores=max(1, op.num_cores_used))
+        tiles = 1
+        for v in op.temporal_tiles.values():
+            tiles *= max(1, int(v))
+        ot.temporal_tiles = tiles
+        if prim is None or op.alias:
+            ot.bound_by = "none"
+            if op.alias:
+                ot.effects.append("alias: no data moves")
+            return ot
+
+        granules = op_granules(prim, self.layouts, self.dtypes, hw.stick_bytes)
+        classes = _tile_classes(prim, op, granules)
+        split = {n: f for n, f in op.core_split.items() if f > 1}
+        name_of = {i: d.name for i, d in enumerate(prim.iter_dims)}
+        n_cores = sum(len(c.cores) for c in classes)
+        ot.cores = n_cores
+        body = prim.body
+        is_matmul = isinstance(body, MatmulBody)
+
+        # operands
+        operands: list[_Operand] = []
+        accesses = list(enumerate(prim.inputs)) + [(-1, prim.output)]
+        for idx, acc in accesses:
+            td = self.tensors[acc.tensor]
+            indexed = {name_of[d] for d in acc.dims if d is not None}
+            repl = 1
+            for nme, f in split.items():
+                if nme not in indexed:
+                    repl *= f
+            per_core = {}
+            for ci, cl in enumerate(classes):
+                if idx >= 0 and body.kind == "copy":
+                    # a copy core reads the share of its input that its output slice needs
+                    out_box = _box(prim, -1, cl.extents, self.tensors[prim.output.tensor].shape)
+                    frac = 1.0
+                    for (a, b), s in zip(out_box, self.tensors[prim.output.tensor].shape):
+                        frac *= (b - a) / max(1, s)
+                    whole = box_lx_bytes(tuple((0, s) for s in td.shape), td.layout, td.dtype)
+                    per_core[ci] = int(math.ceil(whole * frac))
+                elif idx == 0 and body.kind == "gather":
+                    # a gather core reads one table row per output row it writes
+                    out_td = self.tensors[prim.output.tensor]
+                    per_core[ci] = box_lx_bytes(_box(prim, -1, cl.extents, out_td.shape),
+                                                out_td.layout, td.dtype)
+                else:
+                    per_core[ci] = box_lx_bytes(_box(prim, idx, cl.extents, td.shape), td.layout, td.dtype)
+            operands.append(_Operand(td, idx < 0, isinstance(td.memory, LxMemory),
+                                     repl == 1, repl, per_core))
+
+        # ---- bytes --------------------------------------------------------------------
+        r_shared = 0.0      # read bytes over the shared bus (aggregate)
+        w_shared = 0.0
+        repl_core_bytes = 0.0  # replicated matmul loads, per core (worst class)
+        lx_core_bytes = 0.0    # per core bytes read/written in LX (worst class)
+        core_bytes = {ci: 0.0 for ci in range(len(classes))}  # per-core device bytes per class
+        red_split = 1
+        for nme, f in split.items():
+            if prim.iter_dims[[d.name for d in prim.iter_dims].index(nme)].kind == "reduction":
+                red_split *= f
+        for o in operands:
+            tid = o.tensor.id
+            graph_input = o.tensor.role in _GRAPH_INPUT_ROLES
+            total_core = sum(o.per_core[ci] * len(cl.cores) for ci, cl in enumerate(classes))
+            if o.is_output:
+                unique = total_core / red_split
+                if o.in_lx:
+                    lx_core_bytes = max(lx_core_bytes, max(o.per_core.values()))
+                    ot.lx_bytes += int(total_core)
+                    if o.tensor.is_output:  # clone-out: a graph output still reaches device memory
+                        w_shared += unique
+                        ot.effects.append(f"clone-out {tid}")
+                        for ci in core_bytes:
+                            core_bytes[ci] += o.per_core[ci] / red_split
+                else:
+                    w_shared += unique
+                    for ci in core_bytes:
+                        core_bytes[ci] += o.per_core[ci] / red_split
+                continue
+            if o.in_lx:
+                lx_core_bytes = max(lx_core_bytes, max(o.per_core.values()))
+                ot.lx_bytes += int(total_core)
+                if graph_input and tid not in self.clone_in_done:
+                    # one clone serves every reader: its load is charged to the first
+                    self.clone_in_done.add(tid)
+                    whole = box_lx_bytes(tuple((0, s) for s in o.tensor.shape), o.tensor.layout,
+                                         o.tensor.dtype)
+                    r_shared += whole
+                    ot.effects.append(f"clone-in {tid}")
+                continue
+            if group_seen is not None:
+                if tid in group_seen:
+                    ot.effects.append(f"fused: {tid} already on chip")
+                    continue
+                group_seen.add(tid)
+            if is_matmul and o.replication > 1:
+                repl_core_bytes = max(repl_core_bytes, max(o.per_core.values()))
+                ot.effects.append(f"replicated x{o.replication}: {tid}")
+                ot.hbm_read_bytes += int(total_core)
+                continue
+            if o.replication > 1:
+                # a broadcast operand is loaded once, not once per core
+                unique = total_core / o.replication
+                if body.kind != "copy":
+                    ot.effects.append(f"broadcast once: {tid}")
+            else:
+                unique = total_core
+            r_shared += unique
+            for ci in core_bytes:
+                core_bytes[ci] += o.per_core[ci] / max(1, o.replication)
+        ot.hbm_read_bytes += int(r_shared)
+        ot.hbm_write_bytes = int(w_shared)
+
+        # ---- memory time ----------------------------------------------------------------
+        mem_ns = 0.0
+        if op.kind == "relayout" or (op.kind == "restickify" and r_shared == 0 and w_shared == 0):
+            # on-chip relayout: each core walks its LX slice
+            mem_ns = lx_core_bytes * 2 / hw.lx_relayout_gbps_per_core
+            ot.effects.append("lx relayout")
+        elif op.kind == "restickify":
+            mem_ns = min(self.dram_ns(r_shared, w_shared, n_cores),
+                         (r_shared + w_shared) / hw.restickify_gbps)
+            ot.effects.append("restickify")
+        elif isinstance(body, ReduceBody) and body.fn != "cumsum" and r_shared > 0:
+            red_dims = {i for i, d in enumerate(prim.iter_dims) if d.kind == "reduction"}
+            src = prim.inputs[0]
+            st = self.layouts[src.tensor].stick_dim
+            stick_iter = src.dims[st] if st is not None and st < len(src.dims) else None
+            if stick_iter in red_dims:
+                rows = 1
+                for i, d in enumerate(prim.iter_dims):
+                    if d.kind == "parallel":
+                        rows *= d.size
+                gbps = hw.reduction_read_curve.gbps(rows)
+                ot.effects.append(f"row reduction read {gbps:.0f} GB/s")
+            else:
+                gbps = hw.cross_row_reduction_gbps
+                ot.effects.append("cross-row reduction")
+            mem_ns = self.dram_ns(r_shared, w_shared, n_cores, gbps)
+        else:
+            mem_ns = self.dram_ns(r_shared, w_shared, n_cores)
+            if isinstance(body, PointwiseBody) and w_shared > 0 and _is_broadcast_op(prim, operands):
+                mem_ns = min(mem_ns, (r_shared + w_shared) / hw.broadcast_op_gbps)
+                ot.effects.append("broadcast-operand op")
+
+        # streamed-tile efficiency (non-matmul): small per-core tiles underfill the stream.
+        # The tile is the largest operand's per-core box for one temporal tile: its rows are
+        # everything outside the stick dim, its width the stick-dim extent.
+        if not is_matmul and mem_ns > 0 and op.kind == "compute":
+            cand = [(i, o) for i, o in zip([i for i, _ in accesses], operands)
+                    if not (body.kind in ("copy", "gather") and not o.is_output)]
+            idx, big = max(cand, key=lambda io: max(io[1].per_core.values()))
+            worst = max(range(len(classes)), key=lambda ci: big.per_core[ci])
+            box = _box(prim, idx, classes[worst].extents, big.tensor.shape)
+            st = big.tensor.layout.stick_dim
+            cols = (box[st][1] - box[st][0]) if st is not None else 1
+            elems = 1
+            for a, b in box:
+                elems *= (b - a)
+            rows = elems / max(1, cols) / tiles
+            eff = hw.underfill_curve.efficiency(rows, cols)
+            if eff < 1.0:
+                mem_ns /= eff
+                ot.effects.append(f"underfill x{eff:.2f}")
+
+        # working set per tile per core
+        ws_tile = sum(max(o.per_core.values()) for o in operands) / tiles
+        streamed_tile = sum(max(o.per_core.values()) for o in operands if not o.in_lx) / tiles
+        if tiles > 1 and mem_ns > 0:
+            derate = hw.spill_derate(ws_tile)
+            if derate < 1.0:
+                mem_ns /= derate
+                ot.effects.append(f"spill x{derate:.3f}")
+
+        repl_ns = 0.0
+        if repl_core_bytes > 0:
+            repl_ns = hw.mm_replicated_read_fixed_us * 1e3 + repl_core_bytes / hw.mm_replicated_read_gbps_per_core
+        # ---- compute time per class -------------------------------------------------------
+        comp_ns = {}
+        macs_total = 0
+        dtype_in = self.dtypes[prim.inputs[0].tensor] if prim.inputs else self.dtypes[prim.output.tensor]
+        if is_matmul:
+            rate_kind, _ = _matmul_layout_rate(prim, self.tensors, hw)
+            if rate_kind != "sustained":
+                ot.effects.append(f"bmm {rate_kind}")
+            rate = hw.pt_mac_per_ns(dtype_in, rate_kind)
+            stick = hw.elems_per_stick(dtype_in)
+            for ci, cl in enumerate(classes):
+                # the array computes whole sticks: K and N run padded
+                ext = [(-(-e // stick) * stick) if i in (body.k, body.n) else e
+                       for i, e in enumerate(cl.extents)]
+                macs = math.prod(ext)
+                macs_total += math.prod(cl.extents) * len(cl.cores)
+                eff = hw.pt_pass_efficiency(cl.extents[body.m])
+                comp_ns[ci] = macs / (rate * eff)
+            ot.macs = int(macs_total)
+        elif body.kind in ("pointwise", "reduce") and op.kind == "compute":
+            if isinstance(body, PointwiseBody):
+                a, t = _n_expr_ops(body.expr)
+            else:
+                a, t = _n_expr_ops(body.expr)
+                a += 1  # the fold
+            cycles = max(1, a) + t * hw.sfp_transcendental_cycles
+            stick_iter = None
+            for acc in list(prim.inputs) + [prim.output]:
+                st = self.layouts[acc.tensor].stick_dim
+                if st is not None and st < len(acc.dims) and acc.dims[st] is not None:
+                    stick_iter = acc.dims[st]
+                    break
+            per_stick = hw.elems_per_stick(dtype_in)
+            for ci, cl in enumerate(classes):
+                pts = 1
+                for i, e in enumerate(cl.extents):
+                    pts *= (-(-e // per_stick) * per_stick) if i == stick_iter else e
+                sticks = pts / per_stick
+                comp_ns[ci] = sticks * cycles / hw.sfp_sticks_per_ns_per_core
+        elif body.kind in ("copy", "gather") and op.kind == "compute":
+            # LX-to-LX data movement is an on-chip shuffle
+            if lx_core_bytes > 0:
+                for ci in range(len(classes)):
+                    comp_ns[ci] = lx_core_bytes / hw.lx_relayout_gbps_per_core
+        for ci in range(len(classes)):
+            comp_ns.setdefault(ci, 0.0)
+
+        # ring: a split reduction dim sums partials across the cores of the split
+        ring_ns = 0.0
+        if red_split > 1:
+            out = operands[-1]
+            part = max(out.per_core.values())
+            ring_ns = (red_split - 1) * (part / hw.ring_gbps_per_direction + hw.ring_hop_latency_ns)
+            ot.ring_bytes = int((red_split - 1) * part * (n_cores // red_split))
+            ot.effects.append(f"ring combine x{red_split}")
+
+        # ---- overlap ------------------------------------------------------------------------
+        reserve = hw.lx_bytes_per_core - hw.lx_capacity_bytes
+        free_lx = max(0, hw.lx_capacity_bytes - self.resident_live[k])
+        double_buffered = tiles == 1 or 2 * streamed_tile <= reserve + free_lx
+        ot.double_buffered = double_buffered
+        if not double_buffered:
+            ot.effects.append("no double buffering")
+
+        max_core_bytes = max(core_bytes.values()) if core_bytes else 0.0
+        worst_ns = 0.0
+        worst_mem = worst_comp = 0.0
+        for ci, cl in enumerate(classes):
+            share = (core_bytes[ci] / max_core_bytes) if max_core_bytes > 0 else 1.0
+            m = mem_ns * share + repl_ns
+            c = comp_ns[ci]
+            if double_buffered:
+                t = max(m, c) + (min(m, c) / tiles if tiles > 1 else 0.0)
+            else:
+                t = m + c
+            for core in cl.cores:
+                ot.per_core[core] = (m / 1e3, c / 1e3)
+            if t >= worst_ns:
+                worst_ns, worst_mem, worst_comp = t, m, c
+        overhead_ns = hw.loop_overhead_us * 1e3 * tiles if tiles > 1 else 0.0
+        ot.memory_us = worst_mem / 1e3
+        ot.compute_us = worst_comp / 1e3
+        ot.ring_us = ring_ns / 1e3
+        ot.overhead_us = overhead_ns / 1e3
+        ot._body_ns = worst_ns  # type: ignore[attr-defined]
+        ot.bound_by = _bound_by(worst_mem - repl_ns, repl_ns, worst_comp, ring_ns, overhead_ns)
+        return ot
+
+
+def _bound_by(mem: float, repl: float, comp: float, ring: float, overhead: float) -> str:
+    """What limits an op: the larger of its data movement and compute (overlapped), unless
+    ring or loop overhead outweighs both."""
+    move = mem + repl
+    if max(move, comp, ring, overhead) <= 0:
+        return "none"
+    if ring > max(move, comp, overhead):
+        return "ring"
+    if overhead > max(move, comp):
+        return "overhead"
+    if comp > move:
+        return "compute"
+    return "replicated_load" if repl > mem else "memory"
+
+
+def _is_broadcast_op(prim: PrimOp, operands: list) -> bool:
+    """A pointwise op streaming a full input plus a smaller broadcast operand (one that
+    does not index every iteration dim), both read from device memory."""
+    full = bcast = False
+    n = len(prim.iter_dims)
+    for acc, o in zip(prim.inputs, operands):
+        if o.in_lx:
+            continue
+        if len({d for d in acc.dims if d is not None}) == n:
+            full = True
+        else:
+            bcast = True
+    return full and bcast
+
+
+def _group_key(op: OpDecl) -> Optional[tuple]:
+    """Ops of one bundle with the same temporal tiling form one coarse-tiled fused kernel."""
+    if op.kind != "compute" or op.alias:
+        return None
+    tiles = 1
+    for v in op.temporal_tiles.values():
+        tiles *= max(1, int(v))
+    if tiles <= 1:
+        return None
+    return (op.bundle, tiles, op.num_cores_used)
+
+
+def time_program(program: Program, hw: Optional[Hardware] = None) -> TimingReport:
+    """Simulated time of a (validated) program on `hw` (default: the program's target)."""
+    if hw is None:
+        hw = load_target(program.hardware)
+    timer = _Timer(program, hw)
+    ops: list[OpTiming] = []
+    core_busy = [0.0] * hw.cores
+    clock = 0.0
+    group_id = -1
+    prev_key = None
+    group_seen: Optional[set[str]] = None
+    group_members: list[OpTiming] = []
+
+    def close_group() -> None:
+        nonlocal clock
+        if not group_members:
+            return
+        # one fused kernel: loads and compute of all member ops overlap across the tile
+        # loop, and the loop overhead is paid once
+        tiles = group_members[0].temporal_tiles
+        mem = sum(o.memory_us for o in group_members)
+        comp = sum(o.compute_us for o in group_members)
+        ring = sum(o.ring_us for o in group_members)
+        dbl = all(o.double_buffered for o in group_members)
+        body = (max(mem, comp) + min(mem, comp) / tiles) if dbl else mem + comp
+        overhead = hw.loop_overhead_us * tiles
+        total = body + ring + overhead
+        weights = [max(o.memory_us, o.compute_us) + o.ring_us for o in group_members]
+        wsum = sum(weights) or 1.0
+        t = clock
+        for o, wgt in zip(group_members, weights):
+            o.start_us = t
+            t += total * wgt / wsum
+            o.end_us = t
+            o.overhead_us = overhead * wgt / wsum
+        clock = clock + total
+        group_members.clear()
+
+    for k, op in enumerate(program.ops):
+        key = _group_key(op)
+        if key is None or key != prev_key:
+            close_group()
+            group_seen = None
+            if key is not None:
+                group_id += 1
+                group_seen = set()
+        prev_key = key
+        ot = timer.analyse(k, op, group_seen)
+        ops.append(ot)
+        for core, (m, c) in ot.per_core.items():
+            if 0 <= core < hw.cores:
+                core_busy[core] += max(m, c)
+        if key is not None:
+            ot.fused_group = group_id
+            group_members.append(ot)
+            continue
+        body_us = getattr(ot, "_body_ns", 0.0) / 1e3
+        ot.start_us = clock
+        clock += body_us + ot.ring_us + ot.overhead_us
+        ot.end_us = clock
+    close_group()
+    for o in ops:
+        if hasattr(o, "_body_ns"):
+            delattr(o, "_body_ns")
+
+    return TimingReport(
+        total_us=clock, ops=ops, core_busy_us=core_busy,
+        hbm_read_bytes=sum(o.hbm_read_bytes for o in ops),
+        hbm_write_bytes=sum(o.hbm_write_bytes for o in ops),
+        lx_bytes=sum(o.lx_bytes for o in ops), ring_bytes=sum(o.ring_bytes for o in ops),
+        hardware=hw.name, hardware_digest=hw.digest)
