@@ -1,0 +1,162 @@
+"""One graph region that sticksat compiles and runs, and the seam for how it does so.
+
+    executable = compile_region(doc, options)      # doc: graph document (dict)
+    region = CompiledRegion(doc, executable, returns_tuple=True)
+    outputs = region.run(torch_args)               # torch in, torch out
+
+`compile_region` is the seam: today it validates and lowers the document in process and
+runs the lowered primitive graph on lowering's numpy reference interpreter. The
+simulator (run the planned SuperDSC program) and the HTTP service (POST the document to
+STICKSAT_URL) replace what it returns; anything with `run(inputs_by_id) -> arrays` and
+an optional `last_latency_us` fits.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from backend.options import BackendOptions
+from lowering.graph_format import GraphDocument
+from lowering.validate import parse_document, validate_document
+
+log = logging.getLogger("sticksat")
+
+_TORCH_DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
+    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+class Executable(Protocol):
+    """A compiled region: graph-input id -> array in, graph outputs (document order) out."""
+
+    def run(self, inputs_by_id: dict[str, np.ndarray]) -> Sequence[np.ndarray]: ...
+
+
+@dataclass
+class InterpreterExecutable:
+    """Runs the lowered primitive graph on lowering's numpy reference interpreter."""
+
+    prim_graph: Any
+    executor: str = "interpreter"
+    last_latency_us: Optional[float] = None  # the interpreter does not model time
+
+    def run(self, inputs_by_id: dict[str, np.ndarray]) -> Sequence[np.ndarray]:
+        from lowering.interpreter import interpret
+
+        return interpret(self.prim_graph, inputs_by_id)
+
+
+def compile_region(doc: dict, options: BackendOptions) -> Executable:
+    """Validate and lower one region's document and return how to run it."""
+    document = parse_document(doc)
+    validate_document(document)
+    from lowering import lower_document
+
+    return InterpreterExecutable(lower_document(document))
+
+
+@dataclass
+class RunInfo:
+    """What the last region run did (for the demo and tests; H3 adds simulated time)."""
+
+    graph_hash: str
+    executor: str
+    wall_seconds: float
+    latency_us: Optional[float] = None
+
+
+_last_run: list[RunInfo] = []
+
+
+def last_run_info() -> Optional[RunInfo]:
+    return _last_run[-1] if _last_run else None
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16
+        t = t.float()
+    return t.contiguous().numpy()
+
+
+def to_torch(array: np.ndarray, meta: dict) -> torch.Tensor:
+    """The region's output as a tensor with the shape, dtype and (where it is a dense
+    layout) strides the traced graph promised: AOTAutograd regenerates output views
+    from their base with as_strided, which reads the base's memory layout."""
+    dtype = _TORCH_DTYPES[meta["dtype"]]
+    shape = tuple(meta["shape"])
+    value = torch.from_numpy(np.ascontiguousarray(array))
+    if tuple(value.shape) != shape:
+        if value.numel() != int(np.prod(shape, dtype=np.int64)):
+            raise RuntimeError(f"sticksat region returned shape {tuple(value.shape)}, expected {shape}")
+        value = value.reshape(shape)
+    value = value.to(dtype)
+    stride = tuple(meta["stride"])
+    if stride != value.stride() and _dense(shape, stride):
+        out = torch.empty_strided(shape, stride, dtype=dtype)
+        out.copy_(value)
+        return out
+    return value
+
+
+def _dense(shape: tuple, stride: tuple) -> bool:
+    """True when (shape, stride) is a permutation of a contiguous layout."""
+    dims = sorted((s, n) for s, n in zip(stride, shape) if n != 1)
+    expected = 1
+    for s, n in dims:
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
+@dataclass
+class CompiledRegion:
+    """A region's document plus its executable, callable with torch tensors."""
+
+    doc: dict
+    executable: Executable
+    # The traced region returned a tuple (vs a single tensor): keep that structure.
+    returns_tuple: bool = True
+    graph_hash: str = field(init=False)
+
+    def __post_init__(self):
+        document = GraphDocument.model_validate(self.doc)
+        self.graph_hash = document.graph_hash()
+        self._input_ids = [i.id for i in document.inputs]
+        self._output_metas = []
+        metas = {i.id: [i.meta] for i in document.inputs}
+        metas.update({n.id: n.outputs for n in document.nodes})
+        for ref in document.outputs:
+            self._output_metas.append(metas[ref.node][ref.output].model_dump(mode="json"))
+
+    def run(self, args: Sequence[torch.Tensor]) -> Any:
+        if len(args) != len(self._input_ids):
+            raise RuntimeError(f"region expects {len(self._input_ids)} inputs, got {len(args)}")
+        inputs = {i: to_numpy(a) for i, a in zip(self._input_ids, args)}
+        start = time.perf_counter()
+        arrays = self.executable.run(inputs)
+        _last_run[:] = [RunInfo(self.graph_hash, getattr(self.executable, "executor", type(self.executable).__name__),
+                                time.perf_counter() - start, getattr(self.executable, "last_latency_us", None))]
+        if len(arrays) != len(self._output_metas):
+            raise RuntimeError(f"region returned {len(arrays)} outputs, expected {len(self._output_metas)}")
+        outputs = tuple(to_torch(a, m) for a, m in zip(arrays, self._output_metas))
+        return outputs if self.returns_tuple else outputs[0]
+
+
+class RegionModule(torch.nn.Module):
+    """A CompiledRegion in place of a fused FX submodule (partitioned graphs)."""
+
+    def __init__(self, region: CompiledRegion):
+        super().__init__()
+        self.region = region
+
+    def forward(self, *args):
+        return self.region.run(args)
