@@ -202,8 +202,12 @@ def split_granules(op: PrimOp, input_sticks: Sequence[Optional[int]], output_sti
     gran: dict[int, int] = {}
     accesses = list(op.inputs) + [op.output]
     sticks = list(input_sticks) + [output_stick]
-    for acc, st, dt in zip(accesses, sticks, dtypes):
+    for n, (acc, st, dt) in enumerate(zip(accesses, sticks, dtypes)):
         if st is None or st == ANY or st >= len(acc.dims):
+            continue
+        if n < len(op.inputs) and op.body.kind == "copy":
+            continue  # copy inputs are read whole through their strided maps
+        if n == 0 and op.body.kind == "gather" and st == op.body.axis:
             continue
         it = acc.dims[st]
         if it is None:

@@ -1,0 +1,135 @@
+"""Plan decisions -> program (solver/emit.py) and the naive planner."""
+import numpy as np
+import pytest
+
+from lowering.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimOp, PrimTensor
+from lowering.version import COMPILER_VERSION
+from simulator.hardware import load_target
+from simulator.superdsc import HbmMemory, LxMemory, Program
+from simulator.validate import external_tensors, validate_program
+from solver.emit import EmitError, emit_program
+from solver.naive import plan_naive
+from solver.plan import OpPlan, PlanDecisions, Residency, restick_id
+from solver.planners import plan
+from tests.primgraphs import ALL, attention_scores, copies, softmax
+
+HW = load_target()
+
+
+def _two_consumers():
+    pg, _ = attention_scores(B=2, S=128, D=64)
+    pg.tensors["q2"] = PrimTensor("q2", (2, 128, 64), "float16", "user_input")
+    pg.tensors["s2"] = PrimTensor("s2", (2, 128, 128), "float16")
+    pg.ops.append(PrimOp("qk2", pg.ops[0].iter_dims, (Access("q2", (0, 1, 3)), Access("k", (0, 2, 3))),
+                         Access("s2", (0, 1, 2)), MatmulBody(1, 2, 3)))
+    pg.inputs.append("q2")
+    pg.outputs.append("s2")
+    return pg
+
+
+def test_one_restickify_shared_by_all_consumers():
+    pg = _two_consumers()
+    prog = plan(pg, HW)
+    rest = [o for o in prog.ops if o.kind == "restickify"]
+    assert len(rest) == 1 and rest[0].src == "k" and rest[0].dst == restick_id("k", 1)
+    readers = [o.id for o in prog.ops if o.prim and any(a["tensor"] == restick_id("k", 1)
+                                                         for a in o.prim["inputs"])]
+    assert readers == ["qk", "qk2"]
+    assert [o.id for o in prog.ops].index(rest[0].id) < [o.id for o in prog.ops].index("qk")
+    t = prog.tensor_map()[restick_id("k", 1)]
+    assert t.layout.dim_order == [0, 2, 1] and t.layout.device_size == [2, 64, 128]
+
+
+def test_naive_plan_valid_for_every_hand_graph():
+    for name, build in ALL.items():
+        pg, _ = build()
+        prog = plan(pg, HW, "naive")
+        assert validate_program(prog, HW) == []
+        assert prog.stats.planner == "naive"
+        assert prog.stats.hardware_digest == HW.digest and prog.stats.compiler_version == COMPILER_VERSION
+        for t in prog.tensors:
+            assert isinstance(t.memory, HbmMemory)
+            assert t.memory.offset % HW.stick_bytes == 0
+        # outermost parallel dim split evenly as far as the cores allow
+        for o in prog.ops:
+            assert o.num_cores_used == len(o.core_slices) >= 1
+
+
+def test_resident_chain_gets_lx_live_ranges_and_relayout():
+    pg, _ = softmax(M=64, N=256)
+    d = plan_naive(pg, HW)
+    for op_id in ("amax", "sub", "exp", "sum", "div"):
+        d.ops[op_id].core_split = {"m": 32}
+    base = 0
+    for t in ("mx", "sh", "ex", "sm"):
+        d.resident[t] = Residency(lx_address=base)
+        base += 8192
+    prog = emit_program(pg, HW, d)
+    assert validate_program(prog, HW) == []
+    tm = prog.tensor_map()
+    ex = tm["ex"].memory
+    order = [o.id for o in prog.ops]
+    assert isinstance(ex, LxMemory) and ex.live_from == order.index("exp") and ex.live_to == order.index("div")
+    # per core: 2 rows x 256 fp16 = 1024 bytes
+    assert ex.size_per_core == 1024
+    assert isinstance(tm["x"].memory, HbmMemory) and isinstance(tm["p"].memory, HbmMemory)
+    assert len({o.bundle for o in prog.ops}) == 1
+
+
+def test_bundles_respect_the_external_tensor_limit():
+    n = 12
+    tensors = {"t0": PrimTensor("t0", (64, 64), "float16", "user_input")}
+    ops = []
+    for i in range(n):
+        tensors[f"t{i + 1}"] = PrimTensor(f"t{i + 1}", (64, 64), "float16")
+        ops.append(PrimOp(f"e{i}", (IterDim("m", 64), IterDim("n", 64)), (Access(f"t{i}", (0, 1)),),
+                          Access(f"t{i + 1}", (0, 1)), PointwiseBody(Call("exp", (In(0),)))))
+    from lowering.primitives import PrimGraph
+    pg = PrimGraph("chain", tensors, ops, ["t0"], [f"t{n}"])
+    prog = plan(pg, HW)
+    assert len(prog.bundles) > 1
+    for b in prog.bundles:
+        assert len(b.external_tensors) <= HW.bundle_tensor_limit
+        assert set(b.external_tensors) == external_tensors(prog, b.ops)
+    # residency forbids a cut: keep t3..t5 in LX, the cut must not fall between e2 and e5
+    d = plan_naive(pg, HW)
+    d.resident["t3"] = Residency(0)
+    d.resident["t4"] = Residency(4096)
+    prog = emit_program(pg, HW, d)
+    assert validate_program(prog, HW) == []
+    b = {o.id: o.bundle for o in prog.ops}
+    assert b["e2"] == b["e3"] == b["e4"]
+
+
+def test_alias_copy_shares_bytes():
+    pg, _ = copies()
+    d = plan_naive(pg, HW)
+    d.ops["reshape"].alias = True
+    prog = emit_program(pg, HW, d)
+    assert validate_program(prog, HW) == []
+    tm = prog.tensor_map()
+    assert tm["r"].memory.alias_of == "x" and tm["r"].memory.offset == tm["x"].memory.offset
+    assert prog.ops[0].alias and prog.ops[0].ex_unit == "dma"
+    d.ops["transpose"].alias = True
+    with pytest.raises(EmitError):
+        emit_program(pg, HW, d)
+
+
+def test_explicit_core_slices_and_bundle_starts():
+    pg, _ = softmax(M=64, N=256)
+    d = plan_naive(pg, HW)
+    d.ops["exp"] = OpPlan(core_split={"m": 4}, core_slices=[(3, {"m": 0}), (2, {"m": 1}), (1, {"m": 2}),
+                                                             (0, {"m": 3})])
+    d.bundle_starts = ["exp"]
+    prog = emit_program(pg, HW, d)
+    assert validate_program(prog, HW) == []
+    exp = next(o for o in prog.ops if o.id == "exp")
+    assert [c.core for c in exp.core_slices] == [3, 2, 1, 0] and exp.num_cores_used == 4
+    assert exp.bundle == 1 and prog.ops[0].bundle == 0
+
+
+def test_program_json_roundtrip():
+    pg, _ = attention_scores()
+    prog = plan(pg, HW)
+    again = Program.from_json(prog.to_json())
+    assert again == prog and validate_program(again, HW) == []
