@@ -531,10 +531,14 @@ async def _simulate(state: ServiceState, body: SimulateRequest) -> dict[str, Any
     except PoolNotReady as exc:
         raise ProblemError(503, "not_ready", str(exc), headers={"Retry-After": "1"}) from None
     try:
-        return await wait(future, state.config.default_deadline_s)
+        result = await wait(future, state.config.default_deadline_s)
     except asyncio.TimeoutError:
         raise ProblemError(504, "deadline_exceeded",
                            f"simulation did not finish within {state.config.default_deadline_s:g} s") from None
+    if result.get("graph_error"):
+        err = result["errors"][0]
+        raise ProblemError(422, err.get("code", "invalid_graph"), err.get("message", ""), node=err.get("node"))
+    return result
 
 
 def config_from_env() -> ServiceConfig:

@@ -306,37 +306,33 @@ class SimulateJob:
 
 def simulate_job(job: SimulateJob) -> dict[str, Any]:
     """Validate and time a program (optionally check numerics against the graph and
-    export a trace). Returns a JSON-ready dict; program schema errors are findings."""
-    from pydantic import ValidationError
+    export a trace). Returns the simulator's JSON result, plus `trace` when asked for."""
+    import os
+    import tempfile
 
     from simulator.api import simulate
-    from simulator.superdsc import Program
 
     started = time.time()
-    try:
-        program = Program.from_json(job.program)
-    except ValidationError as exc:
-        return {"valid": False, "errors": [{"code": "schema", "message": str(e.get("msg")),
-                                            "path": list(e.get("loc", ()))} for e in exc.errors()[:50]],
-                "seconds": time.time() - started}
     hw = load_hardware(job.target)
     graph = GraphDocument.from_json(job.graph) if job.graph else None
-    result = simulate(program, hw=hw, graph=graph, numerics=job.numerics, trace=job.trace)
-    out = result.to_dict() if hasattr(result, "to_dict") else dict(vars(result))
+    trace_path = None
+    try:
+        if job.trace:
+            fd, trace_path = tempfile.mkstemp(prefix="sticksat-trace-", suffix=".json")
+            os.close(fd)
+        try:
+            result = simulate(job.program, hw=hw, graph=graph, numerics=job.numerics, trace=trace_path)
+        except GraphError as exc:  # the graph given for the reference does not lower
+            return {"valid": False, "errors": [exc.to_dict()], "graph_error": True}
+        out = result.to_json()
+        if trace_path is not None and result.valid and os.path.getsize(trace_path) > 0:
+            with open(trace_path) as f:
+                out["trace"] = json.load(f)
+    finally:
+        if trace_path is not None:
+            os.unlink(trace_path)
     out["seconds"] = time.time() - started
-    return json.loads(json.dumps(out, default=_jsonable))
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if hasattr(value, "__dataclass_fields__"):
-        return asdict(value)
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
+    return out
 
 
 def warm_worker(target: str = "spyre") -> float:

@@ -15,6 +15,7 @@ import pytest
 
 from backend.remote import RemoteOptions, ServiceUnavailable, compile_remote
 from lowering.errors import GraphError
+from lowering.graph_format import GraphDocument
 from service_helpers import ServiceProcess, chain_graph, free_port
 
 PROBLEM = "application/problem+json"
@@ -91,7 +92,7 @@ def test_compile_cache_hit_and_store_endpoints(server):
     stored = httpx.get(f"{server.url}/programs/{body['key']}").json()
     assert stored["program"] == program and stored["current"] is True and stored["complete"] is True
     graph_entry = httpx.get(f"{server.url}/graphs/{body['graph_hash']}").json()
-    assert graph_entry["document"]["nodes"] == graph["nodes"]
+    assert GraphDocument.model_validate(graph_entry["document"]).graph_hash() == body["graph_hash"]
     assert body["key"] in {p["key"] for p in graph_entry["programs"]}
     _assert_problem(httpx.get(f"{server.url}/programs/{'0' * 64}"), 404, "not_found")
     _assert_problem(httpx.get(f"{server.url}/programs/not-a-key"), 422, "schema")
