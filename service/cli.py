@@ -12,6 +12,7 @@ COMMANDS: dict[str, str] = {
     "serve": "service.commands.serve",
     "compile": "service.commands.compile",
     "simulate": "service.commands.simulate",
+    "bench": "service.commands.bench",
 }
 
 
