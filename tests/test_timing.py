@@ -1,0 +1,277 @@
+"""Timing model and trace: each device-measured effect shows, in the direction and size the
+hardware file says, on small programs built through the emitter and checked by the validator."""
+import json
+
+import pytest
+
+from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
+                                 PrimOp, PrimTensor, ReduceBody)
+from simulator.geometry import make_layout
+from simulator.hardware import TARGETS_DIR, hardware_from_dict, load_target
+from simulator.timing import time_program
+from simulator.trace import trace_document, write_trace
+from simulator.validate import validate_program
+from solver.emit import emit_program
+from solver.plan import OpPlan, PlanDecisions, Residency
+
+HW = load_target()
+F16 = "float16"
+
+
+def _program(pg, decisions, hw=HW):
+    program = emit_program(pg, hw, decisions)
+    issues = validate_program(program, hw)
+    assert not issues, [(i.code, i.message) for i in issues]
+    return program
+
+
+def _plan(splits=None, tiles=None, resident=None):
+    d = PlanDecisions(planner="test")
+    for op_id, s in (splits or {}).items():
+        d.op(op_id).core_split = dict(s)
+    for op_id, t in (tiles or {}).items():
+        d.op(op_id).temporal_tiles = dict(t)
+    addr = 0
+    for t, size in (resident or {}).items():
+        d.resident[t] = Residency(lx_address=addr)
+        addr += size
+    return d
+
+
+def unary_chain(rows, cols, n_ops=1, fn="neg"):
+    """x -> t1 -> ... -> tn, elementwise."""
+    t = {"x": PrimTensor("x", (rows, cols), F16, "user_input")}
+    ops, prev = [], "x"
+    for i in range(1, n_ops + 1):
+        name = f"t{i}"
+        t[name] = PrimTensor(name, (rows, cols), F16)
+        ops.append(PrimOp(f"op{i}", (IterDim("r", rows), IterDim("c", cols)), (Access(prev, (0, 1)),),
+                          Access(name, (0, 1)), PointwiseBody(Call(fn, (In(0),)))))
+        prev = name
+    return PrimGraph("chain", t, ops, ["x"], [prev])
+
+
+def add_bcast(rows, cols):
+    t = {"x": PrimTensor("x", (rows, cols), F16, "user_input"), "b": PrimTensor("b", (1, cols), F16, "parameter"),
+         "y": PrimTensor("y", (rows, cols), F16)}
+    op = PrimOp("add", (IterDim("r", rows), IterDim("c", cols)), (Access("x", (0, 1)), Access("b", (None, 1))),
+                Access("y", (0, 1)), PointwiseBody(Call("add", (In(0), In(1)))))
+    return PrimGraph("addb", t, [op], ["x", "b"], ["y"])
+
+
+def row_sum(rows, cols):
+    t = {"x": PrimTensor("x", (rows, cols), F16, "user_input"), "s": PrimTensor("s", (rows, 1), F16)}
+    op = PrimOp("sum", (IterDim("r", rows), IterDim("c", cols, "reduction")), (Access("x", (0, 1)),),
+                Access("s", (0, None)), ReduceBody("sum"))
+    return PrimGraph("rowsum", t, [op], ["x"], ["s"])
+
+
+def matmul(m, k, n, batch=None):
+    if batch is None:
+        t = {"x": PrimTensor("x", (m, k), F16, "user_input"), "w": PrimTensor("w", (k, n), F16, "parameter"),
+             "y": PrimTensor("y", (m, n), F16)}
+        op = PrimOp("mm", (IterDim("m", m), IterDim("n", n), IterDim("k", k, "reduction")),
+                    (Access("x", (0, 2)), Access("w", (2, 1))), Access("y", (0, 1)), MatmulBody(0, 1, 2))
+        return PrimGraph("mm", t, [op], ["x", "w"], ["y"])
+    t = {"x": PrimTensor("x", (batch, m, k), F16, "user_input"), "w": PrimTensor("w", (batch, k, n), F16, "user_input"),
+         "y": PrimTensor("y", (batch, m, n), F16)}
+    op = PrimOp("bmm", (IterDim("b", batch), IterDim("m", m), IterDim("n", n), IterDim("k", k, "reduction")),
+                (Access("x", (0, 1, 3)), Access("w", (0, 3, 2))), Access("y", (0, 1, 2)), MatmulBody(1, 2, 3))
+    return PrimGraph("bmm", t, [op], ["x", "w"], ["y"])
+
+
+def test_shared_bus_one_way_balanced_and_turnaround():
+    pg = unary_chain(4096, 1024)
+    nbytes = 4096 * 1024 * 2
+    many = time_program(_program(pg, _plan({"op1": {"r": 32}})), HW)
+    # 32 cores, read + write balanced: the measured ~105 GB/s effective
+    assert 2 * nbytes / (many.total_us * 1e3) == pytest.approx(HW.dram_balanced_gbps, rel=0.02)
+    assert many.hbm_read_bytes == nbytes and many.hbm_write_bytes == nbytes
+    # one core bursts reads and writes: no turnaround (hardware-file assumption)
+    one = time_program(_program(pg, _plan({"op1": {}})), HW)
+    assert 2 * nbytes / (one.total_us * 1e3) == pytest.approx(HW.dram_oneway_gbps, rel=0.02)
+
+
+def test_lx_resident_intermediate_moves_no_device_memory_bytes():
+    pg = unary_chain(1024, 1024, n_ops=2)
+    split = {"op1": {"r": 32}, "op2": {"r": 32}}
+    hbm = time_program(_program(pg, _plan(split)), HW)
+    lx = time_program(_program(pg, _plan(split, resident={"t1": 1024 * 1024 * 2 // 32})), HW)
+    per = 1024 * 1024 * 2
+    assert hbm.hbm_bytes == 4 * per
+    assert lx.hbm_bytes == 2 * per  # graph input read once, graph output written once
+    assert lx.op("op1").hbm_write_bytes == 0 and lx.op("op2").hbm_read_bytes == 0
+    assert lx.lx_bytes == 2 * per
+    assert lx.total_us < 0.75 * hbm.total_us
+
+
+def test_broadcast_operand_loaded_once_not_per_core():
+    rows, cols = 4096, 2048
+    rep = time_program(_program(add_bcast(rows, cols), _plan({"add": {"r": 32}})), HW)
+    op = rep.op("add")
+    assert op.hbm_read_bytes == rows * cols * 2 + cols * 2
+    assert "broadcast-operand op" in op.effects
+    # the measured broadcast-op rate, not the balanced 105 GB/s
+    moved = op.hbm_read_bytes + op.hbm_write_bytes
+    assert moved / (rep.total_us * 1e3) == pytest.approx(HW.broadcast_op_gbps, rel=0.02)
+
+
+def test_replicated_matmul_operand_loads_at_per_core_ceiling():
+    m, k, n = 64, 4096, 8192
+    by_n = time_program(_program(matmul(m, k, n), _plan({"mm": {"n": 32}})), HW)
+    by_m = time_program(_program(matmul(m, k, n), _plan({"mm": {"m": 2}})), HW)
+    # N split: x (m*k) is replicated to all 32 cores, each at the per-core ceiling
+    op = by_n.op("mm")
+    assert any(e.startswith("replicated x32: x") for e in op.effects)
+    assert op.hbm_read_bytes == 32 * m * k * 2 + k * n * 2
+    x_ns = m * k * 2 / HW.mm_replicated_read_gbps_per_core + HW.mm_replicated_read_fixed_us * 1e3
+    assert op.memory_us * 1e3 >= x_ns
+    # M split 2: the whole weight is replicated to 2 cores, each loading 64 MB at 2.3 GB/s
+    assert by_m.total_us > 10 * by_n.total_us
+    assert by_m.op("mm").bound_by == "replicated_load"
+
+
+def test_reduction_read_rate_follows_rows_curve():
+    few = time_program(_program(row_sum(512, 8192), _plan({"sum": {"r": 32}})), HW)
+    many = time_program(_program(row_sum(65536, 64), _plan({"sum": {"r": 32}})), HW)
+    rate_few = few.hbm_read_bytes / (few.op("sum").memory_us * 1e3)
+    rate_many = many.hbm_read_bytes / (many.op("sum").memory_us * 1e3)
+    assert rate_few > rate_many
+    assert rate_many < HW.reduction_read_curve.gbps(1000)
+
+
+def test_cross_row_reduction_rate():
+    rows, cols = 4096, 1024
+    t = {"x": PrimTensor("x", (rows, cols), F16, "user_input"), "s": PrimTensor("s", (1, cols), F16)}
+    op = PrimOp("colsum", (IterDim("c", cols), IterDim("r", rows, "reduction")), (Access("x", (1, 0)),),
+                Access("s", (None, 0)), ReduceBody("sum"))
+    pg = PrimGraph("colsum", t, [op], ["x"], ["s"])
+    rep = time_program(_program(pg, _plan({"colsum": {"c": 16}})), HW)
+    assert "cross-row reduction" in rep.op("colsum").effects
+    assert rep.hbm_read_bytes / (rep.op("colsum").memory_us * 1e3) < HW.cross_row_reduction_gbps
+
+
+def test_default_layout_bmm_runs_slower_than_batch_outer():
+    pg = matmul(512, 512, 512, batch=32)
+    outer = _program(pg, _plan({"bmm": {"b": 32}}))
+    default = _program(pg, _plan({"bmm": {"b": 32}}))
+    for td in default.tensors:  # batch dim just inside the stick
+        st = td.layout.stick_dim
+        td.layout = make_layout(td.shape, td.dtype, st, HW.stick_bytes, [d for d in (1, 2) if d != st] + [0, st])
+    assert not validate_program(default, HW)
+    r_outer, r_default = time_program(outer, HW), time_program(default, HW)
+    assert "bmm batch_outer" in r_outer.op("bmm").effects
+    assert "bmm default_bmm" in r_default.op("bmm").effects
+    macs = 32 * 512 * 512 * 512
+    assert r_default.op("bmm").compute_us * 1e3 == pytest.approx(macs / 32 / HW.pt_default_layout_bmm_mac_per_ns_per_core, rel=0.01)
+    assert r_outer.op("bmm").compute_us * 1e3 == pytest.approx(macs / 32 / HW.pt_batch_outer_bmm_mac_per_ns_per_core, rel=0.01)
+    assert r_default.total_us > 1.5 * r_outer.total_us
+
+
+def test_short_m_slices_derate_the_pt_array():
+    full = time_program(_program(matmul(2048, 4096, 4096), _plan({"mm": {}})), HW).op("mm")
+    short = time_program(_program(matmul(8, 4096, 4096), _plan({"mm": {}})), HW).op("mm")
+    rate_full = full.macs / (full.compute_us * 1e3)
+    rate_short = short.macs / (short.compute_us * 1e3)
+    assert rate_full == pytest.approx(HW.pt_sustained_mac_per_ns_per_core, rel=0.01)
+    assert rate_short == pytest.approx(rate_full * HW.pt_pass_efficiency(8), rel=0.01)
+
+
+def test_temporal_tiles_pay_loop_overhead_and_double_buffer_when_room():
+    pg = unary_chain(2048, 1024)
+    base = time_program(_program(pg, _plan({"op1": {"r": 32}})), HW)
+    tiled = time_program(_program(pg, _plan({"op1": {"r": 32}}, tiles={"op1": {"r": 8}})), HW)
+    op = tiled.op("op1")
+    assert op.temporal_tiles == 8 and op.double_buffered
+    assert op.overhead_us == pytest.approx(8 * HW.loop_overhead_us)
+    assert tiled.total_us > base.total_us + 8 * HW.loop_overhead_us * 0.99
+
+
+def test_no_double_buffering_when_lx_is_full():
+    rows, cols = 2048, 12288
+    pg = unary_chain(rows, cols, n_ops=2)
+    per_core = rows * cols * 2 // 32  # 1.5 MB: t1 resident nearly fills the 1.55 MB capacity
+    split = {"op1": {"r": 32}, "op2": {"r": 32}}
+    tiles = {"op2": {"r": 4}}
+    roomy = time_program(_program(pg, _plan(split, tiles=tiles)), HW).op("op2")
+    full = time_program(_program(pg, _plan(split, tiles=tiles, resident={"t1": per_core})), HW).op("op2")
+    assert roomy.double_buffered
+    # op2 still streams t2 out in 4 tiles of 384 KB: two of them no longer fit beside t1
+    assert not full.double_buffered and "no double buffering" in full.effects
+    assert full.end_us - full.start_us == pytest.approx(full.memory_us + full.compute_us + full.overhead_us)
+
+
+def test_small_tiles_underfill_and_big_tiles_spill():
+    small = time_program(_program(unary_chain(64, 128), _plan({"op1": {"r": 32}})), HW).op("op1")
+    assert any(e.startswith("underfill") for e in small.effects)
+    big = time_program(_program(unary_chain(64, 65536), _plan({"op1": {"r": 2}}, tiles={"op1": {"r": 2}})), HW).op("op1")
+    assert any(e.startswith("spill") for e in big.effects)
+
+
+def test_split_reduction_combines_over_the_ring():
+    pg = matmul(256, 8192, 256)
+    rep = time_program(_program(pg, _plan({"mm": {"k": 4, "n": 4}})), HW)
+    op = rep.op("mm")
+    assert op.ring_us > 0 and op.ring_bytes > 0
+    assert any("ring combine x4" in e for e in op.effects)
+
+
+def test_restickify_through_device_memory():
+    rows, cols = 1024, 1024
+    t = {"x": PrimTensor("x", (rows, cols), F16, "user_input"), "w": PrimTensor("w", (rows, cols), F16, "parameter"),
+         "y": PrimTensor("y", (rows, cols), F16)}
+    # y = x @ w with w given sticked on its first dim: the emitter must restickify it
+    op = PrimOp("mm", (IterDim("m", rows), IterDim("n", cols), IterDim("k", rows, "reduction")),
+                (Access("x", (0, 2)), Access("w", (2, 1))), Access("y", (0, 1)), MatmulBody(0, 1, 2))
+    pg = PrimGraph("r", t, [op], ["x", "w"], ["y"])
+    d = _plan({"mm": {"m": 32}})
+    d.input_sticks["w"] = 0
+    rep = time_program(_program(pg, d), HW)
+    re = [o for o in rep.ops if o.kind == "restickify"]
+    assert len(re) == 1 and "restickify" in re[0].effects
+    moved = re[0].hbm_read_bytes + re[0].hbm_write_bytes
+    assert moved / (re[0].memory_us * 1e3) == pytest.approx(HW.restickify_gbps, rel=0.05)
+
+
+def test_ops_run_back_to_back_with_barriers_and_core_busy_time():
+    pg = unary_chain(1024, 1024, n_ops=3)
+    rep = time_program(_program(pg, _plan({"op1": {"r": 32}, "op2": {"r": 8}, "op3": {"r": 32}})), HW)
+    for a, b in zip(rep.ops, rep.ops[1:]):
+        assert b.start_us == pytest.approx(a.end_us)
+    assert rep.total_us == pytest.approx(rep.ops[-1].end_us)
+    assert rep.op("op2").cores == 8
+    assert rep.core_busy_us[0] > rep.core_busy_us[31] > 0  # core 0..7 also ran op2
+
+
+def test_rates_come_from_the_hardware_file():
+    doc = json.loads((TARGETS_DIR / "spyre.json").read_text())
+    doc["name"] = "spyre_slowbus"
+    for key in ("dram_oneway_gbps", "dram_balanced_gbps"):
+        doc["params"][key]["value"] /= 2
+    doc["params"]["dram_turnaround_ns_per_byte"]["value"] *= 2
+    slow_hw = hardware_from_dict(doc)
+    pg = unary_chain(4096, 1024)
+    fast = time_program(_program(pg, _plan({"op1": {"r": 32}})), HW)
+    slow_prog = emit_program(pg, slow_hw, _plan({"op1": {"r": 32}}))
+    slow = time_program(slow_prog, slow_hw)
+    assert slow.total_us == pytest.approx(2 * fast.total_us, rel=0.01)
+    assert slow.hardware_digest == slow_hw.digest != fast.hardware_digest
+
+
+def test_trace_is_a_loadable_chrome_trace(tmp_path):
+    pg = unary_chain(1024, 1024, n_ops=2)
+    rep = time_program(_program(pg, _plan({"op1": {"r": 32}, "op2": {"r": 32}})), HW)
+    path = write_trace(rep, tmp_path / "t.json")
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    xs = [e for e in events if e["ph"] == "X"]
+    assert xs and all({"pid", "tid", "ts", "dur", "name"} <= set(e) for e in xs)
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"program", "device memory", "core 0", "core 31"} <= names
+    ops_track = [e for e in xs if e["pid"] == 0 and e["tid"] == 0]
+    assert [e["name"] for e in ops_track] == ["op1", "op2"]
+    assert ops_track[1]["ts"] == pytest.approx(ops_track[0]["ts"] + ops_track[0]["dur"])
+    # per-core SFP work on every core that ran the op
+    sfp = [e for e in xs if e["tid"] == 1 and e["name"] == "op1"]
+    assert len(sfp) == 32
+    assert trace_document(rep)["otherData"]["total_us"] == rep.total_us
