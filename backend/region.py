@@ -73,10 +73,24 @@ class RunInfo:
 
 
 _last_run: list[RunInfo] = []
+# The regions compiled in this process, newest last (bounded: a long-lived process
+# recompiling many graphs must not keep every document alive).
+_MAX_REMEMBERED = 64
+_compiled: list["CompiledRegion"] = []
 
 
 def last_run_info() -> Optional[RunInfo]:
     return _last_run[-1] if _last_run else None
+
+
+def compiled_regions() -> list["CompiledRegion"]:
+    """Regions compiled so far in this process (at most the last 64), oldest first."""
+    return list(_compiled)
+
+
+def forget_compiled_regions() -> None:
+    _compiled.clear()
+    _last_run.clear()
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -136,6 +150,8 @@ class CompiledRegion:
         metas.update({n.id: n.outputs for n in document.nodes})
         for ref in document.outputs:
             self._output_metas.append(metas[ref.node][ref.output].model_dump(mode="json"))
+        _compiled.append(self)
+        del _compiled[:-_MAX_REMEMBERED]
 
     def run(self, args: Sequence[torch.Tensor]) -> Any:
         if len(args) != len(self._input_ids):
