@@ -138,10 +138,21 @@ class ReduceBody:
 
 @dataclass(frozen=True)
 class GatherBody:
-    """out = table[index] along table dim `axis`; operand 0 is the table, 1 the index."""
+    """out = table[index] along table dim `axis`; operand 0 is the table, 1 the index.
+
+    General (multi-index) form, as aten.index.Tensor needs: operand 1 + j holds the
+    index into table dim `table_axes[j]` (`axis`, then `extra_axes`). The table's Access
+    has None at its gathered axes (the position there comes from the index values,
+    negative values wrap as in torch); every other table dim and every index dim maps
+    to an iteration dim (None for size 1). The iteration dims are the output's."""
 
     axis: int
     kind: Literal["gather"] = "gather"
+    extra_axes: tuple[int, ...] = ()
+
+    @property
+    def table_axes(self) -> tuple[int, ...]:
+        return (self.axis,) + tuple(self.extra_axes)
 
 
 @dataclass(frozen=True)
@@ -275,7 +286,8 @@ def body_to_json(b: Body) -> dict:
                 "start": b.start, "step": b.step}
     if isinstance(b, MatmulBody):
         return {"kind": "matmul", "m": b.m, "n": b.n, "k": b.k}
-    return {"kind": "gather", "axis": b.axis}
+    return {"kind": "gather", "axis": b.axis,
+            **({"extra_axes": list(b.extra_axes)} if b.extra_axes else {})}
 
 
 def body_from_json(d: dict) -> Body:
@@ -295,7 +307,7 @@ def body_from_json(d: dict) -> Body:
     if kind == "matmul":
         return MatmulBody(int(d["m"]), int(d["n"]), int(d["k"]))
     if kind == "gather":
-        return GatherBody(int(d["axis"]))
+        return GatherBody(int(d["axis"]), extra_axes=tuple(int(a) for a in d.get("extra_axes", ())))
     raise ValueError(f"unknown body kind {kind!r}")
 
 

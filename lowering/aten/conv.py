@@ -1,0 +1,136 @@
+"""Convolution as im2col + matmul (torch-spyre's conv2d_via_bmm shape), max pooling as an
+im2col window + max reduction. Any number of spatial dims; groups=1 only."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from lowering.aten.context import Ctx, NodeArgs, View, expr_fn, numel, register
+from lowering.aten.matmul import emit_matmul
+from lowering.aten.pointwise import emit_pointwise
+from lowering.aten.reductions import emit_reduce
+from lowering.aten.views import pad_view, reshape
+from lowering.primitives import StridedMap
+
+
+class Unavailable:
+    """A node output the lowering does not compute; using it is an error."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+def _spatial(node: NodeArgs, v, n: int, name: str, default: int) -> list[int]:
+    if v is None or (isinstance(v, list) and not v):
+        return [default] * n
+    if isinstance(v, int):
+        return [v] * n
+    v = list(v)
+    if len(v) == 1:
+        return v * n
+    if len(v) != n:
+        raise node.fail("bad_argument", f"{name} {v} for {n} spatial dims")
+    return v
+
+
+def window_view(ctx: Ctx, node: NodeArgs, xp: View, out_sizes: Sequence[int], kernel: Sequence[int],
+                stride: Sequence[int], dilation: Sequence[int], channels_last: bool, out_id: str,
+                pad_value: float = 0.0) -> View:
+    """Materialize the im2col windows of xp [N, C, *S] as [N, *OS, C, *K] (channels_last)
+    or [N, C, *OS, *K]: one copy whose strided map walks the windows."""
+    ns = len(kernel)
+    sp_strides = xp.strides[2:]
+    os_strides = [sp_strides[i] * stride[i] for i in range(ns)]
+    k_strides = [sp_strides[i] * dilation[i] for i in range(ns)]
+    n, c = xp.shape[0], xp.shape[1]
+    if channels_last:
+        shape = [n, *out_sizes, c, *kernel]
+        strides = [xp.strides[0], *os_strides, xp.strides[1], *k_strides]
+    else:
+        shape = [n, c, *out_sizes, *kernel]
+        strides = [xp.strides[0], xp.strides[1], *os_strides, *k_strides]
+    tid = ctx.new_tensor(out_id, shape, xp.dtype)
+    ctx.emit_copy(tid, [(xp.base, StridedMap(tuple(shape), tuple(strides), xp.offset), (0,) * len(shape))],
+                  pad_value, node.id)
+    return ctx.tensor_view(tid, out_id)
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    span = size + 2 * p - d * (k - 1) - 1
+    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1  # the last window must start inside the input or the left padding
+    return out
+
+
+@register("aten.convolution.default")
+def _convolution(ctx: Ctx, node: NodeArgs):
+    x, w, bias = node.arg(0, "input"), node.arg(1, "weight"), node.arg(2, "bias")
+    ns = x.rank - 2
+    if ns < 1 or w.rank != x.rank:
+        raise node.fail("shape_mismatch", f"convolution of {list(x.shape)} with weight {list(w.shape)}")
+    stride = _spatial(node, node.arg(3, "stride"), ns, "stride", 1)
+    padding = _spatial(node, node.arg(4, "padding"), ns, "padding", 0)
+    dilation = _spatial(node, node.arg(5, "dilation"), ns, "dilation", 1)
+    if node.arg(6, "transposed", False):
+        raise node.fail("unsupported_op", "transposed convolution")
+    if node.arg(8, "groups", 1) != 1:
+        raise node.fail("unsupported_op", f"convolution with groups={node.arg(8, 'groups', 1)} (groups=1 only)")
+    N, C = x.shape[:2]
+    O, Cw = w.shape[:2]
+    kernel = list(w.shape[2:])
+    if C != Cw:
+        raise node.fail("shape_mismatch", f"input channels {C} vs weight {list(w.shape)}")
+    out_sizes = [_out_size(x.shape[2 + i], kernel[i], stride[i], padding[i], dilation[i], False) for i in range(ns)]
+    nid = node.id
+    xp = pad_view(ctx, node, x, [0, 0, *padding], [0, 0, *padding], 0.0, f"{nid}.padded")
+    cols = window_view(ctx, node, xp, out_sizes, kernel, stride, dilation, True, f"{nid}.im2col")
+    P, K = numel(out_sizes), C * numel(kernel)
+    cols2 = reshape(ctx, node, cols, [N, P, K], f"{nid}.im2col_rows")
+    # regroup the weight to [O, C*K] first (a layout-free copy), then read it transposed
+    w2 = ctx.ensure_relabel(reshape(ctx, node, w, [O, K], f"{nid}.weight_rows"), nid)
+    w2t = w2.with_(w2.shape[::-1], w2.strides[::-1])
+    mm = emit_matmul(ctx, node, cols2, w2t, x.dtype, f"{nid}.mm")  # [N, P, O]
+    if bias is not None:
+        mm = emit_pointwise(ctx, node, [mm, bias], lambda e: expr_fn("add", e[0], e[1]), x.dtype,
+                            out_shape=mm.shape, out_id=f"{nid}.biased")
+    out = reshape(ctx, node, mm, [N, *out_sizes, O], nid)
+    order = [0, ns + 1, *range(1, ns + 1)]
+    return [out.with_([out.shape[d] for d in order], [out.strides[d] for d in order], name=nid)]
+
+
+def _max_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, dilation, ceil_mode) -> View:
+    ns = len(kernel)
+    if x.rank not in (ns + 1, ns + 2):
+        raise node.fail("shape_mismatch", f"max pool of {list(x.shape)} with kernel {kernel}")
+    unbatched = x.rank == ns + 1
+    if unbatched:
+        x = x.with_((1,) + x.shape, (0,) + x.strides)
+    stride = stride or kernel
+    sizes = x.shape[2:]
+    out_sizes = [_out_size(sizes[i], kernel[i], stride[i], padding[i], dilation[i], ceil_mode) for i in range(ns)]
+    # -inf padding up to where the last window ends (ceil_mode windows may overhang)
+    after = [max(0, (out_sizes[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1 - sizes[i] - padding[i])
+             for i in range(ns)]
+    xp = pad_view(ctx, node, x, [0, 0, *padding], [0, 0, *after], -math.inf, f"{node.id}.padded")
+    win = window_view(ctx, node, xp, out_sizes, kernel, stride, dilation, False, f"{node.id}.windows")
+    red = list(range(2 + ns, 2 + 2 * ns))
+    out = emit_reduce(ctx, node, win, red, False, "max", None, x.dtype, node.id)
+    if unbatched:
+        out = out.with_(out.shape[1:], out.strides[1:])
+    return out
+
+
+@register("prims._low_memory_max_pool_with_offsets.default", "aten.max_pool2d_with_indices.default",
+          "aten.max_pool2d.default")
+def _max_pool_node(ctx: Ctx, node: NodeArgs):
+    x = node.arg(0, "self" if node.target.startswith("aten") else "input")
+    ns = 2
+    kernel = _spatial(node, node.arg(1, "kernel_size"), ns, "kernel_size", 1)
+    stride = _spatial(node, node.arg(2, "stride"), ns, "stride", 0) if node.arg(2, "stride") else kernel
+    padding = _spatial(node, node.arg(3, "padding"), ns, "padding", 0)
+    dilation = _spatial(node, node.arg(4, "dilation"), ns, "dilation", 1)
+    out = _max_pool(ctx, node, x, kernel, stride, padding, dilation, bool(node.arg(5, "ceil_mode", False)))
+    if node.target == "aten.max_pool2d.default":
+        return [out]
+    return [out, Unavailable("max pool offsets/indices are not computed; only the values output is supported")]

@@ -1,0 +1,290 @@
+"""View ops (compose strided views, no PrimOp) and the copies that assemble new tensors
+(cat, constant_pad_nd)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from lowering.aten.context import Ctx, NodeArgs, View, numel, register
+from lowering.primitives import StridedMap
+
+
+def norm_dim(node: NodeArgs, dim: int, rank: int) -> int:
+    r = max(rank, 1)
+    if not -r <= dim < r:
+        raise node.fail("bad_argument", f"dim {dim} out of range for rank {rank}")
+    return dim % r
+
+
+def view_strides(old_shape: Sequence[int], old_strides: Sequence[int],
+                 new_shape: Sequence[int]) -> Optional[tuple[int, ...]]:
+    """Strides that present a strided view with a new shape without moving data, or None
+    when the regrouping is impossible (the same rule as torch's view)."""
+    if numel(old_shape) == 0:
+        return tuple(1 for _ in new_shape)
+    if len(old_shape) == 0:
+        return tuple(1 for _ in new_shape)
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base = old_strides[-1]
+    tensor_numel = 1
+    view_numel = 1
+    for td in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[td]
+        if td == 0 or (old_shape[td - 1] != 1 and old_strides[td - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if td > 0:
+                chunk_base = old_strides[td - 1]
+                tensor_numel = 1
+                view_numel = 1
+    if view_d != -1:
+        return None
+    return tuple(new_strides)
+
+
+def reshape(ctx: Ctx, node: NodeArgs, x: View, shape: Sequence[int], name: str) -> View:
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise node.fail("bad_argument", f"reshape to {shape}: more than one -1")
+    if -1 in shape:
+        known = numel([s for s in shape if s != -1])
+        shape[shape.index(-1)] = numel(x.shape) // known if known else 0
+    if numel(shape) != numel(x.shape):
+        raise node.fail("shape_mismatch", f"cannot reshape {list(x.shape)} to {shape}")
+    strides = view_strides(x.shape, x.strides, shape)
+    if strides is None:
+        # not expressible over x's base: realize x first, then regroup its row-major order
+        x = ctx.materialize(x, node.id)
+        strides = view_strides(x.shape, x.strides, shape)
+        assert strides is not None
+    return x.with_(shape, strides, name=name)
+
+
+@register("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
+def _view(ctx: Ctx, node: NodeArgs):
+    return [reshape(ctx, node, node.arg(0, "self"), node.arg(1, "size"), node.id)]
+
+
+@register("prims.view_of.default")
+def _view_of(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "a")
+    return [x.with_(x.shape, x.strides, name=node.id)]
+
+
+@register("aten.permute.default")
+def _permute(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    dims = [norm_dim(node, d, x.rank) for d in node.arg(1, "dims")]
+    if sorted(dims) != list(range(x.rank)):
+        raise node.fail("bad_argument", f"permute dims {dims} are not a permutation")
+    return [x.with_([x.shape[d] for d in dims], [x.strides[d] for d in dims], name=node.id)]
+
+
+@register("aten.transpose.int")
+def _transpose(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    a, b = norm_dim(node, node.arg(1, "dim0"), x.rank), norm_dim(node, node.arg(2, "dim1"), x.rank)
+    order = list(range(x.rank))
+    order[a], order[b] = order[b], order[a]
+    return [x.with_([x.shape[d] for d in order], [x.strides[d] for d in order], name=node.id)]
+
+
+@register("aten.t.default")
+def _t(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    if x.rank < 2:
+        return [x.with_(x.shape, x.strides, name=node.id)]
+    return [x.with_(x.shape[::-1], x.strides[::-1], name=node.id)]
+
+
+@register("aten.unsqueeze.default")
+def _unsqueeze(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    d = norm_dim(node, node.arg(1, "dim"), x.rank + 1)
+    stride = x.strides[d] * x.shape[d] if d < x.rank else 1
+    return [x.with_(x.shape[:d] + (1,) + x.shape[d:], x.strides[:d] + (stride,) + x.strides[d:], name=node.id)]
+
+
+@register("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default")
+def _squeeze(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    if node.target == "aten.squeeze.default":
+        dims = set(range(x.rank))
+    elif node.target == "aten.squeeze.dim":
+        dims = {norm_dim(node, node.arg(1, "dim"), x.rank)} if x.rank else set()
+    else:
+        dims = {norm_dim(node, d, x.rank) for d in node.arg(1, "dim")} if x.rank else set()
+    keep = [j for j in range(x.rank) if not (j in dims and x.shape[j] == 1)]
+    return [x.with_([x.shape[j] for j in keep], [x.strides[j] for j in keep], name=node.id)]
+
+
+@register("aten.expand.default")
+def _expand(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    sizes = list(node.arg(1, "size"))
+    lead = len(sizes) - x.rank
+    if lead < 0:
+        raise node.fail("bad_argument", f"expand to {sizes}: fewer dims than {list(x.shape)}")
+    shape, strides = [], []
+    for j, s in enumerate(sizes):
+        if j < lead:
+            if s < 0:
+                raise node.fail("bad_argument", f"expand size {s} for a new dim")
+            shape.append(s)
+            strides.append(0)
+            continue
+        old = x.shape[j - lead]
+        if s == -1 or s == old:
+            shape.append(old)
+            strides.append(x.strides[j - lead])
+        elif old == 1:
+            shape.append(s)
+            strides.append(0)
+        else:
+            raise node.fail("shape_mismatch", f"cannot expand {list(x.shape)} to {sizes}")
+    return [x.with_(shape, strides, name=node.id)]
+
+
+def slice_view(node: NodeArgs, x: View, dim: int, start: Optional[int], end: Optional[int], step: int,
+               name: str) -> View:
+    d = norm_dim(node, dim, x.rank)
+    size = x.shape[d]
+    if step <= 0:
+        raise node.fail("bad_argument", f"slice step {step} must be positive")
+    start = 0 if start is None else start
+    end = size if end is None else end
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    length = (end - start + step - 1) // step
+    shape = list(x.shape)
+    strides = list(x.strides)
+    shape[d] = length
+    offset = x.offset + start * x.strides[d]
+    strides[d] = x.strides[d] * step
+    return x.with_(shape, strides, offset=offset, name=name)
+
+
+@register("aten.slice.Tensor")
+def _slice(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    return [slice_view(node, x, node.arg(1, "dim", 0), node.arg(2, "start"), node.arg(3, "end"),
+                       node.arg(4, "step", 1), node.id)]
+
+
+@register("aten.narrow.default")
+def _narrow(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    start, length = node.arg(2, "start"), node.arg(3, "length")
+    return [slice_view(node, x, node.arg(1, "dim"), start, start + length, 1, node.id)]
+
+
+@register("aten.select.int")
+def _select(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    d = norm_dim(node, node.arg(1, "dim"), x.rank)
+    idx = node.arg(2, "index")
+    idx = idx + x.shape[d] if idx < 0 else idx
+    if not 0 <= idx < x.shape[d]:
+        raise node.fail("bad_argument", f"select index {idx} out of range for size {x.shape[d]}")
+    return [x.with_(x.shape[:d] + x.shape[d + 1:], x.strides[:d] + x.strides[d + 1:],
+                    offset=x.offset + idx * x.strides[d], name=node.id)]
+
+
+def _split_sizes(node: NodeArgs, total: int, sizes) -> list[int]:
+    if isinstance(sizes, int):
+        if sizes <= 0:
+            raise node.fail("bad_argument", f"split size {sizes}")
+        out = [sizes] * (total // sizes)
+        if total % sizes or not out:
+            out.append(total % sizes)
+        return out
+    if sum(sizes) != total:
+        raise node.fail("shape_mismatch", f"split sizes {sizes} do not sum to {total}")
+    return list(sizes)
+
+
+@register("aten.split.Tensor", "aten.split_with_sizes.default")
+def _split(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    d = norm_dim(node, node.arg(2, "dim", 0), x.rank)
+    sizes = _split_sizes(node, x.shape[d], node.arg(1, "split_size" if node.target.endswith("Tensor")
+                                                    else "split_sizes"))
+    out, start = [], 0
+    for k, s in enumerate(sizes):
+        out.append(slice_view(node, x, d, start, start + s, 1, f"{node.id}:{k}"))
+        start += s
+    return out
+
+
+@register("aten.unbind.int")
+def _unbind(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    d = norm_dim(node, node.arg(1, "dim", 0), x.rank)
+    return [x.with_(x.shape[:d] + x.shape[d + 1:], x.strides[:d] + x.strides[d + 1:],
+                    offset=x.offset + k * x.strides[d], name=f"{node.id}:{k}") for k in range(x.shape[d])]
+
+
+# -- copies that build new tensors -------------------------------------------------------
+@register("aten.cat.default")
+def _cat(ctx: Ctx, node: NodeArgs):
+    parts: list[View] = [t for t in node.arg(0, "tensors")]
+    # torch's legacy rule: 1-D empty tensors are skipped whatever the other ranks
+    parts = [p for p in parts if not (p.rank == 1 and p.shape[0] == 0)]
+    if not parts:
+        raise node.fail("bad_argument", "cat of no non-empty tensors")
+    rank = parts[0].rank
+    d = norm_dim(node, node.arg(1, "dim", 0), rank)
+    out_dtype = node.out_dtypes[0]
+    shape = list(parts[0].shape)
+    shape[d] = 0
+    pieces = []
+    for p in parts:
+        if p.rank != rank or any(p.shape[j] != shape[j] for j in range(rank) if j != d):
+            raise node.fail("shape_mismatch", f"cat of {[list(q.shape) for q in parts]} along dim {d}")
+        if p.dtype != out_dtype:
+            raise node.fail("unsupported_op", f"cat of mixed dtypes ({p.dtype} into {out_dtype})")
+        if p.shape[d]:
+            offs = tuple(shape[d] if j == d else 0 for j in range(rank))
+            pieces.append((p.base, StridedMap(p.shape, p.strides, p.offset), offs))
+        shape[d] += p.shape[d]
+    tid = ctx.new_tensor(node.id, shape, out_dtype)
+    ctx.emit_copy(tid, pieces, 0.0, node.id)
+    return [ctx.tensor_view(tid, node.id)]
+
+
+@register("aten.constant_pad_nd.default")
+def _constant_pad(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    pad = list(node.arg(1, "pad"))
+    value = float(node.arg(2, "value", 0.0))
+    if len(pad) % 2 or len(pad) // 2 > x.rank:
+        raise node.fail("bad_argument", f"pad {pad} for rank {x.rank}")
+    before = [0] * x.rank
+    after = [0] * x.rank
+    for i in range(len(pad) // 2):
+        d = x.rank - 1 - i
+        before[d], after[d] = pad[2 * i], pad[2 * i + 1]
+    return [pad_view(ctx, node, x, before, after, value, node.id)]
+
+
+def pad_view(ctx: Ctx, node: NodeArgs, x: View, before: Sequence[int], after: Sequence[int], value: float,
+             out_id: str) -> View:
+    """Constant padding as a copy; negative amounts crop (a slice, folded into the map)."""
+    for d in range(x.rank):
+        lo, hi = min(before[d], 0), min(after[d], 0)
+        if lo or hi:
+            x = slice_view(node, x, d, -lo, x.shape[d] + hi, 1, x.name)
+    before = [max(b, 0) for b in before]
+    after = [max(a, 0) for a in after]
+    if not any(before) and not any(after):
+        return x.with_(x.shape, x.strides, name=out_id)
+    shape = [x.shape[d] + before[d] + after[d] for d in range(x.rank)]
+    tid = ctx.new_tensor(out_id, shape, x.dtype)
+    ctx.emit_copy(tid, [(x.base, StridedMap(x.shape, x.strides, x.offset), tuple(before))], value, node.id)
+    return ctx.tensor_view(tid, out_id)

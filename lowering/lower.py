@@ -1,0 +1,115 @@
+"""Entry point: lower a graph interchange document to a PrimGraph.
+
+Walks the document's nodes in order, resolves each argument (tensor refs to the
+producing value's View), calls the op family's lowering, checks every output's shape
+and dtype against the node's declared metadata, then drops ops no graph output needs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from lowering.aten import HANDLERS
+from lowering.aten.context import Ctx, NodeArgs, View
+from lowering.aten.conv import Unavailable
+from lowering.errors import GraphError
+from lowering.graph_format import (
+    BoolArg, DTypeArg, FloatArg, GraphDocument, IntArg, ListArg, NoneArg, StrArg, SymArg, SymSize, TensorMeta,
+    TensorRef,
+)
+from lowering.primitives import PrimGraph
+
+SUPPORTED_TARGETS: frozenset[str] = frozenset(HANDLERS)
+
+
+def node_supported(target: str, args: Any = None, kwargs: Any = None) -> bool:
+    """Whether `target` can be lowered. Argument-dependent limits (conv groups, dropout,
+    boolean mask indexing) are reported by lower_document as unsupported_op with the node."""
+    return target in HANDLERS
+
+
+def _static_shape(meta: TensorMeta, where: str, node: str | None) -> tuple[int, ...]:
+    for s in meta.shape:
+        if isinstance(s, SymSize):
+            raise GraphError("symbolic_size", f"{where} has symbolic size {s.sym!r}; format v1 needs static shapes",
+                             node)
+    return tuple(int(s) for s in meta.shape)
+
+
+def _resolve(arg, values: dict, node_id: str):
+    if isinstance(arg, TensorRef):
+        key = (arg.node, arg.output)
+        if key not in values:
+            raise GraphError("dangling_ref", f"reference to unknown value {arg.node}:{arg.output}", node_id)
+        v = values[key]
+        if isinstance(v, Unavailable):
+            raise GraphError("unsupported_op", f"uses output {arg.output} of {arg.node}: {v.why}", node_id)
+        return v
+    if isinstance(arg, (IntArg, BoolArg, StrArg, DTypeArg)):
+        return arg.value
+    if isinstance(arg, FloatArg):
+        return float(arg.value) if isinstance(arg.value, str) else arg.value
+    if isinstance(arg, NoneArg):
+        return None
+    if isinstance(arg, ListArg):
+        return [_resolve(a, values, node_id) for a in arg.items]
+    if isinstance(arg, SymArg):
+        raise GraphError("symbolic_size", f"symbolic argument {arg.sym!r}; format v1 needs static shapes", node_id)
+    raise GraphError("bad_argument", f"unknown argument {arg!r}", node_id)
+
+
+def lower_document(doc: GraphDocument) -> PrimGraph:
+    ctx = Ctx()
+    values: dict[tuple[str, int], Any] = {}
+    inputs = []
+    for inp in doc.inputs:
+        shape = _static_shape(inp.meta, f"input {inp.id}", inp.id)
+        tid = ctx.new_tensor(inp.id, shape, inp.meta.dtype, role=inp.kind)
+        values[(inp.id, 0)] = ctx.tensor_view(tid)
+        inputs.append(tid)
+    for node in doc.nodes:
+        handler = HANDLERS.get(node.target)
+        if handler is None:
+            raise GraphError("unsupported_op", f"{node.target} has no lowering", node.id)
+        shapes = [_static_shape(m, f"output {k} of {node.id}", node.id) for k, m in enumerate(node.outputs)]
+        na = NodeArgs(node.id, node.target, [_resolve(a, values, node.id) for a in node.args],
+                      {k: _resolve(a, values, node.id) for k, a in node.kwargs.items()},
+                      shapes, [m.dtype for m in node.outputs])
+        try:
+            outs = handler(ctx, na)
+        except GraphError:
+            raise
+        except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError) as e:
+            # malformed arguments reach a lowering as wrong Python types or counts
+            raise GraphError("bad_argument", f"{node.target}: cannot lower these arguments ({e})", node.id) from e
+        if len(outs) != len(node.outputs):
+            raise GraphError("shape_mismatch", f"{node.target} produces {len(outs)} outputs, "
+                             f"the node declares {len(node.outputs)}", node.id)
+        for k, (out, shape, meta) in enumerate(zip(outs, shapes, node.outputs)):
+            if isinstance(out, View):
+                if tuple(out.shape) != shape:
+                    raise GraphError("shape_mismatch", f"output {k} has shape {list(out.shape)}, "
+                                     f"the node declares {list(shape)}", node.id)
+                if out.dtype != meta.dtype:
+                    raise GraphError("dtype_mismatch", f"output {k} has dtype {out.dtype}, "
+                                     f"the node declares {meta.dtype}", node.id)
+            values[(node.id, k)] = out
+    outputs = []
+    for ref in doc.outputs:
+        v = _resolve(ref, values, "")
+        outputs.append(ctx.materialize(v, ref.node).base)
+    return _dead_code_eliminated(PrimGraph(doc.name or "graph", ctx.tensors, ctx.ops, inputs, outputs,
+                                           source_hash=doc.graph_hash()))
+
+
+def _dead_code_eliminated(g: PrimGraph) -> PrimGraph:
+    needed = set(g.outputs)
+    kept = []
+    for op in reversed(g.ops):
+        if op.output.tensor in needed:
+            kept.append(op)
+            needed.update(a.tensor for a in op.inputs)
+    kept.reverse()
+    tensors = {tid: t for tid, t in g.tensors.items() if tid in needed or t.role != "intermediate"}
+    return PrimGraph(g.name, tensors, kept, g.inputs, g.outputs, g.source_hash, g.meta)
+
+
