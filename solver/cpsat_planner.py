@@ -1,0 +1,486 @@
+"""The CP-SAT planner: stick dims, restickify placement, core split and LX residency chosen
+jointly in one model, objective = predicted total time (integer ns, `solver.cost_model`).
+
+Model (DESIGN.md "Solver"):
+- `pick[o][k]`: op o runs strategy k of `solver.strategies.op_strategies` (stick choice x
+  core split, pruned); exactly one per op.
+- `lay[t][l]`: tensor t is produced sticked on dim l, fixed by its producer's pick (graph
+  inputs arrive in a fixed layout).
+- `mat[t][l]`: t is also materialized sticked on l by ONE restickify through device memory,
+  paid once however many consumers read it; every strategy that reads t on l needs
+  `lay[t][l] or mat[t][l]`.
+- `res[t]`: an intermediate stays in LX from its producer to its last reader. Allowed only
+  when every reader's strategy reads each core's slice from the one that core wrote (same
+  layout, per-core box inside the written box: `strategies.compatible_residency`), the
+  producer does not split a reduction dim, no restickify reads it (no LX relayout in this
+  version), and the ops of its live window reference at most the bundle limit of
+  device-memory tensors (the tensors resident there do not count).
+- LX addresses per core in whole sticks: an optional interval over op steps x an optional
+  interval over [addr, addr + size) per resident tensor, `AddNoOverlap2D`, so capacity and
+  fragmentation are both real. Size = the producer strategy's per-core box.
+- time[o] >= compute(pick), time[o] >= memory(pick) - savings of its resident operands
+  (a saving is bounded by `res` and by the picked strategy's saving), + ring combine.
+- objective = sum time[o] + restickify times.
+Bundles: chosen by a partition step after the solve: each group of overlapping resident
+windows starts a bundle; the emitter cuts elsewhere at the external-tensor limit. A group
+whose bundle still breaks the limit gets a no-good (not all of these together) and the
+model is solved again, warm-started.
+
+Always: the heuristic plan (H5b's torch-spyre baseline, or the naive plan) as a complete
+hint, a time limit, a deterministic mode (fixed seed, interleaved workers, deterministic
+time), the best feasible plan when time runs out, and the returned plan is never worse in
+predicted time than its hint (the hint is returned otherwise, with a note).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional, Union
+
+from ortools.sat.python import cp_model
+
+from lowering.op_rules import ANY, default_choice, matching_choice, outermost_split, restickify_prim, split_granules
+from lowering.primitives import PrimGraph
+from simulator.superdsc import LxMemory, Program
+from simulator.validate import validate_program
+from solver.core import SolveOptions, gap_of, solver_parameters
+from solver.cost_model import OpView, op_cost_parts, predict_program_ns, to_units
+from solver.emit import emit_program
+from solver.plan import OpPlan, PlanDecisions, Residency
+from solver.planners import register
+from solver.strategies import GraphContext, Strategy, compatible_residency, op_strategies
+
+DEFAULT_TIME_LIMIT_S = 10.0
+_BUNDLE_CODES = frozenset({"bundle_limit", "lx_cross_bundle"})
+
+
+# -- hint -------------------------------------------------------------------------------------
+def decisions_from_program(pg: PrimGraph, program: Program) -> PlanDecisions:
+    """Read a program's decisions back (stick choices, splits, aliases, residency): a stored
+    plan used as a warm start."""
+    tmap = program.tensor_map()
+    ops = {o.id: o for o in program.ops}
+    d = PlanDecisions(planner=program.stats.planner)
+    produced = {op.output.tensor for op in pg.ops}
+    for t in pg.tensors:
+        if t not in produced and t in tmap:
+            d.input_sticks[t] = tmap[t].layout.stick_dim
+    for op in pg.ops:
+        o = ops.get(op.id)
+        if o is None:
+            continue
+        in_sticks = []
+        for a, src in zip(op.inputs, o.prim["inputs"] if o.prim else []):
+            in_sticks.append(tmap[src["tensor"]].layout.stick_dim if src["tensor"] in tmap else None)
+        ch = matching_choice(op, in_sticks, tmap[op.output.tensor].layout.stick_dim)
+        d.ops[op.id] = OpPlan(stick=ch, core_split={k: v for k, v in o.core_split.items() if v > 1},
+                              alias=o.alias)
+    for t in tmap.values():
+        if isinstance(t.memory, LxMemory) and t.id in pg.tensors:
+            d.resident[t.id] = Residency(t.memory.lx_address, t.memory.size_per_core)
+    return d
+
+
+def _hint_decisions(pg: PrimGraph, hw, hint) -> tuple[PlanDecisions, str]:
+    if isinstance(hint, PlanDecisions):
+        return hint, hint.planner
+    if isinstance(hint, Program):
+        return decisions_from_program(pg, hint), f"stored {hint.stats.planner} program"
+    try:
+        from solver.heuristic import plan_heuristic
+        return plan_heuristic(pg, hw), "heuristic"
+    except ImportError:
+        from solver.naive import plan_naive
+        return plan_naive(pg, hw), "naive"
+
+
+def _program_or_none(pg: PrimGraph, hw, d: PlanDecisions) -> tuple[Optional[Program], list]:
+    try:
+        program = emit_program(pg, hw, d)
+    except ValueError as exc:
+        return None, [str(exc)]
+    issues = validate_program(program, hw)
+    return (program if not issues else None), issues
+
+
+# -- the model ----------------------------------------------------------------------------------
+class SpyreModel:
+    def __init__(self, pg: PrimGraph, hw, ctx: GraphContext, strategies: dict[str, list[Strategy]]):
+        self.pg, self.hw, self.ctx, self.S = pg, hw, ctx, strategies
+        self.m = cp_model.CpModel()
+        self.index = {op.id: k for k, op in enumerate(pg.ops)}
+        self.producer = {op.output.tensor: op for op in pg.ops}
+        self.readers: dict[str, list[tuple[str, int]]] = {}
+        for op in pg.ops:
+            for i, a in enumerate(op.inputs):
+                self.readers.setdefault(a.tensor, []).append((op.id, i))
+        self.pick: dict[str, list] = {}
+        self.lay: dict[str, dict] = {}
+        self.mat: dict[tuple[str, Optional[int]], cp_model.IntVar] = {}
+        self.mat_cost: dict[tuple[str, Optional[int]], int] = {}
+        self.res: dict[str, cp_model.IntVar] = {}
+        self.addr: dict[str, cp_model.IntVar] = {}
+        self.size: dict[str, cp_model.IntVar] = {}
+        self.yend: dict[str, cp_model.IntVar] = {}
+        self.time: dict[str, cp_model.IntVar] = {}
+        self.saving: dict[tuple[str, int], tuple[cp_model.IntVar, str, list[int]]] = {}
+        self.objective_terms: list = []
+        self._build()
+
+    # layout literal: a var, or a Python bool for graph inputs
+    def lay_lit(self, t: str, stick):
+        if t in self.lay:
+            return self.lay[t].get(stick, False)
+        return self.ctx.input_sticks.get(t) == stick
+
+    def _build(self) -> None:
+        m, hw, ctx = self.m, self.hw, self.ctx
+        stick_bytes = hw.stick_bytes
+        cap_sticks = hw.lx_capacity_bytes // stick_bytes
+        outputs = set(self.pg.outputs)
+        for op in self.pg.ops:
+            vs = [m.NewBoolVar(f"pick[{op.id}][{k}]") for k in range(len(self.S[op.id]))]
+            m.AddExactlyOne(vs)
+            self.pick[op.id] = vs
+            t = op.output.tensor
+            self.lay[t] = {}
+            for stick in ctx.possible_sticks[t]:
+                lv = m.NewBoolVar(f"lay[{t}][{stick}]")
+                m.Add(lv == sum(v for v, s in zip(vs, self.S[op.id]) if s.out_stick == stick))
+                self.lay[t][stick] = lv
+            # ANY operands whose layout would change this strategy's split granules
+            for v, s in zip(vs, self.S[op.id]):
+                for i, bad in s.any_forbidden.items():
+                    src = op.inputs[i].tensor
+                    for stick in bad:
+                        lit = self.lay_lit(src, stick)
+                        if lit is True:
+                            m.Add(v == 0)
+                        elif lit is not False:
+                            m.AddBoolOr([v.Not(), lit.Not()])
+        # restickify: one per (tensor, stick dim), shared by every reader that needs it
+        for op in self.pg.ops:
+            for i, a in enumerate(op.inputs):
+                t = a.tensor
+                by_stick: dict = {}
+                for v, s in zip(self.pick[op.id], self.S[op.id]):
+                    want = s.input_sticks[i]
+                    if want is not None:
+                        by_stick.setdefault(want, []).append(v)
+                for stick, vs in by_stick.items():
+                    lit = self.lay_lit(t, stick)
+                    if lit is True:
+                        continue
+                    key = (t, stick)
+                    if key not in self.mat:
+                        self.mat[key] = m.NewBoolVar(f"mat[{t}][{stick}]")
+                        self.mat_cost[key] = self._restick_cost(t, stick)
+                        self.objective_terms.append(self.mat_cost[key] * self.mat[key])
+                    rhs = [self.mat[key]] + ([lit] if lit is not False else [])
+                    m.Add(sum(vs) <= sum(rhs))
+        # residency candidates
+        for t, readers in self.readers.items():
+            p = self.producer.get(t)
+            if p is None or t in outputs or not readers:
+                continue
+            S_p = self.S[p.id]
+            ok = [k for k, s in enumerate(S_p) if not s.reduction_split and not s.alias
+                  and s.out_lx_bytes <= hw.lx_capacity_bytes]
+            if not ok:
+                continue
+            if any(all(s.alias for s in self.S[o]) for o, _ in readers):
+                continue
+            r = m.NewBoolVar(f"res[{t}]")
+            self.res[t] = r
+            for k, (v, s) in enumerate(zip(self.pick[p.id], S_p)):
+                if k not in ok:
+                    m.AddBoolOr([r.Not(), v.Not()])
+            for (key, mv) in self.mat.items():
+                if key[0] == t:
+                    m.AddImplication(r, mv.Not())
+            for o, slot in readers:
+                for k in ok:
+                    compat = [v for v, s in zip(self.pick[o], self.S[o])
+                              if compatible_residency(S_p[k], s, slot)]
+                    m.AddBoolOr([r.Not(), self.pick[p.id][k].Not()] + compat)
+            sticks = [s.out_lx_bytes // stick_bytes for s in S_p]
+            size = m.NewIntVar(0, max(sticks), f"size[{t}]")
+            m.Add(size == sum(n * v for n, v in zip(sticks, self.pick[p.id])))
+            addr = m.NewIntVar(0, cap_sticks, f"addr[{t}]")
+            yend = m.NewIntVar(0, cap_sticks + max(sticks), f"yend[{t}]")
+            m.Add(yend <= cap_sticks).OnlyEnforceIf(r)
+            self.size[t], self.addr[t], self.yend[t] = size, addr, yend
+        xs, ys = [], []
+        for t, r in self.res.items():
+            start = self.index[self.producer[t].id]
+            last = max(self.index[o] for o, _ in self.readers[t])
+            xs.append(m.NewOptionalFixedSizeIntervalVar(start, last - start + 1, r, f"x[{t}]"))
+            ys.append(m.NewOptionalIntervalVar(self.addr[t], self.size[t], self.yend[t], r, f"y[{t}]"))
+        if xs:
+            m.AddNoOverlap2D(xs, ys)
+        self._bundle_constraints()
+        # op times
+        for op in self.pg.ops:
+            S_o = self.S[op.id]
+            vs = self.pick[op.id]
+            n_in = len(op.inputs)
+            base = [s.parts.cost((False,) * n_in, False, hw) for s in S_o]
+            comp = [to_units(c.compute_ns) for c in base]
+            mem = [to_units(c.memory_ns) for c in base]
+            ring = [to_units(c.ring_ns) for c in base]
+            top = max(max(comp), max(mem), 1)
+            tv = m.NewIntVar(0, top, f"time[{op.id}]")
+            self.time[op.id] = tv
+            m.Add(tv >= sum(c * v for c, v in zip(comp, vs)))
+            savings = []
+            slots = [(i, a.tensor) for i, a in enumerate(op.inputs)] + [(-1, op.output.tensor)]
+            for i, t in slots:
+                if t not in self.res:
+                    continue
+                if i >= 0:
+                    lx = [tuple(j == i for j in range(n_in)) for _ in S_o]
+                    with_res = [s.parts.cost(l, False, hw) for s, l in zip(S_o, lx)]
+                else:
+                    with_res = [s.parts.cost((False,) * n_in, True, hw) for s in S_o]
+                save = [max(0, mv - to_units(c.memory_ns)) for mv, c in zip(mem, with_res)]
+                if not any(save):
+                    continue
+                sv = m.NewIntVar(0, max(save), f"save[{op.id}][{i}]")
+                m.Add(sv <= sum(s * v for s, v in zip(save, vs)))
+                m.Add(sv <= max(save) * self.res[t])
+                self.saving[(op.id, i)] = (sv, t, save)
+                savings.append(sv)
+            m.Add(tv >= sum(c * v for c, v in zip(mem, vs)) - sum(savings))
+            self.objective_terms.append(tv)
+            if any(ring):
+                self.objective_terms.append(sum(c * v for c, v in zip(ring, vs)))
+
+    def _restick_cost(self, t: str, stick) -> int:
+        """Restickify of t onto `stick` through device memory, split as the emitter does by
+        default (outermost dim evenly)."""
+        hw, ctx = self.hw, self.ctx
+        rid = f"{t}@restick"
+        src_stick = ctx.possible_sticks[t][0]
+        prim = restickify_prim(f"restick:{rid}", t, rid, ctx.shapes[t])
+        gran = split_granules(prim, [src_stick], stick, [ctx.dtypes[t]] * 2, hw.stick_bytes)
+        split = outermost_split(prim, gran, hw.cores)
+        shapes = {t: ctx.shapes[t], rid: ctx.shapes[t]}
+        dtypes = {t: ctx.dtypes[t], rid: ctx.dtypes[t]}
+        layouts = {t: ctx.layout(t, src_stick), rid: ctx.layout(t, stick)}
+        view = OpView(prim, "restickify", shapes, dtypes, layouts, split, [])
+        return to_units(op_cost_parts(view, hw).cost((False,), False, hw).total_ns)
+
+    def _bundle_constraints(self) -> None:
+        """A resident tensor's live window must fit one bundle: the ops in it reference at
+        most the limit of device-memory tensors (conservative for restickified copies)."""
+        limit = self.hw.bundle_tensor_limit
+        ops = self.pg.ops
+        for t, r in self.res.items():
+            a = self.index[self.producer[t].id]
+            b = max(self.index[o] for o, _ in self.readers[t])
+            refs: set[str] = set()
+            needs: set = set()
+            for k in range(a, b + 1):
+                op = ops[k]
+                refs.update(x.tensor for x in op.inputs)
+                refs.add(op.output.tensor)
+                for key in self.mat:
+                    if key[0] in {x.tensor for x in op.inputs}:
+                        needs.add(key)
+            terms = []
+            fixed = 0
+            for u in refs:
+                if u in self.res:
+                    terms.append(1 - self.res[u])
+                else:
+                    fixed += 1
+            terms.extend(self.mat[key] for key in needs)
+            if fixed > limit:
+                self.m.Add(r == 0)
+            else:
+                self.m.Add(sum(terms) <= limit - fixed).OnlyEnforceIf(r)
+
+    # -- hint and read-back ------------------------------------------------------------------
+    def strategy_index(self, op_id: str, plan: OpPlan) -> Optional[int]:
+        op = self.pg.ops[self.index[op_id]]
+        ch = plan.stick or default_choice(op)
+        split = {k: v for k, v in plan.core_split.items() if v > 1}
+        for k, s in enumerate(self.S[op_id]):
+            if s.stick == ch and s.core_split == split and s.alias == plan.alias:
+                return k
+        return None
+
+    def add_hint(self, d: PlanDecisions) -> None:
+        m, hw = self.m, self.hw
+        chosen: dict[str, int] = {}
+        for op in self.pg.ops:
+            k = self.strategy_index(op.id, d.ops.get(op.id, OpPlan()))
+            if k is None:
+                k = 0
+            chosen[op.id] = k
+            for j, v in enumerate(self.pick[op.id]):
+                m.AddHint(v, j == k)
+            for stick, lv in self.lay[op.output.tensor].items():
+                m.AddHint(lv, self.S[op.id][k].out_stick == stick)
+        out_stick = {op.output.tensor: self.S[op.id][chosen[op.id]].out_stick for op in self.pg.ops}
+        needed = set()
+        for op in self.pg.ops:
+            s = self.S[op.id][chosen[op.id]]
+            for i, a in enumerate(op.inputs):
+                want = s.input_sticks[i]
+                have = out_stick.get(a.tensor, self.ctx.input_sticks.get(a.tensor))
+                if want is not None and want != have:
+                    needed.add((a.tensor, want))
+        for key, v in self.mat.items():
+            m.AddHint(v, key in needed)
+        resident = {t for t in d.resident if t in self.res}
+        for t, r in self.res.items():
+            on = t in resident
+            m.AddHint(r, on)
+            p = self.producer[t].id
+            sz = self.S[p][chosen[p]].out_lx_bytes // hw.stick_bytes
+            addr = d.resident[t].lx_address // hw.stick_bytes if on else 0
+            m.AddHint(self.size[t], sz)
+            m.AddHint(self.addr[t], addr)
+            m.AddHint(self.yend[t], addr + sz)
+        for op in self.pg.ops:
+            s = self.S[op.id][chosen[op.id]]
+            n_in = len(op.inputs)
+            in_lx = tuple(a.tensor in resident for a in op.inputs)
+            c = s.parts.cost(in_lx, op.output.tensor in resident, hw)
+            base = s.parts.cost((False,) * n_in, False, hw)
+            total_save = 0
+            for (oid, i), (sv, t, save) in self.saving.items():
+                if oid != op.id:
+                    continue
+                val = save[chosen[op.id]] if t in resident else 0
+                m.AddHint(sv, val)
+                total_save += val
+            mem = max(0, to_units(base.memory_ns) - total_save)
+            m.AddHint(self.time[op.id], max(to_units(base.compute_ns), mem))
+            del c
+
+    def decisions(self, solver: cp_model.CpSolver, input_sticks: dict) -> PlanDecisions:
+        hw = self.hw
+        d = PlanDecisions(planner="cpsat", input_sticks=dict(input_sticks))
+        for op in self.pg.ops:
+            k = next(j for j, v in enumerate(self.pick[op.id]) if solver.BooleanValue(v))
+            s = self.S[op.id][k]
+            d.ops[op.id] = OpPlan(stick=s.stick, core_split=dict(s.core_split),
+                                  temporal_tiles=dict(s.temporal_tiles), alias=s.alias)
+        for t, r in self.res.items():
+            if solver.BooleanValue(r):
+                d.resident[t] = Residency(lx_address=solver.Value(self.addr[t]) * hw.stick_bytes,
+                                          size_per_core=solver.Value(self.size[t]) * hw.stick_bytes)
+        d.bundle_starts = self.bundle_starts(set(d.resident))
+        return d
+
+    def windows(self, resident: set[str]) -> list[tuple[int, int, list[str]]]:
+        """Groups of overlapping resident live windows, as (first op, last op, tensors)."""
+        spans = sorted((self.index[self.producer[t].id], max(self.index[o] for o, _ in self.readers[t]), t)
+                       for t in resident)
+        groups: list[tuple[int, int, list[str]]] = []
+        for a, b, t in spans:
+            if groups and a <= groups[-1][1]:
+                ga, gb, ts = groups[-1]
+                groups[-1] = (ga, max(gb, b), ts + [t])
+            else:
+                groups.append((a, b, [t]))
+        return groups
+
+    def bundle_starts(self, resident: set[str]) -> list[str]:
+        return [self.pg.ops[a].id for a, _, _ in self.windows(resident)]
+
+
+# -- entry point ---------------------------------------------------------------------------------
+def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
+               hint: Union[PlanDecisions, Program, None] = None, num_workers: int = 2,
+               keep: int = 6, keep_resident: int = 3, max_rounds: int = 3, **_ignored) -> PlanDecisions:
+    t0 = time.perf_counter()
+    limit_s = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
+    hint_d, hint_name = _hint_decisions(pg, hw, hint)
+    hint_prog, hint_issues = _program_or_none(pg, hw, hint_d)
+    if hint_prog is None:
+        # an invalid hint is not a starting point: fall back to the naive plan
+        from solver.naive import plan_naive
+        hint_d, hint_name = plan_naive(pg, hw), f"naive (the {hint_name} hint was invalid)"
+        hint_prog, _ = _program_or_none(pg, hw, hint_d)
+    hint_ns = predict_program_ns(hint_prog, hw) if hint_prog is not None else float("inf")
+
+    ctx = GraphContext.build(pg, hw, hint_d.input_sticks)
+    # the hint's and the naive plan's strategies are always in the space, so the optimum
+    # of the model is never worse than either
+    from solver.naive import plan_naive
+    naive_d = plan_naive(pg, hw)
+    strategies = {}
+    for op in pg.ops:
+        req = []
+        for src in (hint_d, naive_d):
+            p = src.ops.get(op.id, OpPlan())
+            req.append((p.stick or default_choice(op), {k: v for k, v in p.core_split.items() if v > 1},
+                        {}, p.alias))
+        strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident, required=req)
+    sm = SpyreModel(pg, hw, ctx, strategies)
+    sm.add_hint(hint_d)
+    objective = sum(sm.objective_terms)
+    sm.m.Minimize(objective)
+    build_s = time.perf_counter() - t0
+    notes = [f"hint: {hint_name}", f"strategies: {sum(len(v) for v in strategies.values())} over "
+             f"{len(pg.ops)} ops, {len(sm.mat)} restickify options, {len(sm.res)} residency candidates",
+             "bundles: partition step after the solve (one bundle start per group of overlapping LX "
+             "windows, emitter cuts elsewhere)", "objective and bound in microseconds (cost model)"]
+
+    best_d, best_prog, status, obj, bound = None, None, "UNKNOWN", None, None
+    for round_ in range(max_rounds):
+        remaining = limit_s - (time.perf_counter() - t0)
+        if round_ > 0 and remaining < 0.2 * limit_s:
+            break
+        opts = SolveOptions(time_limit_s=max(0.5, remaining), num_workers=num_workers,
+                            deterministic=deterministic,
+                            deterministic_time=max(0.5, limit_s - build_s) if deterministic else None)
+        solver = solver_parameters(opts)
+        st = solver.Solve(sm.m)
+        status = solver.StatusName(st)
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
+        d = sm.decisions(solver, ctx.input_sticks)
+        prog, issues = _program_or_none(pg, hw, d)
+        if prog is not None:
+            best_d, best_prog = d, prog
+            break
+        bundle_issues = [i for i in issues if getattr(i, "code", "") in _BUNDLE_CODES]
+        if not bundle_issues or len(bundle_issues) != len(issues):
+            notes.append("cpsat plan failed validation: " + "; ".join(
+                f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]))
+            break
+        # lazy no-goods: a group of windows whose bundle breaks the limit cannot all stay resident
+        for a, b, ts in sm.windows(set(d.resident)):
+            if len(ts) > 1:
+                sm.m.AddBoolOr([sm.res[t].Not() for t in ts])
+        # warm start the next round from this (now infeasible) solution's picks
+        sm.m.ClearHints()
+        sm.add_hint(d)
+    solve_s = time.perf_counter() - t0
+    if best_prog is not None:
+        pred_ns = predict_program_ns(best_prog, hw)
+        if pred_ns <= hint_ns:
+            best_d.stats.update(
+                predicted_us=pred_ns / 1000.0, solver_status=status, objective=obj / 1000.0,
+                bound=bound / 1000.0, gap=gap_of(obj, bound), solve_seconds=solve_s, notes=notes)
+            return best_d
+        notes.append(f"cpsat plan predicted {pred_ns / 1000:.1f} us > hint {hint_ns / 1000:.1f} us: "
+                     "returning the hint")
+    else:
+        notes.append(f"no valid cpsat plan (status {status}): returning the hint")
+    hint_d = PlanDecisions(planner="cpsat", ops=hint_d.ops, input_sticks=hint_d.input_sticks,
+                           restick_ops=hint_d.restick_ops, resident=hint_d.resident,
+                           bundle_starts=hint_d.bundle_starts, stats={})
+    hint_d.stats.update(predicted_us=hint_ns / 1000.0, solver_status=status,
+                        objective=None if obj is None else obj / 1000.0,
+                        bound=None if bound is None else bound / 1000.0,
+                        gap=gap_of(hint_ns, bound) if bound is not None else None,
+                        solve_seconds=solve_s, notes=notes)
+    return hint_d
+
+
+register("cpsat", plan_cpsat)

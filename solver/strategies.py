@@ -1,0 +1,243 @@
+"""Strategy space of each primitive op: stick choice x core split x temporal tiling
+(x free-alias for copies), with its per-core slices and its cost parts.
+
+All rules come from `lowering.op_rules` (stick options, split granules, legal core splits,
+alias test) and all geometry from `simulator.geometry`; nothing is re-encoded here.
+
+- Core splits: `legal_core_splits` (whole sticks on stick dims, even, product <= cores, at
+  most one reduction dim), at most two split dims, using at least a quarter of the most
+  cores any split of the op can use (fewer cores never pay on this machine, except for tiny
+  ops where every split is small anyway).
+- An operand the stick choice reads whole (`ANY`) keeps the layout its producer wrote; a
+  layout of it that would change the split granules of a split dim is recorded in
+  `any_forbidden` so the planner forbids that combination (the emitter derives granules from
+  the actual layouts).
+- Temporal tiles: none. In the timing model a temporal tile loop only adds loop overhead
+  and, past the LX knee, spill derates (double buffering hides at most what the untiled
+  kernel already overlaps), so an untiled strategy is never slower.
+- Pruning: per stick choice keep the `keep` cheapest strategies with every operand in
+  device memory, plus the `keep_resident` cheapest with every operand LX-resident
+  (compute-bound candidates a residency plan wants), plus any `required` strategy (the
+  hint's). A strategy dominated in every cost and with the same slicing as a kept one is
+  dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from lowering.op_rules import (
+    ANY, StickChoice, copy_is_alias, legal_core_splits, split_granules, split_units, stick_options,
+)
+from lowering.primitives import PrimGraph, PrimOp
+from simulator.geometry import (
+    box_lx_bytes, core_ranges, default_core_slices, make_layout, operand_box, padded,
+    reduction_split,
+)
+from solver.cost_model import OpCostParts, OpView, op_cost_parts
+
+Box = tuple
+
+
+@dataclass
+class Strategy:
+    stick: StickChoice
+    core_split: dict[str, int]
+    temporal_tiles: dict[str, int]
+    alias: bool
+    input_sticks: tuple[Optional[int], ...]  # layout each input is read in; None: whatever it has
+    out_stick: Optional[int]
+    out_boxes: dict[int, Box]               # core -> output box
+    in_boxes: tuple[dict[int, Box], ...]     # per input: core -> box read
+    out_lx_bytes: int                        # per-core LX bytes of the output (whole sticks)
+    reduction_split: bool
+    parts: OpCostParts
+    any_forbidden: dict[int, frozenset] = field(default_factory=dict)  # input -> stick dims not allowed
+
+    def key(self) -> tuple:
+        return (self.stick, tuple(sorted(self.core_split.items())), self.alias)
+
+    def cost_ns(self, hw, in_lx: Sequence[bool] | None = None, out_lx: bool = False) -> float:
+        in_lx = in_lx or (False,) * len(self.in_boxes)
+        return self.parts.cost(in_lx, out_lx, hw).total_ns
+
+
+@dataclass
+class GraphContext:
+    """Shapes, dtypes and the stick dims each tensor may take (a produced tensor: its
+    producer's output options; a graph input: the layout it arrives in)."""
+
+    pg: PrimGraph
+    hw: object
+    shapes: dict[str, tuple]
+    dtypes: dict[str, str]
+    possible_sticks: dict[str, list[Optional[int]]]
+    input_sticks: dict[str, Optional[int]]
+
+    @classmethod
+    def build(cls, pg: PrimGraph, hw, input_sticks: Optional[Mapping[str, Optional[int]]] = None) -> "GraphContext":
+        shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
+        dtypes = {t.id: t.dtype for t in pg.tensors.values()}
+        produced = {op.output.tensor: op for op in pg.ops}
+        possible: dict[str, list[Optional[int]]] = {}
+        fixed: dict[str, Optional[int]] = {}
+        for t in pg.tensors.values():
+            if t.id not in produced:
+                rank = len(t.shape)
+                s = (input_sticks or {}).get(t.id, rank - 1 if rank else None)
+                fixed[t.id] = s
+                possible[t.id] = [s]
+        for op in pg.ops:
+            outs: list[Optional[int]] = []
+            for ch in stick_options(op):
+                if ch.output not in outs:
+                    outs.append(ch.output)
+            possible[op.output.tensor] = outs
+        return cls(pg, hw, shapes, dtypes, possible, fixed)
+
+    def layout(self, t: str, stick: Optional[int]):
+        return make_layout(self.shapes[t], self.dtypes[t], stick, self.hw.stick_bytes)
+
+
+def _granules(op: PrimOp, ctx: GraphContext, in_sticks: Sequence, out_stick) -> dict[int, int]:
+    dts = [ctx.dtypes[a.tensor] for a in op.inputs] + [ctx.dtypes[op.output.tensor]]
+    return split_granules(op, list(in_sticks), out_stick, dts, ctx.hw.stick_bytes)
+
+
+def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[str, int],
+                  tiles: Optional[dict[str, int]] = None, alias: bool = False) -> Optional[Strategy]:
+    """The strategy (stick choice, split, tiles) of `op` with its slices and cost parts,
+    or None when the split is not legal for this stick choice."""
+    hw = ctx.hw
+    split = {k: v for k, v in split.items() if v > 1}
+    in_sticks = tuple(None if (s is None or s == ANY) else s for s in ch.inputs)
+    base = _granules(op, ctx, [ANY if s is None else s for s in in_sticks], ch.output)
+    # layouts the op sees: ANY operands as their producer's default (first) option
+    layouts = {}
+    for acc, s in zip(op.inputs, ch.inputs):
+        t = acc.tensor
+        st = s if (s is not None and s != ANY) else ctx.possible_sticks[t][0]
+        layouts[t] = ctx.layout(t, st)
+    layouts[op.output.tensor] = ctx.layout(op.output.tensor, ch.output)
+    any_forbidden: dict[int, frozenset] = {}
+    split_dims = {i for i, d in enumerate(op.iter_dims) if d.name in split}
+    for i, (acc, s) in enumerate(zip(op.inputs, ch.inputs)):
+        if s != ANY:
+            continue
+        bad = set()
+        for cand in ctx.possible_sticks[acc.tensor]:
+            trial = [ANY if x is None else x for x in in_sticks]
+            trial[i] = cand
+            g = _granules(op, ctx, trial, ch.output)
+            if any(g.get(d, 1) != base.get(d, 1) for d in split_dims):
+                bad.add(cand)
+        if bad:
+            if set(ctx.possible_sticks[acc.tensor]) <= bad:
+                return None
+            any_forbidden[i] = frozenset(bad)
+            ok = [c for c in ctx.possible_sticks[acc.tensor] if c not in bad]
+            layouts[acc.tensor] = ctx.layout(acc.tensor, ok[0])
+    slices = default_core_slices(op, split) if split else []
+    ranges = core_ranges(op, split, slices, base)
+    out_t = op.output.tensor
+    out_boxes = {c: operand_box(op, -1, r, ctx.shapes[out_t]) for c, r in ranges.items()}
+    in_boxes = tuple({c: operand_box(op, i, r, ctx.shapes[a.tensor]) for c, r in ranges.items()}
+                     for i, a in enumerate(op.inputs))
+    out_layout = layouts[out_t]
+    out_lx = max(box_lx_bytes(b, out_layout, ctx.dtypes[out_t]) for b in out_boxes.values())
+    view = OpView(op, "compute", ctx.shapes, ctx.dtypes, layouts, split, slices, alias)
+    parts = op_cost_parts(view, hw)
+    return Strategy(ch, split, dict(tiles or {}), alias, in_sticks, ch.output, out_boxes, in_boxes,
+                    padded(out_lx, hw.stick_bytes), reduction_split(op, split), parts, any_forbidden)
+
+
+def alias_strategy(op: PrimOp, ctx: GraphContext) -> Optional[Strategy]:
+    """A copy that is a reshape keeping the natural dim order: free when its input is
+    sticked on its last dim and the output too."""
+    if op.body.kind != "copy" or len(op.inputs) != 1:
+        return None
+    src, dst = op.inputs[0].tensor, op.output.tensor
+    rs, rd = len(ctx.shapes[src]), len(ctx.shapes[dst])
+    if rs == 0 or rd == 0 or (rs - 1) not in ctx.possible_sticks[src]:
+        return None
+    ch = next((c for c in stick_options(op) if c.output == rd - 1), None)
+    if ch is None:
+        return None
+    in_order = ctx.layout(src, rs - 1).dim_order
+    out_order = ctx.layout(dst, rd - 1).dim_order
+    if not copy_is_alias(op, ctx.shapes[src], in_order, ctx.shapes[dst], out_order,
+                         ctx.dtypes[src], ctx.dtypes[dst]):
+        return None
+    s = make_strategy(op, ctx, ch, {}, None, alias=True)
+    if s is None:
+        return None
+    others = frozenset(x for x in ctx.possible_sticks[src] if x != rs - 1)
+    if others:
+        s.any_forbidden = {0: others}
+    return s
+
+
+def op_strategies(op: PrimOp, ctx: GraphContext, keep: int = 6, keep_resident: int = 3,
+                  max_split_dims: int = 2, required: Sequence[tuple] = ()) -> list[Strategy]:
+    """The pruned strategy list of `op`; `required` lists (StickChoice, split, tiles, alias)
+    that must be present (the hint's)."""
+    hw = ctx.hw
+    out: list[Strategy] = []
+    seen: set = set()
+
+    def add(s: Optional[Strategy]) -> None:
+        if s is not None and s.key() not in seen:
+            seen.add(s.key())
+            out.append(s)
+
+    add(alias_strategy(op, ctx))
+    for ch in stick_options(op):
+        in_sticks = [ANY if (s is None or s == ANY) else s for s in ch.inputs]
+        gran = _granules(op, ctx, in_sticks, ch.output)
+        splits = legal_core_splits(op, gran, hw.cores, max_split_dims=max_split_dims)
+
+        def used(sp: dict[str, int]) -> int:
+            n = 1
+            for f in sp.values():
+                n *= f
+            return n
+        most = max(used(sp) for sp in splits)
+        splits = [sp for sp in splits if used(sp) * 4 >= most]
+        cands = [s for s in (make_strategy(op, ctx, ch, sp) for sp in splits) if s is not None]
+        if not cands:
+            continue
+        n_in = len(op.inputs)
+        by_hbm = sorted(cands, key=lambda s: s.cost_ns(hw))
+        by_res = sorted(cands, key=lambda s: (s.parts.cost((True,) * n_in, True, hw).total_ns,
+                                              s.cost_ns(hw)))
+        for s in by_hbm[:keep]:
+            add(s)
+        for s in by_res[:keep_resident]:
+            add(s)
+    for ch, split, tiles, alias in required:
+        if alias:
+            add(alias_strategy(op, ctx))
+        else:
+            add(make_strategy(op, ctx, ch, split, tiles))
+    if not out:
+        raise ValueError(f"{op.id}: no legal strategy")
+    return out
+
+
+def compatible_residency(producer: Strategy, consumer: Strategy, slot: int) -> bool:
+    """Can `consumer` read input `slot` from the LX slices `producer` wrote? Same layout
+    (no restickify) and every core reads a box inside the one it holds."""
+    if consumer.alias or producer.alias or producer.reduction_split:
+        return False
+    want = consumer.input_sticks[slot]
+    if want is not None and want != producer.out_stick:
+        return False
+    held = producer.out_boxes
+    for c, box in consumer.in_boxes[slot].items():
+        h = held.get(c)
+        if h is None or len(h) != len(box):
+            return False
+        for (ha, hb), (a, b) in zip(h, box):
+            if b > a and not (ha <= a and b <= hb):
+                return False
+    return True
