@@ -1,0 +1,135 @@
+"""torch.compile(backend="sticksat") on the five tiny models, the partition fallback and
+strict mode.
+
+Tolerance: max |compiled - eager| / max |eager| over every output tensor.
+- fp32: 1e-4 (same arithmetic as eager, different summation order);
+- fp16: 2e-2 against fp16 eager (both store fp16 intermediates and accumulate in fp32;
+  the rounding points differ, so a few fp16 ulps of the largest value).
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from backend.dynamo import SticksatBackendError  # noqa: E402
+from backend.options import BackendOptionError  # noqa: E402
+from backend.region import compiled_regions, forget_compiled_regions  # noqa: E402
+from lowering.graph_format import GraphDocument  # noqa: E402
+from lowering.validate import parse_document, validate_document  # noqa: E402
+from tests.models import TINY_MODEL_NAMES, tiny_model  # noqa: E402
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2}
+
+
+def _tensors(output) -> list:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if hasattr(output, "to_tuple"):
+        output = output.to_tuple()
+    return [t for item in output for t in _tensors(item)]
+
+
+def _relative_error(actual, expected) -> float:
+    errors = []
+    for a, e in zip(_tensors(actual), _tensors(expected), strict=True):
+        assert a.shape == e.shape and a.dtype == e.dtype
+        assert torch.isfinite(a).all()
+        errors.append((a.float() - e.float()).abs().max().item() / max(e.float().abs().max().item(), 1e-30))
+    return max(errors)
+
+
+def _compile(model, **options):
+    torch._dynamo.reset()
+    forget_compiled_regions()
+    return torch.compile(model, backend="sticksat", dynamic=False, options=options or None)
+
+
+@pytest.mark.parametrize("name", TINY_MODEL_NAMES)
+def test_tiny_model_matches_eager_in_fp32_and_fp16(name, caplog):
+    for dtype in (torch.float32, torch.float16):
+        model, inputs = tiny_model(name, dtype)
+        with torch.no_grad():
+            expected = model(*inputs)
+            with caplog.at_level(logging.WARNING, logger="sticksat"):
+                actual = _compile(model, strict=True)(*inputs)
+        error = _relative_error(actual, expected)
+        assert error <= TOLERANCE[dtype], f"{name} {dtype}: relative error {error:.3g}"
+
+        regions = compiled_regions()
+        assert len(regions) == 1, "strict mode: the whole model is one sticksat region"
+        doc = regions[0].doc
+        parameters = [i for i in doc["inputs"] if i["kind"] == "parameter"]
+        assert len(parameters) == len(list(model.parameters()))
+        assert all(m["dtype"] == str(dtype).removeprefix("torch.") for m in (p["meta"] for p in parameters))
+        # The document survives JSON unchanged: same hash after a round trip.
+        document = parse_document(json.dumps(doc))
+        validate_document(document)
+        assert GraphDocument.from_json(document.to_json()).graph_hash() == regions[0].graph_hash
+
+
+class _WithSort(torch.nn.Module):
+    """A linear layer, a sort (no sticksat lowering) and more supported ops after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = torch.relu(self.fc(x))
+        values, _ = torch.sort(y, dim=-1)
+        return (values * 2 + y).sum(-1), y
+
+
+def test_unsupported_op_falls_back_with_one_log_line(caplog):
+    torch.manual_seed(0)
+    model, x = _WithSort().eval(), torch.randn(4, 16)
+    with torch.no_grad():
+        expected = model(x)
+        with caplog.at_level(logging.INFO, logger="sticksat"):
+            actual = _compile(model)(x)
+    assert _relative_error(actual, expected) <= 1e-5
+    lines = [r for r in caplog.records if r.name == "sticksat"]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert "aten.sort" in lines[0].getMessage() and "eager" in lines[0].getMessage()
+    # The supported ops before and after the sort ran as sticksat regions.
+    regions = compiled_regions()
+    assert len(regions) == 2
+    targets = [{n["target"] for n in r.doc["nodes"]} for r in regions]
+    assert any("aten.addmm.default" in t for t in targets)
+    assert all("aten.sort.default" not in t for t in targets)
+
+
+def test_strict_mode_raises_on_unsupported_op(monkeypatch):
+    torch.manual_seed(0)
+    model, x = _WithSort().eval(), torch.randn(4, 16)
+    with torch.no_grad():
+        with pytest.raises(Exception, match="unsupported_op.*aten.sort"):
+            _compile(model, strict=True)(x)
+        monkeypatch.setenv("STICKSAT_STRICT", "1")
+        with pytest.raises(Exception, match="unsupported_op.*aten.sort"):
+            _compile(model)(x)
+
+
+def test_grad_mode_is_refused_or_runs_eager():
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 4), torch.randn(2, 8)
+    with pytest.raises(Exception) as info:
+        _compile(model)(x)
+    assert isinstance(info.value, SticksatBackendError) or "no_grad" in str(info.value)
+    out = _compile(model, on_grad="eager")(x)
+    assert out.requires_grad  # eager torch ran it, autograd intact
+    assert torch.allclose(out, model(x))
+    assert compiled_regions() == []
+
+
+def test_unknown_option_is_rejected():
+    from backend.options import BackendOptions
+
+    with pytest.raises(BackendOptionError, match="stricct"):
+        BackendOptions.from_mapping({"stricct": True}, environ={})
+    assert BackendOptions.from_mapping({}, environ={"STICKSAT_STRICT": "1"}).strict is True
+    assert BackendOptions.from_mapping({"strict": False}, environ={"STICKSAT_STRICT": "1"}).strict is False
