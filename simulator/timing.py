@@ -277,19 +277,22 @@ class _Timer:
             td = self.tensors[acc.tensor]
             indexed = {name_of[d] for d in acc.dims if d is not None}
             repl = 1
-            for nme, f in split.items():
-                if nme not in indexed:
-                    repl *= f
+            if not (idx >= 0 and body.kind == "copy") and not (idx == 0 and body.kind == "gather"):
+                for nme, f in split.items():
+                    if nme not in indexed:
+                        repl *= f
             per_core = {}
             for ci, cl in enumerate(classes):
                 if idx >= 0 and body.kind == "copy":
-                    # a copy core reads the share of its input that its output slice needs
-                    out_box = _box(prim, -1, cl.extents, self.tensors[prim.output.tensor].shape)
+                    # a copy core reads the share of its piece (the elements the piece's
+                    # strided map takes from this input) that its output slice needs
+                    oshape = self.tensors[prim.output.tensor].shape
                     frac = 1.0
-                    for (a, b), s in zip(out_box, self.tensors[prim.output.tensor].shape):
+                    for (a, b), s in zip(_box(prim, -1, cl.extents, oshape), oshape):
                         frac *= (b - a) / max(1, s)
-                    whole = box_lx_bytes(tuple((0, s) for s in td.shape), td.layout, td.dtype)
-                    per_core[ci] = int(math.ceil(whole * frac))
+                    piece = body.maps[idx] if idx < len(body.maps) else None
+                    elems = math.prod(piece.shape) if piece is not None else math.prod(td.shape)
+                    per_core[ci] = int(math.ceil(elems * frac)) * hw.dtype_size(td.dtype)
                 elif idx == 0 and body.kind == "gather":
                     # a gather core reads one table row per output row it writes
                     out_td = self.tensors[prim.output.tensor]

@@ -278,3 +278,15 @@ def test_trace_is_a_loadable_chrome_trace(tmp_path):
     sfp = [e for e in xs if e["tid"] == 1 and e["name"] == "op1"]
     assert len(sfp) == 32
     assert trace_document(rep)["otherData"]["total_us"] == rep.total_us
+
+
+def test_copy_reads_only_the_elements_its_pieces_take():
+    from lowering.primitives import CopyBody, StridedMap
+    rows, cols = 1024, 2048
+    t = {"x": PrimTensor("x", (rows, cols), F16, "user_input"), "y": PrimTensor("y", (rows, cols // 2), F16)}
+    op = PrimOp("slice", (IterDim("r", rows), IterDim("c", cols // 2)), (Access("x", (0, None)),),
+                Access("y", (0, 1)), CopyBody((StridedMap((rows, cols // 2), (cols, 1), cols // 2),), ((0, 0),)))
+    pg = PrimGraph("slice", t, [op], ["x"], ["y"])
+    rep = time_program(_program(pg, _plan({"slice": {"r": 32}})), HW)
+    half = rows * cols // 2 * 2
+    assert rep.op("slice").hbm_read_bytes == half and rep.op("slice").hbm_write_bytes == half
