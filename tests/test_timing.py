@@ -290,3 +290,33 @@ def test_copy_reads_only_the_elements_its_pieces_take():
     rep = time_program(_program(pg, _plan({"slice": {"r": 32}})), HW)
     half = rows * cols // 2 * 2
     assert rep.op("slice").hbm_read_bytes == half and rep.op("slice").hbm_write_bytes == half
+
+
+def test_naive_plan_with_gather_fill_and_scan_times_every_op():
+    from lowering.primitives import FillBody, GatherBody
+    from solver.planners import plan
+    vocab, hidden, seq = 1000, 256, 64
+    t = {"table": PrimTensor("table", (vocab, hidden), F16, "parameter"),
+         "idx": PrimTensor("idx", (seq,), "int64", "user_input"),
+         "emb": PrimTensor("emb", (seq, hidden), F16), "pos": PrimTensor("pos", (seq, hidden), F16),
+         "h": PrimTensor("h", (seq, hidden), F16), "c": PrimTensor("c", (seq, hidden), F16)}
+    ops = [
+        PrimOp("gather", (IterDim("s", seq), IterDim("d", hidden)), (Access("table", (None, 1)), Access("idx", (0,))),
+               Access("emb", (0, 1)), GatherBody(0)),
+        PrimOp("fill", (IterDim("s", seq), IterDim("d", hidden)), (), Access("pos", (0, 1)), FillBody(iota_dim=0)),
+        PrimOp("add", (IterDim("s", seq), IterDim("d", hidden)), (Access("emb", (0, 1)), Access("pos", (0, 1))),
+               Access("h", (0, 1)), PointwiseBody(Call("add", (In(0), In(1))))),
+        PrimOp("cumsum", (IterDim("d", hidden), IterDim("s", seq, "reduction")), (Access("h", (1, 0)),),
+               Access("c", (1, 0)), ReduceBody("cumsum")),
+    ]
+    pg = PrimGraph("embed", t, ops, ["idx", "table"], ["c"])
+    program = plan(pg, HW, "naive")
+    rep = time_program(program, HW)
+    assert [o.op_id for o in rep.ops] == [o.id for o in program.ops]
+    assert all(o.end_us >= o.start_us >= 0 for o in rep.ops)
+    assert rep.total_us == pytest.approx(sum(o.end_us - o.start_us for o in rep.ops))
+    g = rep.op("gather")
+    # the gather reads one table row per output row (not the whole table) plus the indices
+    assert g.hbm_read_bytes < vocab * hidden * 2
+    assert g.hbm_read_bytes >= seq * hidden * 2
+    assert rep.op("fill").hbm_read_bytes == 0 and rep.op("fill").hbm_write_bytes == seq * hidden * 2
