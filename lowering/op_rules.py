@@ -149,15 +149,16 @@ def stick_options(op: PrimOp) -> list[StickChoice]:
                                    None if out_rank == 0 else out_rank - 1))
         return out
     if kind == "gather":
-        table, index = op.inputs[0], op.inputs[1]
+        table, indices = op.inputs[0], op.inputs[1:]
+        gathered = set(getattr(body, "table_axes", (body.axis,)))
+        idx_specs = tuple(_operand_spec(a, None) for a in indices)
         out = []
         for s in _out_iter_candidates(op):
             j = _tensor_dim_of(table, s)
-            tspec = ANY if (j is None or j == body.axis) else j
-            out.append(StickChoice(s, (tspec, _operand_spec(index, None)),
-                                   _operand_spec(op.output, s)))
+            tspec = ANY if (j is None or j in gathered) else j
+            out.append(StickChoice(s, (tspec,) + idx_specs, _operand_spec(op.output, s)))
         if not out:
-            out.append(StickChoice(None, (_operand_spec(table, None), _operand_spec(index, None)),
+            out.append(StickChoice(None, (_operand_spec(table, None),) + idx_specs,
                                    None if out_rank == 0 else out_rank - 1))
         return out
     # copy, fill: any output dim, inputs read whole
@@ -207,7 +208,7 @@ def split_granules(op: PrimOp, input_sticks: Sequence[Optional[int]], output_sti
             continue
         if n < len(op.inputs) and op.body.kind == "copy":
             continue  # copy inputs are read whole through their strided maps
-        if n == 0 and op.body.kind == "gather" and st == op.body.axis:
+        if n == 0 and op.body.kind == "gather" and st in getattr(op.body, "table_axes", (op.body.axis,)):
             continue
         it = acc.dims[st]
         if it is None:

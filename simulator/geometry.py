@@ -228,7 +228,7 @@ def operand_box(op: PrimOp, operand: int, ranges: Sequence[Range], shape: Sequen
         return tuple((0, s) for s in shape)
     box = []
     for j, d in enumerate(acc.dims):
-        if operand == 0 and kind == "gather" and j == op.body.axis:
+        if operand == 0 and kind == "gather" and j in op.body.table_axes:
             box.append((0, shape[j]))
         elif d is None or d >= len(ranges):
             box.append((0, shape[j]))

@@ -6,9 +6,10 @@ in device memory at its offset (dims in `dim_order`, stick dim last and padded);
 each core's own slice at `lx_address`, the box the producer wrote on that core stored in
 layout order with the stick dim padded to whole sticks. Each op runs per core on its work
 slice (`core_slices`): the core reads its operand boxes from device memory or from ITS LX
-bytes (addresses computed from the producer's slicing), computes in float32 (simulator/
-kernels.py), and writes its output box back in the output's layout. A split reduction dim
-is combined across cores (partials summed in float32 before rounding).
+bytes (addresses computed from the producer's slicing), computes its slice with the
+reference semantics (lowering.interpreter.run_op on the local loop nest: float32 compute,
+float32 matmul accumulation), and writes its output box back in the output's layout. A split
+reduction dim is combined across cores (partials kept in float32, rounded once).
 
 Nothing here consults the validator: a wrong core->slice map leaves slices unwritten or
 written twice, an LX reader sliced differently from its producer reads another slice's
@@ -21,13 +22,19 @@ from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from lowering.primitives import DTYPE_BYTES, PrimOp, op_from_json
+from lowering.interpreter import InterpreterError, run_op as reference_op
+from lowering.primitives import DTYPE_BYTES, Access, IterDim, PrimOp, PrimTensor, op_from_json
 from simulator.geometry import (
     Box, box_storage_extents, core_ranges, element_strides, layout_nbytes, op_granules,
     operand_box, reduction_split,
 )
-from simulator.kernels import _NP_DTYPES, KernelError, combine_partials, compute_local
 from simulator.superdsc import HbmMemory, LxMemory, Program, TensorDecl
+
+_NP_DTYPES = {
+    "float32": np.float32, "float16": np.float16, "float64": np.float64, "bfloat16": np.float32,
+    "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8,
+    "bool": np.bool_,
+}
 
 # Refuse to allocate a device-memory image larger than this for a functional run (timing-only
 # simulation of real-size models never allocates).
@@ -177,8 +184,9 @@ class Machine:
                 raw = self.view(t, core, operand_box(prim, i, rng, t.shape))
                 arrays.append(from_storage(raw, t.dtype))
             try:
-                out = compute_local(prim, rng, arrays, out_t.shape)
-            except KernelError as e:
+                out = compute_slice(prim, rng, arrays, [tm[a.tensor].dtype for a in prim.inputs],
+                                    out_t, partial)
+            except (InterpreterError, ValueError, IndexError) as e:
                 raise RunError(f"{o.id}: {e}") from e
             results.append((core, operand_box(prim, -1, rng, out_t.shape), out))
         if partial:
@@ -198,6 +206,51 @@ class Machine:
         full = tuple((0, s) for s in t.shape)
         raw = self.view(t, None, full)
         return from_storage(raw, t.dtype).astype(user_dtype(t.dtype))
+
+
+def _local_name(tensor: str, i: int) -> str:
+    return f"{tensor}#{i}"
+
+
+def compute_slice(prim: PrimOp, ranges, arrays: list, in_dtypes: list[str], out_t: TensorDecl,
+                  partial: bool) -> np.ndarray:
+    """One core's output box: the op's loop nest restricted to `ranges`, evaluated with the
+    reference semantics on the core's operand boxes. Copy and fill build the whole output
+    (their inputs are read whole) and cut the box. With `partial` (a split reduction dim)
+    the result stays float32 so partials are combined before the one rounding."""
+    out_box = [(0, 1) if d is None else ranges[d] for d in prim.output.dims]
+    out_dtype = out_t.dtype
+    if partial and out_dtype in ("float16", "bfloat16"):
+        out_dtype = "float32"
+    names = [_local_name(a.tensor, i) for i, a in enumerate(prim.inputs)]
+    env = dict(zip(names, arrays))
+    tensors = {n: PrimTensor(n, tuple(a.shape), dt) for n, a, dt in zip(names, arrays, in_dtypes)}
+    inputs = tuple(Access(n, a.dims) for n, a in zip(names, prim.inputs))
+    if prim.body.kind in ("copy", "fill"):
+        tensors[out_t.id] = PrimTensor(out_t.id, tuple(out_t.shape), out_dtype)
+        full = reference_op(PrimOp(prim.id, prim.iter_dims, inputs, prim.output, prim.body), env, tensors)
+        return np.asarray(full)[tuple(slice(a, b) for a, b in out_box)]
+    local = PrimOp(prim.id, tuple(IterDim(d.name, b - a, d.kind) for d, (a, b) in zip(prim.iter_dims, ranges)),
+                   inputs, prim.output, prim.body)
+    tensors[out_t.id] = PrimTensor(out_t.id, tuple(b - a for a, b in out_box), out_dtype)
+    return reference_op(local, env, tensors)
+
+
+def combine_partials(fn: str, parts: list[np.ndarray]) -> np.ndarray:
+    """Fold per-core partial results of a split reduction dim (the cross-core combine)."""
+    out = np.asarray(parts[0])
+    for p in parts[1:]:
+        if fn in ("sum", "matmul"):
+            out = out + p
+        elif fn == "max":
+            out = np.maximum(out, p)
+        elif fn == "min":
+            out = np.minimum(out, p)
+        elif fn == "prod":
+            out = out * p
+        else:
+            raise RunError(f"{fn} cannot be split across cores")
+    return out
 
 
 def run_program(program: Program, inputs: Mapping[str, np.ndarray], hw) -> list[np.ndarray]:

@@ -233,7 +233,7 @@ class _Checker:
             for j, d in enumerate(acc.dims):
                 if d is None:
                     if t.shape[j] != 1 and not (prim.kind == "gather" and role == "input"
-                                                and acc is prim.inputs[0] and j == prim.body.axis):
+                                                and acc is prim.inputs[0] and j in prim.body.table_axes):
                         self.add("shape_mismatch", f"{op_id}: {acc.tensor} dim {j} unmapped but size {t.shape[j]}",
                                  op=op_id, tensor=acc.tensor)
                         ok = False
@@ -243,7 +243,7 @@ class _Checker:
                     ok = False
                 elif prim.kind in ("copy",) and role == "input":
                     continue
-                elif prim.kind == "gather" and acc is prim.inputs[0] and j == prim.body.axis:
+                elif prim.kind == "gather" and acc is prim.inputs[0] and j in prim.body.table_axes:
                     continue
                 elif prim.iter_dims[d].size != t.shape[j]:
                     self.add("shape_mismatch", f"{op_id}: {acc.tensor} dim {j} has size {t.shape[j]}, "
