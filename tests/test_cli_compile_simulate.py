@@ -1,0 +1,76 @@
+"""`sticksat compile` and `sticksat simulate` end to end (in-process CLI)."""
+import json
+
+import pytest
+
+from service.cli import main
+from simulator.superdsc import Program
+
+META = lambda shape: {"shape": shape, "stride": [shape[1], 1], "storage_offset": 0, "dtype": "float32"}
+DOC = {
+    "format": "sticksat.graph", "version": 1, "name": "linear_relu",
+    "inputs": [{"id": "x", "kind": "user_input", "meta": META([16, 64])},
+               {"id": "w", "kind": "parameter", "meta": META([64, 96])}],
+    "nodes": [
+        {"id": "mm", "target": "aten.mm.default",
+         "args": [{"kind": "tensor", "node": "x"}, {"kind": "tensor", "node": "w"}],
+         "outputs": [META([16, 96])]},
+        {"id": "relu", "target": "aten.relu.default", "args": [{"kind": "tensor", "node": "mm"}],
+         "outputs": [META([16, 96])]},
+    ],
+    "outputs": [{"kind": "tensor", "node": "relu"}],
+}
+
+
+@pytest.fixture()
+def graph_file(tmp_path):
+    p = tmp_path / "graph.json"
+    p.write_text(json.dumps(DOC))
+    return p
+
+
+def _run(argv, capsys):
+    code = main(argv)
+    out = capsys.readouterr().out
+    return code, out
+
+
+def test_compile_then_simulate_with_numerics_and_trace(graph_file, tmp_path, capsys):
+    prog_path = tmp_path / "program.json"
+    code, _ = _run(["compile", str(graph_file), "--planner", "naive", "-o", str(prog_path)], capsys)
+    assert code == 0
+    prog = Program.from_json(prog_path.read_text())
+    assert prog.stats.planner == "naive" and [o.opfunc for o in prog.ops] == ["matmul", "relu"]
+    trace = tmp_path / "trace.json"
+    code, out = _run(["simulate", str(prog_path), "--graph", str(graph_file), "--numerics",
+                      "--trace", str(trace), "--json"], capsys)
+    res = json.loads(out)
+    assert code == 0 and res["valid"] is True and res["errors"] == []
+    assert res["simulated_us"] > 0
+    assert res["max_abs_err"] < 1e-4 and res["max_rel_err"] < 1e-5
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" for e in events)
+
+
+def test_simulate_invalid_program_exits_nonzero(graph_file, tmp_path, capsys):
+    prog_path = tmp_path / "program.json"
+    assert _run(["compile", str(graph_file), "-o", str(prog_path)], capsys)[0] == 0
+    d = json.loads(prog_path.read_text())
+    relu = next(o for o in d["ops"] if o["opfunc"] == "relu")
+    relu["core_split"] = {relu["prim"]["iter_dims"][1]["name"]: 5}   # 96 elements: not 5 whole-stick slices
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    code, out = _run(["simulate", str(bad), "--json"], capsys)
+    res = json.loads(out)
+    assert code == 1 and res["valid"] is False
+    assert "split_uneven" in {e["code"] for e in res["errors"]}
+    assert all(set(e) >= {"code", "message"} for e in res["errors"])
+
+
+def test_compile_rejects_unsupported_graph(tmp_path, capsys):
+    doc = json.loads(json.dumps(DOC))
+    doc["nodes"][1]["target"] = "aten.not_an_op.default"
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(doc))
+    assert main(["compile", str(p), "-o", str(tmp_path / "o.json")]) == 2
+    assert "unsupported" in capsys.readouterr().err
