@@ -53,10 +53,50 @@ class InterpreterExecutable:
         return interpret(self.prim_graph, inputs_by_id)
 
 
+class SimulatedProgramExecutable:
+    """A region planned in this process (service.pipeline, the same path the service
+    runs) and run on the simulator: the program is validated and timed by the
+    simulator, then executed by its functional run."""
+
+    executor = "simulator"
+
+    def __init__(self, program: dict):
+        from simulator.api import simulate
+        from simulator.hardware import load_target
+        from simulator.superdsc import Program
+
+        self.program = Program.model_validate(program)
+        self.hw = load_target(self.program.hardware)
+        verdict = simulate(self.program, hw=self.hw)
+        if not verdict.valid:
+            head = "; ".join(f"{e.code}: {e.message}" for e in verdict.errors[:3])
+            raise RuntimeError(f"the planner returned a program the simulator rejects: {head}")
+        self.last_latency_us: Optional[float] = verdict.simulated_us
+
+    def run(self, inputs_by_id: dict[str, np.ndarray]) -> Sequence[np.ndarray]:
+        from simulator.run import run_program
+
+        return run_program(self.program, inputs_by_id, self.hw)
+
+
 def compile_region(doc: dict, options: BackendOptions) -> Executable:
-    """Validate and lower one region's document and return how to run it."""
+    """Validate one region's document and return how to run it:
+    - a service URL (option `url` or $STICKSAT_URL): the service plans it and the
+      returned program runs on the local simulator (backend/remote.py);
+    - executor "simulator": plan it in process and run the program on the simulator;
+    - executor "interpreter" (default): lower it and run lowering's reference interpreter."""
     document = parse_document(doc)
     validate_document(document)
+    from backend.remote import compile_remote_executable, service_url
+
+    url = service_url(options.url)
+    if url is not None:
+        return compile_remote_executable(doc, options, url)
+    if options.executor == "simulator":
+        from service.pipeline import compile_in_process
+
+        program = compile_in_process(document, planner=options.planner, time_limit_s=options.time_limit_s)
+        return SimulatedProgramExecutable(program)
     from lowering import lower_document
 
     return InterpreterExecutable(lower_document(document))
