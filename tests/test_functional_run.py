@@ -181,3 +181,35 @@ def test_tiny_models_fp16(name):
     res = simulate(plan(pg, HW), HW, graph=pg, numerics=True)
     assert res.valid, res.errors
     assert res.max_rel_err < 2e-2, (res.max_abs_err, res.max_rel_err)
+
+
+def test_lx_relayout_between_resident_tensors():
+    """k2 = 0.5 k stays in LX sticked on d; the matmul needs it sticked on s: the emitter
+    inserts an on-chip relayout (both resident), sliced like its consumer."""
+    from lowering.primitives import Access, Call, Const, In, PointwiseBody, PrimOp, PrimTensor, IterDim
+    from solver.plan import restick_id
+
+    pg, _ = __import__("tests.primgraphs", fromlist=["attention_scores"]).attention_scores(B=2, S=128, D=64)
+    pg.tensors["k2"] = PrimTensor("k2", (2, 128, 64), "float16")
+    scale = PrimOp("scale", (IterDim("b", 2), IterDim("s", 128), IterDim("d", 64)), (Access("k", (0, 1, 2)),),
+                   Access("k2", (0, 1, 2)), PointwiseBody(Call("mul", (In(0), Const(0.5)))))
+    qk = pg.ops[0]
+    pg.ops[:] = [scale, PrimOp("qk", qk.iter_dims, (qk.inputs[0], Access("k2", (0, 2, 3))), qk.output, qk.body)]
+    d = plan_naive(pg, HW)
+    d.ops["scale"].core_split = {"b": 2}
+    d.ops["qk"].core_split = {"b": 2}
+    d.resident["k2"] = Residency(0)
+    d.resident[restick_id("k2", 1)] = Residency(32768)
+    prog = emit_program(pg, HW, d)
+    assert validate_program(prog, HW) == []
+    rel = next(o for o in prog.ops if o.kind == "relayout")
+    assert rel.src == "k2" and rel.core_split == {"d0": 2}
+    inp = inputs_for(pg)
+    ref = np.einsum("bmk,bnk->bmn", inp["q"].astype(np.float32),
+                    (inp["k"].astype(np.float32) * 0.5).astype(np.float16).astype(np.float32))
+    assert _err(run_program(prog, inp, HW), [ref.astype(np.float16)]) < 2e-3
+    # the relayout sliced along another dim reads slices its LX does not hold
+    d.restick_ops[restick_id("k2", 1)] = OpPlan(core_split={"d1": 2})
+    bad = emit_program(pg, HW, d)
+    assert "lx_slice_mismatch" in {i.code for i in validate_program(bad, HW)}
+    assert _wrong_numbers_or_fault(bad, inp, [ref.astype(np.float16)])
