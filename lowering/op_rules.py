@@ -379,9 +379,9 @@ def operand_iter_dims(access: Access) -> Iterable[int]:
 
 
 def outermost_split(op: PrimOp, granules: dict[int, int], cores: int) -> dict[str, int]:
-    """What a compiler without an optimizer does: split the outermost parallel dim that has
-    more than one unit across as many cores as divide it evenly (whole sticks on a stick
-    dim); {} when no parallel dim can be split."""
+    """What a compiler without an optimizer does: split the outermost parallel dim that can
+    be split (more than one unit, some factor > 1 up to the core count divides it) across as
+    many cores as divide it evenly (whole sticks on a stick dim); {} when none can."""
     for i, d in enumerate(op.iter_dims):
         if d.kind != "parallel":
             continue
@@ -389,5 +389,6 @@ def outermost_split(op: PrimOp, granules: dict[int, int], cores: int) -> dict[st
         if units <= 1:
             continue
         f = max(_divisors(units, cores))
-        return {d.name: f} if f > 1 else {}
+        if f > 1:
+            return {d.name: f}
     return {}

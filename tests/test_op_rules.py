@@ -110,3 +110,12 @@ def test_reduction_split_on_non_stick_dim_allowed():
     op = ops["colsum"]
     gran = split_granules(op, [1], 1, ["float16"] * 2, STICK)
     assert {"r": 16, "n": 2} in legal_core_splits(op, gran, 32)
+
+
+def test_outermost_split_skips_dims_no_core_count_divides():
+    from lowering.op_rules import outermost_split
+    op = PrimOp("p", (IterDim("b", 1), IterDim("t", 197), IterDim("h", 768)), (Access("x", (0, 1, 2)),),
+                Access("y", (0, 1, 2)), PointwiseBody(Call("exp", (In(0),))))
+    gran = split_granules(op, [2], 2, ["float16", "float16"], STICK)
+    # b has one unit, 197 is prime: the hidden dim (12 sticks) is split 12 ways
+    assert outermost_split(op, gran, 32) == {"h": 12}
