@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backend.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
     parser.add_argument("--seq", type=int, default=16, help="sequence length (<= 64)")
+    parser.add_argument("--executor", choices=("interpreter", "simulator"), default="interpreter",
+                        help="run regions on the reference interpreter, or plan them and run the "
+                             "program on the simulator (reports simulated latency)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s: %(message)s")
 
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch._dynamo.reset()
     forget_compiled_regions()
-    compiled = torch.compile(model, backend="sticksat", dynamic=False)
+    compiled = torch.compile(model, backend="sticksat", dynamic=False, options={"executor": args.executor})
     with torch.no_grad():
         expected = model(input_ids).last_hidden_state
         actual = compiled(input_ids).last_hidden_state

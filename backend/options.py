@@ -10,6 +10,7 @@ ENV_STRICT = "STICKSAT_STRICT"
 ENV_URL = "STICKSAT_URL"
 
 GradPolicy = Literal["error", "eager"]
+Executor = Literal["interpreter", "simulator"]
 
 
 class BackendOptionError(ValueError):
@@ -23,8 +24,12 @@ class BackendOptions:
     # What to do when called with autograd on and inputs that require grad: the backend
     # compiles inference graphs only.
     on_grad: GradPolicy = "error"
-    # Compile service URL; None compiles in process. (Used by the service seam.)
+    # Compile service URL; None compiles in process.
     url: Optional[str] = None
+    # In process: "interpreter" runs the lowered graph on the numpy reference
+    # interpreter; "simulator" plans a SuperDSC program and runs it on the simulator
+    # (real outputs plus a simulated latency).
+    executor: Executor = "interpreter"
     # Planner and solver budget, passed through to the compile step.
     planner: Optional[str] = None
     time_limit_s: Optional[float] = None
@@ -49,4 +54,7 @@ class BackendOptions:
             raise BackendOptionError(f"option strict must be a bool, got {values['strict']!r}")
         if values.get("on_grad", "error") not in ("error", "eager"):
             raise BackendOptionError(f"option on_grad must be 'error' or 'eager', got {values['on_grad']!r}")
+        if values.get("executor", "interpreter") not in ("interpreter", "simulator"):
+            raise BackendOptionError(f"option executor must be 'interpreter' or 'simulator', "
+                                     f"got {values['executor']!r}")
         return cls(**values)
