@@ -32,18 +32,11 @@ from simulator.geometry import (
     box_lx_bytes, core_ranges, default_core_slices, make_layout, operand_box, padded,
     reduction_split,
 )
-from simulator.validate import validate_program
-from solver.emit import emit_program
 from solver.heuristic_layouts import BEAM_WIDTH, beam_search_layouts
 from solver.heuristic_lx import LxBuffer, greedy_place, lx_eligible_op
 from solver.heuristic_work import divide_work
 from solver.plan import OpPlan, PlanDecisions, Residency, restick_id
 from solver.planners import register
-
-# Validator codes a residency can cause through bundling (emitter never cuts inside an LX
-# live range, so a long one can push a bundle past the external-tensor limit).
-_BUNDLE_CODES = frozenset({"bundle_limit", "lx_cross_bundle"})
-
 
 @dataclass
 class _Step:
@@ -100,7 +93,7 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
         placed = [b for b in buffers if b.address is not None]
         for b in placed:
             decisions.resident[b.name] = Residency(lx_address=b.address, size_per_core=b.size)
-        dropped = _fit_bundles(pg, hw, decisions)
+        dropped = _fit_bundles(pg, hw, steps, decisions)
         notes.append(f"LX: {len(buffers)} eligible buffers, {len(placed)} placed first-fit, "
                      f"{dropped} dropped for bundle limits")
     decisions.stats["notes"] = notes
@@ -148,32 +141,46 @@ def _lx_buffers(pg: PrimGraph, steps: list[_Step], stick_of, shapes, dtypes, hw)
     return buffers
 
 
-def _fit_bundles(pg: PrimGraph, hw, decisions: PlanDecisions) -> int:
-    """Drop residencies until no bundle breaks the external-tensor limit because an LX live
-    range kept the emitter from cutting it (longest range over an over-full bundle first);
-    returns how many were dropped."""
+def _fit_bundles(pg: PrimGraph, hw, steps: list[_Step], decisions: PlanDecisions) -> int:
+    """Drop residencies until bundling can respect the external-tensor limit; returns how
+    many were dropped.
+
+    Replays the emitter's bundling (solver.emit: greedy cuts before an op that would push
+    the bundle past the limit, never inside an LX live range) over the steps; where a bundle
+    overflows because no cut is allowed, the longest live range spanning that op leaves LX
+    and the replay starts again."""
+    alias_root: dict[str, str] = {}
+    for st in steps:
+        if st.alias:
+            src = st.prim.inputs[0].tensor
+            alias_root[st.prim.output.tensor] = alias_root.get(src, src)
+    index_of_producer = {st.prim.output.tensor: k for k, st in enumerate(steps)}
+    last_reader: dict[str, int] = {}
+    for k, st in enumerate(steps):
+        for acc in st.prim.inputs:
+            last_reader[acc.tensor] = k
     dropped = 0
-    while decisions.resident:
-        program = emit_program(pg, hw, decisions)
-        issues = [i for i in validate_program(program, hw) if i.code in _BUNDLE_CODES]
-        if not issues:
-            break
-        victims = {i.tensor for i in issues if i.code == "lx_cross_bundle" and i.tensor in decisions.resident}
-        if not victims:
-            index = {o.id: k for k, o in enumerate(program.ops)}
-            spans = [(min(index[o] for o in b.ops), max(index[o] for o in b.ops))
-                     for b in program.bundles if len(b.external_tensors) > hw.bundle_tensor_limit and b.ops]
-            tmap = program.tensor_map()
-            spanning = [(tmap[t].memory.live_to - tmap[t].memory.live_from, t) for t in decisions.resident
-                        if any(tmap[t].memory.live_from <= hi and lo <= tmap[t].memory.live_to
-                               for lo, hi in spans)]
+    while True:
+        ranges = {t: (index_of_producer[t], last_reader.get(t, index_of_producer[t]))
+                  for t in decisions.resident}
+        cur: set[str] = set()
+        victim = None
+        for k, st in enumerate(steps):
+            refs = {alias_root.get(t, t) for t in [a.tensor for a in st.prim.inputs] + [st.prim.output.tensor]
+                    if t not in decisions.resident}
+            if len(cur | refs) <= hw.bundle_tensor_limit or k == 0:
+                cur |= refs
+                continue
+            spanning = [(hi - lo, t) for t, (lo, hi) in ranges.items() if lo < k <= hi]
             if not spanning:
-                break  # the over-full bundle is not caused by residency
-            victims = {max(spanning)[1]}
-        for t in victims:
-            del decisions.resident[t]
-            dropped += 1
-    return dropped
+                cur = refs  # the emitter cuts here
+                continue
+            victim = max(spanning)[1]
+            break
+        if victim is None:
+            return dropped
+        del decisions.resident[victim]
+        dropped += 1
 
 
 register("heuristic", plan_heuristic)
