@@ -64,9 +64,12 @@ def assert_close(got: np.ndarray, want: np.ndarray, dtype: torch.dtype, what: st
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape, f"{what}: shape {got.shape} vs {want.shape}"
-    scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
-    err = np.abs(got - want)
-    bad = err > atol * scale + rtol * np.abs(want)
+    finite = np.abs(want[np.isfinite(want)])
+    scale = max(1.0, float(finite.max()) if finite.size else 1.0)
+    same = (got == want) | (np.isnan(got) & np.isnan(want))  # covers matching infinities
+    with np.errstate(invalid="ignore"):
+        err = np.where(same, 0.0, np.abs(got - want))
+    bad = ~(err <= atol * scale + rtol * np.abs(np.where(same, 0.0, want)))
     assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} elements differ; "
                            f"max abs err {float(err.max()):.3g} (scale {scale:.3g})")
 
@@ -75,3 +78,94 @@ def lower_and_run(model, example_inputs):
     doc, values = capture_with_values(model, example_inputs)
     pg = lower_document(doc)
     return pg, interpret(pg, values)
+
+
+# -- hand-built documents: call aten ops eagerly and record them as graph nodes ---------
+class Ref:
+    def __init__(self, node: str, output: int, value: torch.Tensor):
+        self.node, self.output, self.value = node, output, value
+
+
+def _overload(target: str):
+    ns, name, overload = target.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), name), overload)
+
+
+class DocBuilder:
+    """Builds a graph document op by op while computing each op eagerly with torch, so a
+    test gets both the document and the values eager torch produces."""
+
+    def __init__(self):
+        self.inputs, self.nodes, self.outputs, self.values = [], [], [], {}
+        self._n = 0
+
+    def input(self, value: torch.Tensor, kind: str = "user_input", name: str = "") -> Ref:
+        iid = name or f"in{len(self.inputs)}"
+        self.inputs.append({"id": iid, "kind": kind, "meta": _meta(value)})
+        self.values[iid] = to_numpy(value)
+        return Ref(iid, 0, value)
+
+    def call(self, target: str, *args, **kwargs):
+        self._n += 1
+        nid = f"n{self._n}_{target.split('.')[1]}"
+        unwrap = lambda a: a.value if isinstance(a, Ref) else [unwrap(x) for x in a] if isinstance(a, list) else a
+        result = _overload(target)(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in kwargs.items()})
+        outs = list(result) if isinstance(result, (tuple, list)) else [result]
+        self.nodes.append({"id": nid, "target": target, "args": [_arg(a) for a in args],
+                           "kwargs": {k: _arg(v) for k, v in kwargs.items()},
+                           "outputs": [_meta(o) for o in outs]})
+        refs = [Ref(nid, k, o) for k, o in enumerate(outs)]
+        return refs if isinstance(result, (tuple, list)) else refs[0]
+
+    def document(self, *outputs: Ref) -> GraphDocument:
+        return GraphDocument.model_validate({
+            "format": "sticksat.graph", "version": 1, "name": "test", "inputs": self.inputs, "nodes": self.nodes,
+            "outputs": [{"kind": "tensor", "node": r.node, "output": r.output} for r in outputs]})
+
+    def check(self, *outputs: Ref, dtype=None):
+        """Lower, interpret, compare every output with the eager value; returns the PrimGraph."""
+        doc = self.document(*outputs)
+        pg = lower_document(doc)
+        got = interpret(pg, self.values)
+        for k, (g, r) in enumerate(zip(got, outputs)):
+            want = to_numpy(r.value)
+            assert g.shape == want.shape, f"output {k}: shape {g.shape} vs {want.shape}"
+            if want.dtype.kind in "biu":
+                assert g.dtype == want.dtype, f"output {k}: dtype {g.dtype} vs {want.dtype}"
+                assert (g == want).all(), f"output {k}: integer values differ"
+            else:
+                dt = dtype or (torch.float16 if r.value.dtype in (torch.float16, torch.bfloat16) else torch.float32)
+                assert_close(g, want, dt, f"output {k}")
+        return pg
+
+
+def _meta(t: torch.Tensor) -> dict:
+    from backend.capture import tensor_meta
+
+    return tensor_meta(t)
+
+
+def _arg(a):
+    import math
+
+    if isinstance(a, Ref):
+        return {"kind": "tensor", "node": a.node, "output": a.output}
+    if isinstance(a, bool):
+        return {"kind": "bool", "value": a}
+    if isinstance(a, int):
+        return {"kind": "int", "value": a}
+    if isinstance(a, float):
+        if math.isinf(a):
+            return {"kind": "float", "value": "inf" if a > 0 else "-inf"}
+        return {"kind": "float", "value": a}
+    if a is None:
+        return {"kind": "none"}
+    if isinstance(a, torch.dtype):
+        from backend.capture import dtype_name
+
+        return {"kind": "dtype", "value": dtype_name(a)}
+    if isinstance(a, (str, torch.device)):
+        return {"kind": "str", "value": str(a)}
+    if isinstance(a, (list, tuple)):
+        return {"kind": "list", "items": [_arg(x) for x in a]}
+    raise TypeError(f"cannot encode {a!r}")

@@ -1,0 +1,317 @@
+"""Per-op-family lowering tests: each builds a small document by calling the aten ops
+eagerly (tests/lowering_helpers.DocBuilder), lowers it, runs the reference interpreter
+and compares with torch (fp32 and fp16; tolerances in lowering_helpers.TOLERANCE)."""
+import math
+
+import pytest
+import torch
+
+from tests.lowering_helpers import DocBuilder
+
+FLOATS = [torch.float32, torch.float16]
+
+
+def rnd(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed + 7 * len(shape) + sum(shape))
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+# -- pointwise -------------------------------------------------------------------------
+UNARY = ["exp", "neg", "rsqrt", "tanh", "erf", "relu", "sqrt", "reciprocal", "sin", "cos", "sigmoid",
+         "silu", "abs", "log"]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("fn", UNARY)
+def test_unary(fn, dtype):
+    b = DocBuilder()
+    x = rnd(3, 5, dtype=dtype)
+    if fn in ("rsqrt", "sqrt", "log"):
+        x = x.abs() + 0.1
+    if fn == "reciprocal":
+        x = x.sign() * (x.abs() + 0.5)
+    pg = b.check(b.call(f"aten.{fn}.default", b.input(x)))
+    assert [op.kind for op in pg.ops] == ["pointwise"]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+def test_binary_broadcast_and_scalars(dtype):
+    b = DocBuilder()
+    x, y, z = b.input(rnd(2, 3, 4, dtype=dtype)), b.input(rnd(3, 1, dtype=dtype)), b.input(rnd(4, dtype=dtype))
+    a = b.call("aten.add.Tensor", x, y, alpha=2)
+    s = b.call("aten.sub.Tensor", a, z)
+    m = b.call("aten.mul.Tensor", s, 0.5)
+    d = b.call("aten.div.Tensor", m, b.call("aten.add.Tensor", b.call("aten.abs.default", z), 1.0))
+    p = b.call("aten.pow.Tensor_Scalar", d, 2)
+    r = b.call("aten.rsub.Scalar", p, 1.0)
+    mx = b.call("aten.maximum.default", r, y)
+    pg = b.check(mx)
+    add = next(op for op in pg.ops if op.id == a.node)
+    # y [3, 1] broadcasts: its size-1 dim is None, its 3 walks iteration dim of output dim 1
+    assert add.inputs[1].dims == (add.output.dims[1], None)
+    assert len(pg.ops) == 9
+
+
+def test_compare_where_logic_int():
+    b = DocBuilder()
+    x = b.input(torch.arange(12).reshape(3, 4))
+    y = b.input(torch.tensor([[1], [5], [9]]))
+    le = b.call("aten.le.Tensor", x, y)
+    ne = b.call("aten.ne.Scalar", x, 3)
+    both = b.call("aten.bitwise_and.Tensor", le, ne)
+    ge = b.call("aten.ge.Scalar", x, 2)
+    eq = b.call("aten.eq.Tensor", x, y)
+    full = b.call("aten.full.default", [], True, dtype=torch.bool)
+    anded = b.call("aten.bitwise_and.Tensor", full, both)
+    sub = b.call("aten.sub.Tensor", x, 1)
+    st0 = b.call("aten.scalar_tensor.default", 0.0, dtype=torch.float32)
+    stn = b.call("aten.scalar_tensor.default", -math.inf, dtype=torch.float32)
+    w = b.call("aten.where.self", anded, st0, stn)
+    pg = b.check(anded, ge, eq, sub, w)
+    # constant fills fold into the where's expression: no fill op survives
+    assert all(op.kind != "fill" for op in pg.ops)
+
+
+def test_casts_and_int_division():
+    b = DocBuilder()
+    x = b.input(rnd(4, 6) * 10)
+    i = b.call("prims.convert_element_type.default", x, torch.int64)
+    h = b.call("prims.convert_element_type.default", x, torch.float16)
+    back = b.call("prims.convert_element_type.default", h, torch.float32)
+    q = b.call("aten.div.Tensor", i, 3)
+    f = b.call("aten.div.Tensor_mode", i, 3, rounding_mode="floor")
+    c = b.call("aten._to_copy.default", i, dtype=torch.float32)
+    b.check(i, h, back, q, f, c)
+
+
+def test_gelu_variants_and_clamp():
+    b = DocBuilder()
+    x = b.input(rnd(5, 7) * 3)
+    g = b.call("aten.gelu.default", x)
+    gt = b.call("aten.gelu.default", x, approximate="tanh")
+    c = b.call("aten.clamp.default", x, -1.0, 0.5)
+    b.check(g, gt, c)
+
+
+# -- reductions ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+def test_reductions(dtype):
+    b = DocBuilder()
+    x = b.input(rnd(2, 6, 8, dtype=dtype))
+    s = b.call("aten.sum.dim_IntList", x, [1, 2], True)
+    mean = b.call("aten.mean.dim", x, [-1])
+    amax = b.call("aten.amax.default", x, [1], True)
+    vm = b.call("aten.var_mean.correction", x, [2], correction=0, keepdim=True)
+    v1 = b.call("aten.var.correction", x, [0, 2], correction=1)
+    pg = b.check(s, mean, amax, vm[0], vm[1], v1)
+    red = [op for op in pg.ops if op.kind == "reduce"]
+    assert all(any(d.kind == "reduction" for d in op.iter_dims) for op in red)
+    sum_op = next(op for op in pg.ops if op.id == s.node)
+    # keepdim: the reduced output dims are None
+    assert sum_op.output.dims[1] is None and sum_op.output.dims[2] is None
+
+
+def test_cumsum_of_bool_and_softmax():
+    b = DocBuilder()
+    m = b.input(torch.tensor([[1, 1, 0, 1, 0, 1]]))
+    ne = b.call("aten.ne.Scalar", m, 0)
+    cs = b.call("aten.cumsum.default", ne, -1)
+    x = b.input(rnd(3, 9))
+    sm = b.call("aten._softmax.default", x, -1, False)
+    pg = b.check(cs, sm)
+    assert sum(op.kind == "reduce" for op in pg.ops) == 3  # cumsum, amax, sum
+
+
+# -- matmul ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+def test_mm_addmm_bmm_with_folded_transposes(dtype):
+    b = DocBuilder()
+    x = b.input(rnd(5, 16, dtype=dtype))
+    w = b.input(rnd(8, 16, dtype=dtype), kind="parameter", name="w")
+    bias = b.input(rnd(8, dtype=dtype), kind="parameter", name="bias")
+    wt = b.call("aten.permute.default", w, [1, 0])
+    lin = b.call("aten.addmm.default", bias, x, wt)
+    mm = b.call("aten.mm.default", x, b.call("aten.t.default", w))
+    q = b.input(rnd(3, 4, 6, dtype=dtype))
+    k = b.input(rnd(3, 5, 6, dtype=dtype))
+    bmm = b.call("aten.bmm.default", q, b.call("aten.transpose.int", k, 1, 2))
+    pg = b.check(lin, mm, bmm)
+    # transposes are folded into the matmul's operand maps, never copied
+    assert not [op for op in pg.ops if op.kind == "copy"]
+    mm_op = next(op for op in pg.ops if op.id == mm.node)
+    body = mm_op.body
+    assert mm_op.inputs[1].tensor == "w" and mm_op.inputs[1].dims == (body.n, body.k)
+    assert mm_op.inputs[0].dims == (body.m, body.k)
+    assert mm_op.iter_dims[body.k].kind == "reduction"
+
+
+def test_matmul_with_m_of_one_keeps_the_role_dim():
+    b = DocBuilder()
+    x = b.input(rnd(1, 32))
+    w = b.input(rnd(32, 48), kind="parameter", name="w")
+    pg = b.check(b.call("aten.mm.default", x, w))
+    op = pg.ops[0]
+    assert op.iter_dims[op.body.m].size == 1
+    assert op.inputs[0].dims == (op.body.m, op.body.k)
+    assert op.output.dims == (op.body.m, op.body.n)
+
+
+# -- views and copies ------------------------------------------------------------------
+def test_views_fold_and_regroups_copy():
+    b = DocBuilder()
+    x = b.input(rnd(2, 3, 4))
+    p = b.call("aten.permute.default", x, [2, 0, 1])
+    u = b.call("aten.unsqueeze.default", p, 1)
+    e = b.call("aten.expand.default", u, [4, 5, 2, 3])
+    y = b.call("aten.mul.Tensor", e, 2.0)  # reads x through the folded view
+    v = b.call("aten.view.default", x, [6, 4])  # contiguous regroup: a copy at its consumer
+    z = b.call("aten.add.Tensor", v, 1.0)
+    sl = b.call("aten.slice.Tensor", x, 2, 1, 4, 2)
+    sel = b.call("aten.select.int", sl, 1, -1)
+    w = b.call("aten.neg.default", sel)
+    r = b.call("aten.reshape.default", p, [4, 6])  # regroup of a permuted view
+    sq = b.call("aten.squeeze.dim", b.call("aten.unsqueeze.default", x, 0), 0)
+    pg = b.check(y, z, w, r, sq)
+    mul = next(op for op in pg.ops if op.id == y.node)
+    assert mul.inputs[0].tensor == "in0" and mul.inputs[0].dims == (2, 3, 0)  # x dims -> (d2, d3, d0)
+    assert pg.outputs[4] == "in0"  # a no-op view of an input is the input itself
+    copies = [op for op in pg.ops if op.kind == "copy"]
+    assert len(copies) == 3  # the regroup, the slice+select, the permuted reshape
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+def test_cat_split_pad(dtype):
+    b = DocBuilder()
+    x = b.input(rnd(2, 6, 4, dtype=dtype))
+    parts = b.call("aten.split.Tensor", x, 4, 1)
+    neg = b.call("aten.neg.default", parts[1])
+    cat = b.call("aten.cat.default", [neg, parts[0]], 1)
+    pad = b.call("aten.constant_pad_nd.default", x, [1, 2, -1, 0], -3.0)
+    pg = b.check(cat, pad, parts[0])
+    cat_op = next(op for op in pg.ops if op.id == cat.node)
+    # the split piece is read straight from x through the piece's strided map
+    assert cat_op.body.out_offsets == ((0, 0, 0), (0, 2, 0))
+    assert cat_op.inputs[1].tensor == "in0"
+
+
+# -- gathers and creation ---------------------------------------------------------------
+def test_embedding_index_gather():
+    b = DocBuilder()
+    wte = b.input(rnd(10, 8), kind="parameter", name="wte")
+    ids = b.input(torch.tensor([[1, 9, 0, 3]]))
+    emb = b.call("aten.embedding.default", wte, ids)
+    x = b.input(torch.arange(20).reshape(4, 5))
+    i0 = b.input(torch.tensor([[0], [3]]))
+    i1 = b.input(torch.tensor([1, -1, 2]))
+    idx = b.call("aten.index.Tensor", x, [i0, i1])
+    idx_mid = b.call("aten.index.Tensor", x, [None, i1])
+    g_idx = b.input(torch.tensor([[0, 2], [1, 1], [3, 0]]))
+    gat = b.call("aten.gather.default", x, 0, g_idx)
+    isel = b.call("aten.index_select.default", wte, 0, b.input(torch.tensor([4, 4, 2])))
+    pg = b.check(emb, idx, idx_mid, gat, isel)
+    two = next(op for op in pg.ops if op.id == idx.node)
+    assert two.body.table_axes == (0, 1) and two.inputs[0].dims == (None, None)
+    e = next(op for op in pg.ops if op.id == emb.node)
+    assert e.body.axis == 0 and e.inputs[0].dims[0] is None
+
+
+def test_fills():
+    b = DocBuilder()
+    io = b.call("prims.iota.default", 7, start=3, step=2, dtype=torch.int64, device=torch.device("cpu"),
+                requires_grad=False)
+    f = b.call("aten.full.default", [2, 3], 1.5, dtype=torch.float32)
+    z = b.call("aten.zeros.default", [4], dtype=torch.float16)
+    ar = b.call("aten.arange.start_step", 0, 10, 3, dtype=torch.int64)
+    pg = b.check(io, f, z, ar)
+    assert {op.kind for op in pg.ops} == {"fill"}
+
+
+# -- attention, conv, pool -----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("mask", ["none", "bool", "additive", "causal"])
+def test_sdpa_materialized(mask, dtype):
+    b = DocBuilder()
+    q, k, v = (b.input(rnd(1, 2, 5, 8, dtype=dtype, seed=s)) for s in (1, 2, 3))
+    kwargs = {"scale": 0.3}
+    if mask == "bool":
+        kwargs["attn_mask"] = b.input(torch.rand(1, 1, 5, 5, generator=torch.Generator().manual_seed(0)) > 0.3)
+        kwargs["attn_mask"].value[..., 0] = True  # no fully-masked row
+    elif mask == "additive":
+        kwargs["attn_mask"] = b.input(rnd(1, 1, 5, 5, dtype=dtype))
+    causal = mask == "causal"
+    if mask == "bool":  # the CPU flash kernel takes additive masks only; the public op takes bool
+        out = [b.call("aten.scaled_dot_product_attention.default", q, k, v, **kwargs)]
+        pg = b.check(out[0])
+    else:
+        out = b.call("aten._scaled_dot_product_flash_attention_for_cpu.default", q, k, v, 0.0, causal, **kwargs)
+        pg = b.check(out[0], out[1], dtype=dtype)  # lse (fp32) is computed from dtype scores
+    kinds = [op.kind for op in pg.ops if op.source == out[0].node]
+    seq = [k for k in kinds if k != "fill"]
+    core = ["pointwise", "pointwise", "matmul"] + (["pointwise"] if mask != "none" else []) + \
+        ["reduce", "pointwise", "pointwise", "reduce", "pointwise", "matmul"]
+    assert seq[:len(core)] == core
+
+
+def test_sdpa_dropout_is_rejected():
+    from lowering.errors import GraphError
+    from lowering import lower_document
+
+    b = DocBuilder()
+    q = b.input(rnd(1, 2, 4, 8))
+    b.nodes.append({"id": "att", "target": "aten._scaled_dot_product_flash_attention_for_cpu.default",
+                    "args": [{"kind": "tensor", "node": "in0"}] * 3 + [{"kind": "float", "value": 0.1}],
+                    "outputs": [b.inputs[0]["meta"], {"shape": [1, 2, 4], "stride": [8, 4, 1], "dtype": "float32"}]})
+    with pytest.raises(GraphError) as e:
+        lower_document(b.document(type("R", (), {"node": "att", "output": 0})()))
+    assert e.value.code == "unsupported_op" and e.value.node == "att"
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+def test_conv2d_im2col(dtype):
+    b = DocBuilder()
+    x = b.input(rnd(2, 3, 9, 8, dtype=dtype))
+    w = b.input(rnd(5, 3, 3, 3, dtype=dtype) * 0.3, kind="parameter", name="w")
+    bias = b.input(rnd(5, dtype=dtype), kind="parameter", name="bias")
+    c = b.call("aten.convolution.default", x, w, bias, [2, 1], [1, 2], [1, 2], False, [0, 0], 1)
+    w1 = b.input(rnd(4, 3, 1, 1, dtype=dtype), kind="parameter", name="w1")
+    c1 = b.call("aten.convolution.default", x, w1, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    relu = b.call("aten.relu.default", c)
+    pg = b.check(relu, c1)
+    conv_ops = [op for op in pg.ops if op.source == c.node]
+    assert sum(op.kind == "matmul" for op in conv_ops) == 1
+    mm = next(op for op in conv_ops if op.kind == "matmul")
+    assert mm.iter_dims[mm.body.k].size == 27 and mm.iter_dims[mm.body.n].size == 5
+
+
+def test_conv_groups_rejected():
+    from lowering.errors import GraphError
+
+    b = DocBuilder()
+    x = b.input(rnd(1, 4, 5, 5))
+    w = b.input(rnd(4, 2, 3, 3), kind="parameter", name="w")
+    c = b.call("aten.convolution.default", x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 2)
+    with pytest.raises(GraphError) as e:
+        b.check(c)
+    assert e.value.code == "unsupported_op" and "groups" in e.value.message
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_max_pool(ceil_mode):
+    import torch._inductor.inductor_prims  # noqa: F401  (registers prims._low_memory_max_pool_with_offsets)
+
+    b = DocBuilder()
+    x = b.input(rnd(1, 2, 9, 9))
+    vals, offs = b.call("prims._low_memory_max_pool_with_offsets.default", x, [3, 3], [2, 2], [1, 1], [1, 1],
+                        ceil_mode)
+    pg = b.check(vals)
+    red = next(op for op in pg.ops if op.kind == "reduce")
+    assert red.body.fn == "max" and sum(d.kind == "reduction" for d in red.iter_dims) == 2
+    # the offsets output is not computed: consuming it is a clear error
+    from lowering.errors import GraphError
+
+    b2 = DocBuilder()
+    x2 = b2.input(rnd(1, 2, 9, 9))
+    v2, o2 = b2.call("prims._low_memory_max_pool_with_offsets.default", x2, [3, 3], [2, 2], [1, 1], [1, 1], False)
+    with pytest.raises(GraphError) as e:
+        b2.check(b2.call("aten.add.Tensor", o2, 1))
+    assert e.value.code == "unsupported_op"
