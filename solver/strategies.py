@@ -73,6 +73,7 @@ class GraphContext:
     dtypes: dict[str, str]
     possible_sticks: dict[str, list[Optional[int]]]
     input_sticks: dict[str, Optional[int]]
+    cache: dict = field(default_factory=dict)  # structure key -> strategy list
 
     @classmethod
     def build(cls, pg: PrimGraph, hw, input_sticks: Optional[Mapping[str, Optional[int]]] = None) -> "GraphContext":
@@ -180,7 +181,28 @@ def alias_strategy(op: PrimOp, ctx: GraphContext) -> Optional[Strategy]:
 def op_strategies(op: PrimOp, ctx: GraphContext, keep: int = 6, keep_resident: int = 3,
                   max_split_dims: int = 2, required: Sequence[tuple] = ()) -> list[Strategy]:
     """The pruned strategy list of `op`; `required` lists (StickChoice, split, tiles, alias)
-    that must be present (the hint's)."""
+    that must be present (the hint's). Ops of identical structure (same loop nest, body,
+    operand shapes, dtypes and possible layouts: the repeated layers of a transformer) share
+    one computed list."""
+    key = (structure_key(op, ctx), keep, keep_resident, max_split_dims,
+           tuple((ch, tuple(sorted(sp.items())), al) for ch, sp, _, al in required))
+    cached = ctx.cache.get(key)
+    if cached is None:
+        cached = _op_strategies(op, ctx, keep, keep_resident, max_split_dims, required)
+        ctx.cache[key] = cached
+    return cached
+
+
+def structure_key(op: PrimOp, ctx: GraphContext) -> tuple:
+    """Everything a strategy list depends on, without tensor names."""
+    def acc_key(a) -> tuple:
+        t = a.tensor
+        return (a.dims, ctx.shapes[t], ctx.dtypes[t], tuple(ctx.possible_sticks[t]))
+    return (op.iter_dims, op.body, tuple(acc_key(a) for a in op.inputs), acc_key(op.output))
+
+
+def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
+                   max_split_dims: int, required: Sequence[tuple]) -> list[Strategy]:
     hw = ctx.hw
     out: list[Strategy] = []
     seen: set = set()
