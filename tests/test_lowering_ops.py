@@ -315,3 +315,30 @@ def test_max_pool(ceil_mode):
     with pytest.raises(GraphError) as e:
         b2.check(b2.call("aten.add.Tensor", o2, 1))
     assert e.value.code == "unsupported_op"
+
+
+def test_neighbour_ops():
+    b = DocBuilder()
+    x = b.input(rnd(3, 4, 5))
+    m = b.input(torch.rand(4, 5, generator=torch.Generator().manual_seed(1)) > 0.5)
+    outs = [
+        b.call("aten.masked_fill.Scalar", x, m, -2.0),
+        b.call("aten.where.ScalarSelf", m, 0.5, x),
+        b.call("aten.logical_or.default", m, b.call("aten.logical_not.default", m)),
+        b.call("aten.lt.Scalar", x, 0.1), b.call("aten.gt.Tensor", x, b.call("aten.neg.default", x)),
+        b.call("aten.hardtanh.default", x, -0.5, 0.5), b.call("aten.clamp_min.default", x, 0.0),
+        b.call("aten.remainder.Scalar", x, 0.7), b.call("aten.floor_divide.default", x, 0.3),
+        b.call("aten.amin.default", x, [0, 2]), b.call("aten.prod.dim_int", x, 1, True),
+        b.call("aten.sum.default", x), b.call("aten.mean.default", x),
+        b.call("aten.softmax.int", x, 1), b.call("aten.to.dtype", x, torch.float16),
+        b.call("aten.index_select.default", x, 2, b.input(torch.tensor([4, 0, 0]))),
+        b.call("aten.narrow.default", x, 2, 1, 3),
+        b.call("aten.zeros_like.default", x), b.call("aten.full_like.default", x, 7.0),
+        b.call("aten.copy.default", x, b.input(rnd(5))),
+        b.call("aten.minimum.default", x, b.input(rnd(4, 1))),
+        b.call("aten.sigmoid.default", x),
+    ]
+    outs += b.call("aten.unbind.int", x, 1)
+    bb = b.call("aten.baddbmm.default", b.input(rnd(3, 4, 2)), x, b.input(rnd(3, 5, 2)), beta=0.5, alpha=2.0)
+    outs.append(bb)
+    b.check(*outs)
