@@ -3,9 +3,12 @@
     HF_HUB_OFFLINE=1 /work/venv/bin/python benchmarks/graphs/make_graphs.py [--suite NAME]
 
 Each graph is one transformer layer (or one matmul) at real size, captured with
-`backend.capture.capture` on meta tensors: the layer is instantiated on the meta device
-from a hand-written transformers config (public numbers, no hub download, no weights),
-so nothing is allocated and nothing is downloaded. fp16 throughout.
+`backend.capture.capture` on fake tensors: the layer is instantiated under a
+FakeTensorMode (CPU fake tensors: shapes and dtypes only) from a hand-written transformers
+config (public numbers, no hub download, no weights), so nothing is allocated and nothing is
+downloaded. fp16 throughout. Fake CPU tensors rather than the meta device, because on meta
+SDPA dispatches to its math decomposition, while a real CPU model (what the torch backend
+captures) keeps `aten._scaled_dot_product_flash_attention_for_cpu`.
 
 Layout: benchmarks/graphs/<suite>/<name>.json (gzipped as .json.gz when large). The
 service-side `sticksat bench` only reads these files; it never captures.
@@ -21,6 +24,7 @@ Suites:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import sys
@@ -40,8 +44,23 @@ DTYPE = torch.float16
 GZIP_ABOVE_BYTES = 256 * 1024
 
 
-def _meta(*shape: int) -> torch.Tensor:
-    return torch.empty(*shape, dtype=DTYPE, device="meta")
+def _input(*shape: int) -> torch.Tensor:
+    """An input tensor: created inside `fake_fp16()`, so it is a fake (unallocated) tensor."""
+    return torch.empty(*shape, dtype=DTYPE)
+
+
+@contextlib.contextmanager
+def fake_fp16():
+    """Build models and inputs as fake CPU tensors with fp16 parameters (no allocation)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPE)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 # -- hand-written configs (public model cards / config.json numbers) -----------------------
@@ -171,9 +190,8 @@ class Bmm(torch.nn.Module):
 def _decoder_prefill(family: str, cfg_fn: Callable, seq: int, **cfg_kw):
     def build():
         cfg = cfg_fn(**cfg_kw)
-        with torch.device("meta"):
-            model = DecoderPrefill(family, cfg).to(DTYPE).eval()
-        return model, (_meta(1, seq, cfg.hidden_size),)
+        model = DecoderPrefill(family, cfg).eval()
+        return model, (_input(1, seq, cfg.hidden_size),)
     return build
 
 
@@ -181,10 +199,9 @@ def _decoder_decode(family: str, cfg_fn: Callable, past: int, **cfg_kw):
     def build():
         cfg = cfg_fn(**cfg_kw)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        with torch.device("meta"):
-            model = DecoderDecode(family, cfg).to(DTYPE).eval()
+        model = DecoderDecode(family, cfg).eval()
         kv = (1, cfg.num_key_value_heads, past, head_dim)
-        return model, (_meta(1, 1, cfg.hidden_size), _meta(*kv), _meta(*kv))
+        return model, (_input(1, 1, cfg.hidden_size), _input(*kv), _input(*kv))
     return build
 
 
@@ -198,9 +215,8 @@ def _bert(seq: int, **cfg_kw):
         kw.update(cfg_kw)
         cfg = BertConfig(**kw)
         cfg._attn_implementation = "sdpa"
-        with torch.device("meta"):
-            model = EncoderLayer(BertLayer(cfg)).to(DTYPE).eval()
-        return model, (_meta(1, seq, cfg.hidden_size),)
+        model = EncoderLayer(BertLayer(cfg)).eval()
+        return model, (_input(1, seq, cfg.hidden_size),)
     return build
 
 
@@ -215,9 +231,8 @@ def _vit(image: int, patch: int, **cfg_kw):
         cfg = ViTConfig(**kw)
         cfg._attn_implementation = "sdpa"
         tokens = (image // patch) ** 2 + 1  # patches + [CLS]
-        with torch.device("meta"):
-            model = EncoderLayer(ViTLayer(cfg)).to(DTYPE).eval()
-        return model, (_meta(1, tokens, cfg.hidden_size),)
+        model = EncoderLayer(ViTLayer(cfg)).eval()
+        return model, (_input(1, tokens, cfg.hidden_size),)
     return build
 
 
@@ -231,23 +246,21 @@ def _gpt2(seq: int, **cfg_kw):
         kw.update(cfg_kw)
         cfg = GPT2Config(**kw)
         cfg._attn_implementation = "sdpa"
-        with torch.device("meta"):
-            model = EncoderLayer(GPT2Block(cfg, layer_idx=0)).to(DTYPE).eval()
-        return model, (_meta(1, seq, cfg.n_embd),)
+        model = EncoderLayer(GPT2Block(cfg, layer_idx=0)).eval()
+        return model, (_input(1, seq, cfg.n_embd),)
     return build
 
 
 def _linear(m: int, k: int, n: int):
     def build():
-        with torch.device("meta"):
-            model = Linear(k, n).to(DTYPE).eval()
-        return model, (_meta(m, k),)
+        model = Linear(k, n).eval()
+        return model, (_input(m, k),)
     return build
 
 
 def _bmm(b: int, m: int, k: int, n: int):
     def build():
-        return Bmm().eval(), (_meta(b, m, k), _meta(b, k, n))
+        return Bmm().eval(), (_input(b, m, k), _input(b, k, n))
     return build
 
 
@@ -311,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, build in SUITES[suite].items():
             if args.only and args.only not in name:
                 continue
-            model, inputs = build()
+            with fake_fp16():
+                model, inputs = build()
             doc = capture(model, inputs, name=name)
             path = write_document(doc, suite, name)
             print(f"{suite}/{name}: {len(doc['nodes'])} nodes -> {path.relative_to(ROOT)}")

@@ -1,0 +1,83 @@
+"""The lower bound: hand-computed values, and never above the simulated time of any plan."""
+from __future__ import annotations
+
+import pytest
+
+from lowering.primitives import Access, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor
+from simulator.hardware import load_target
+from simulator.timing import time_program
+from solver.emit import emit_program
+from solver.lower_bound import lower_bound
+from solver.naive import plan_naive
+from solver.planners import plan
+from tests import primgraphs
+
+HW = load_target()
+
+
+def _matmul(M, K, N):
+    ts = [PrimTensor("x", (M, K), "float16", "user_input"), PrimTensor("w", (K, N), "float16", "parameter"),
+          PrimTensor("y", (M, N), "float16")]
+    op = PrimOp("mm", (IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),
+                (Access("x", (0, 2)), Access("w", (2, 1))), Access("y", (0, 1)), MatmulBody(0, 1, 2))
+    return PrimGraph("mm", {t.id: t for t in ts}, [op], ["x", "w"], ["y"])
+
+
+def test_matmul_bound_by_hand():
+    M, K, N = 512, 4096, 4096
+    lb = lower_bound(_matmul(M, K, N), HW)
+    compute_us = M * K * N / (HW.pt_sustained_mac_per_ns_per_core * HW.cores) / 1e3
+    moved = (M * K + K * N + M * N) * 2
+    assert lb.compulsory_bytes == moved
+    assert lb.compute_us == pytest.approx(compute_us)
+    assert lb.memory_us == pytest.approx(moved / HW.dram_oneway_gbps / 1e3)
+    assert lb.lower_bound_us == pytest.approx(max(compute_us, moved / HW.dram_oneway_gbps / 1e3))
+    # the datasheet view is the physical limit: never above the simulated-rates bound
+    peak = max(M * K * N / (HW.pt_peak_mac_per_ns_per_core * HW.cores), moved / HW.dram_peak_gbps) / 1e3
+    assert lb.datasheet_us == pytest.approx(peak)
+    assert lb.datasheet_us < lb.lower_bound_us <= lb.per_op_us
+
+
+def test_decode_matmul_is_memory_bound():
+    lb = lower_bound(_matmul(1, 4096, 25600), HW)
+    assert lb.memory_us > 10 * lb.compute_us
+    assert lb.lower_bound_us == pytest.approx(lb.memory_us)
+
+
+def test_intermediates_cost_no_compulsory_bytes():
+    pg, _ = primgraphs.softmax(M=512, N=1024)
+    lb = lower_bound(pg, HW)
+    assert lb.compulsory_bytes == 2 * 512 * 1024 * 2  # input once, output once
+
+
+GRAPHS = ["mlp", "softmax", "attention_scores", "copies", "embedding", "colsum"]
+
+
+@pytest.mark.parametrize("builder", GRAPHS)
+@pytest.mark.parametrize("planner", ["naive", "heuristic"])
+def test_bound_below_simulated_time(builder, planner):
+    pg, _ = getattr(primgraphs, builder)()
+    lb = lower_bound(pg, HW)
+    simulated = time_program(plan(pg, HW, planner), HW).total_us
+    assert 0 < lb.lower_bound_us <= simulated
+
+
+@pytest.mark.parametrize("builder", ["softmax", "mlp"])
+def test_bound_below_fused_tiled_plans(builder):
+    """Temporal tiles make the simulator fuse consecutive ops into one kernel whose loads
+    overlap other ops' compute; the headline bound must still hold."""
+    pg, _ = getattr(primgraphs, builder)()
+    decisions = plan_naive(pg, HW)
+    for op in pg.ops:
+        p = decisions.ops[op.id]
+        outer = next(d for d in op.iter_dims if d.kind == "parallel")
+        if outer.name not in p.core_split:
+            per_core = outer.size
+        else:
+            per_core = outer.size // p.core_split[outer.name]
+        if per_core % 2 == 0:
+            p.temporal_tiles = {outer.name: 2}
+    from simulator.validate import validate_program
+    program = emit_program(pg, HW, decisions)
+    assert validate_program(program, HW) == []
+    assert lower_bound(pg, HW).lower_bound_us <= time_program(program, HW).total_us
