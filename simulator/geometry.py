@@ -196,12 +196,12 @@ def default_core_slices(op: PrimOp, core_split: Mapping[str, int]) -> list[CoreS
         total *= f
     slices = []
     for c in range(total):
-        idx = {}
+        pos = [0] * len(names)
         rem = c
-        for n, f in zip(reversed(names), reversed(factors)):
-            idx[n] = rem % f
-            rem //= f
-        slices.append(CoreSlice(core=c, slice=dict(sorted(idx.items(), key=lambda kv: names.index(kv[0])))))
+        for i in reversed(range(len(names))):
+            pos[i] = rem % factors[i]
+            rem //= factors[i]
+        slices.append(CoreSlice.model_construct(core=c, slice=dict(zip(names, pos))))
     return slices
 
 

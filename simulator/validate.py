@@ -93,10 +93,11 @@ def resolve_alias(tmap: dict[str, TensorDecl], t: str) -> str:
     return t
 
 
-def external_tensors(program: Program, op_ids: list[str]) -> set[str]:
+def external_tensors(program: Program, op_ids: list[str], tmap: Optional[dict] = None,
+                     by_id: Optional[dict] = None) -> set[str]:
     """Device-memory tensors (alias roots) the given ops reference: what the bundle limit counts."""
-    tmap = program.tensor_map()
-    by_id = {o.id: o for o in program.ops}
+    tmap = program.tensor_map() if tmap is None else tmap
+    by_id = {o.id: o for o in program.ops} if by_id is None else by_id
     out: set[str] = set()
     for oid in op_ids:
         o = by_id.get(oid)
@@ -337,6 +338,12 @@ class _Checker:
             seen.add(key)
         if not slices_ok:
             return
+        span = hw.per_core_span_bytes
+        names = [a.tensor for a in prim.inputs] + [prim.output.tensor]
+        if not o.temporal_tiles and all(
+                isinstance(tm[n].memory, HbmMemory) and layout_nbytes(tm[n].layout, tm[n].dtype) <= span
+                for n in names):
+            return  # nothing below depends on the per-core slices of this op
         ranges = core_ranges(prim, real, o.core_slices, gran)
         # temporal tiles divide each core's slice (in whole granules)
         by_name = {d.name: i for i, d in enumerate(prim.iter_dims)}
@@ -356,10 +363,11 @@ class _Checker:
             self.add("lx_reduction_split", f"{o.id}: splits a reduction dim across cores, so its output "
                                            f"{out_t.id} (summed across cores) cannot stay in LX", op=o.id,
                      tensor=out_t.id)
-        span = hw.per_core_span_bytes
         operands = [(i, a.tensor) for i, a in enumerate(prim.inputs)] + [(-1, prim.output.tensor)]
         for idx, tname in operands:
             t = tm[tname]
+            if isinstance(t.memory, HbmMemory) and layout_nbytes(t.layout, t.dtype) <= span:
+                continue  # no access to this tensor can span more than the whole tensor
             boxes = {c: operand_box(prim, idx, rng, t.shape) for c, rng in ranges.items()}
             if isinstance(t.memory, HbmMemory):
                 worst = max(box_span_bytes(b, t.layout, t.dtype) for b in boxes.values())
@@ -469,6 +477,7 @@ class _Checker:
     def check_bundles(self):
         p = self.p
         order = {o.id: k for k, o in enumerate(p.ops)}
+        by_id = {o.id: o for o in p.ops}
         covered: list[str] = []
         prev_end = -1
         for b in p.bundles:
@@ -485,7 +494,7 @@ class _Checker:
                     self.add("bundle_structure", f"op {oid} is listed in bundle {b.id} but says bundle "
                                                  f"{p.ops[order[oid]].bundle}", op=oid)
             covered += b.ops
-            ext = external_tensors(p, b.ops)
+            ext = external_tensors(p, b.ops, self.tmap, by_id)
             if ext != set(b.external_tensors):
                 self.add("bundle_structure", f"bundle {b.id} declares external tensors "
                                              f"{sorted(b.external_tensors)}, references {sorted(ext)}")

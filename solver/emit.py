@@ -123,6 +123,7 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
     item_index = {it.prim.id: k for k, it in enumerate(items)}
     splits: dict[str, dict[str, int]] = {}
     slices: dict[str, list[CoreSlice]] = {}
+    slice_cache: dict[tuple, list[CoreSlice]] = {}
     for it in items:
         gran = op_granules(it.prim, layouts, dtypes, stick_bytes)
         if it.plan is None:  # restickify without an explicit plan
@@ -134,7 +135,11 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
         if it.plan.core_slices is not None:
             slices[it.prim.id] = [CoreSlice(core=c, slice=dict(s)) for c, s in it.plan.core_slices]
         elif split:
-            slices[it.prim.id] = default_core_slices(it.prim, split)
+            # identical splits share one (immutable) slice list: emitting stays linear in ops
+            key = tuple((d.name, split[d.name]) for d in it.prim.iter_dims if d.name in split)
+            if key not in slice_cache:
+                slice_cache[key] = default_core_slices(it.prim, split)
+            slices[it.prim.id] = slice_cache[key]
         else:
             slices[it.prim.id] = [CoreSlice(core=0, slice={})]
 
@@ -213,9 +218,11 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
             src=it.src, dst=it.dst, core_split=splits[it.prim.id], num_cores_used=len(sl),
             core_slices=sl, temporal_tiles=dict(it.plan.temporal_tiles), alias=is_alias,
             bundle=bundle_of[k]))
+    members: dict[int, list[int]] = {}
+    for k, b in enumerate(bundle_of):
+        members.setdefault(b, []).append(k)
     bundles = []
-    for b in sorted(set(bundle_of)):
-        member = [k for k in range(len(items)) if bundle_of[k] == b]
+    for b, member in sorted(members.items()):
         bundles.append(Bundle(id=b, ops=[items[k].prim.id for k in member],
                               external_tensors=sorted(_external(items, member, memories, alias_of))))
 
