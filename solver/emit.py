@@ -124,11 +124,14 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
     splits: dict[str, dict[str, int]] = {}
     slices: dict[str, list[CoreSlice]] = {}
     slice_cache: dict[tuple, list[CoreSlice]] = {}
+    producer_item: dict[str, _Item] = {}
     for it in items:
+        producer_item[it.prim.output.tensor] = it
         gran = op_granules(it.prim, layouts, dtypes, stick_bytes)
         if it.plan is None:  # restickify without an explicit plan
             plan = _default_restick_plan(it, consumers_of_restick.get(it.dst, []), decisions,
-                                         resident, gran, hw.cores)
+                                         resident, gran, hw.cores, producer_item.get(it.src),
+                                         splits, slices)
             it.plan = plan
         split = {k: v for k, v in it.plan.core_split.items() if v != 1}
         splits[it.prim.id] = split
@@ -235,30 +238,47 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
                         compiler_version=COMPILER_VERSION, **stats))
 
 
+def _follow(op: PrimOp, access, split: dict[str, int], core_slices: list) -> Optional[OpPlan]:
+    """The restickify plan that slices a tensor the way `op` slices it through `access`:
+    an op split f along iteration dim d that indexes tensor dim j becomes d{j}: f, with the
+    same core -> slice map. None when the op's split does not index the tensor."""
+    name = {i: d.name for i, d in enumerate(op.iter_dims)}
+    out: dict[str, int] = {}
+    rename: dict[str, str] = {}
+    for j, d in enumerate(access.dims):
+        if d is not None and split.get(name[d], 1) > 1:
+            out[f"d{j}"] = split[name[d]]
+            rename[name[d]] = f"d{j}"
+    if not out:
+        return None
+    cs = [(c.core, {rename[n]: v for n, v in c.slice.items() if n in rename}) for c in core_slices]
+    if len({tuple(sorted(s.items())) for _, s in cs}) != len(cs):
+        return None  # op split along dims the tensor does not have: cores would share slices
+    return OpPlan(core_split=out, core_slices=cs)
+
+
 def _default_restick_plan(it: _Item, consumers: list[tuple[PrimOp, int]], decisions: PlanDecisions,
-                          resident: dict, gran: dict[int, int], cores: int) -> OpPlan:
+                          resident: dict, gran: dict[int, int], cores: int,
+                          producer: Optional[_Item], splits: dict, slices: dict) -> OpPlan:
     """A restickify with no explicit plan: when its output stays in LX, slice it the way its
-    first consumer reads it (so each core writes what it will read); otherwise split the
-    outermost dim evenly."""
+    first consumer reads it (so each core writes what it will read); when its source is in LX,
+    the way the source's producer wrote it (so each core reads what it holds); otherwise
+    split the outermost dim evenly."""
     if it.dst in resident and consumers:
         cons, idx = consumers[0]
         cplan = decisions.ops.get(cons.id, OpPlan())
-        acc = cons.inputs[idx]
-        cname = {i: d.name for i, d in enumerate(cons.iter_dims)}
-        split: dict[str, int] = {}
-        rename: dict[str, str] = {}
-        for j, d in enumerate(acc.dims):
-            if d is not None and cplan.core_split.get(cname[d], 1) > 1:
-                split[f"d{j}"] = cplan.core_split[cname[d]]
-                rename[cname[d]] = f"d{j}"
+        csplit = {k: v for k, v in cplan.core_split.items() if v > 1}
         if cplan.core_slices is not None:
-            cs = cplan.core_slices
+            cs = [CoreSlice(core=c, slice=dict(s)) for c, s in cplan.core_slices]
         else:
-            cs = [(c.core, c.slice) for c in default_core_slices(cons, {k: v for k, v in
-                                                                         cplan.core_split.items() if v > 1})]
-        if split:
-            slices = [(c, {rename[n]: v for n, v in s.items() if n in rename}) for c, s in cs]
-            return OpPlan(core_split=split, core_slices=slices)
+            cs = default_core_slices(cons, csplit)
+        plan = _follow(cons, cons.inputs[idx], csplit, cs)
+        if plan is not None:
+            return plan
+    if it.src in resident and producer is not None:
+        plan = _follow(producer.prim, producer.prim.output, splits[producer.prim.id], slices[producer.prim.id])
+        if plan is not None:
+            return plan
     return OpPlan(core_split=outermost_split(it.prim, gran, cores))
 
 

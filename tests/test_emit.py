@@ -133,3 +133,22 @@ def test_program_json_roundtrip():
     prog = plan(pg, HW)
     again = Program.from_json(prog.to_json())
     assert again == prog and validate_program(again, HW) == []
+
+
+def test_restickify_of_a_resident_tensor_reads_what_each_core_holds():
+    """k2 lives in LX sliced by batch; the copy sticked on s goes to device memory: the
+    restickify follows the producer's slicing, so every core reads its own LX slice."""
+    from lowering.primitives import Const
+    pg, _ = attention_scores(B=2, S=128, D=64)
+    pg.tensors["k2"] = PrimTensor("k2", (2, 128, 64), "float16")
+    scale = PrimOp("scale", (IterDim("b", 2), IterDim("s", 128), IterDim("d", 64)), (Access("k", (0, 1, 2)),),
+                   Access("k2", (0, 1, 2)), PointwiseBody(Call("mul", (In(0), Const(0.5)))))
+    qk = pg.ops[0]
+    pg.ops[:] = [scale, PrimOp("qk", qk.iter_dims, (qk.inputs[0], Access("k2", (0, 2, 3))), qk.output, qk.body)]
+    d = plan_naive(pg, HW)
+    d.ops["scale"].core_split = {"s": 2}
+    d.resident["k2"] = Residency(0)
+    prog = emit_program(pg, HW, d)
+    assert validate_program(prog, HW) == []
+    rest = next(o for o in prog.ops if o.kind == "restickify")
+    assert rest.core_split == {"d1": 2}
