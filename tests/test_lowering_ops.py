@@ -342,3 +342,31 @@ def test_neighbour_ops():
     bb = b.call("aten.baddbmm.default", b.input(rnd(3, 4, 2)), x, b.input(rnd(3, 5, 2)), beta=0.5, alpha=2.0)
     outs.append(bb)
     b.check(*outs)
+
+
+@pytest.mark.parametrize("mask", ["causal", "per_head"])
+def test_sdpa_grouped_query_attention(mask):
+    # 4 query heads share 2 kv heads: k and v are read broadcast over the group, never copied
+    b = DocBuilder()
+    q = b.input(rnd(1, 4, 5, 8, seed=1))
+    k, v = b.input(rnd(1, 2, 6, 8, seed=2)), b.input(rnd(1, 2, 6, 8, seed=3))
+    if mask == "causal":
+        out = b.call("aten._scaled_dot_product_flash_attention_for_cpu.default", q, k, v, 0.0, True, scale=0.3)
+        pg = b.check(out[0], out[1])
+    else:
+        m = b.input(rnd(1, 4, 5, 6, seed=4))
+        out = [b.call("aten.scaled_dot_product_attention.default", q, k, v, m, enable_gqa=True)]
+        pg = b.check(out[0])
+    for op in pg.ops:
+        if op.kind == "copy":
+            assert all(a.tensor not in ("in1", "in2") for a in op.inputs)
+    scores = next(op for op in pg.ops if op.kind == "matmul")
+    assert scores.inputs[1].tensor.endswith("k_scaled")
+    assert sum(1 for d in scores.inputs[1].dims if d is not None) == 3  # kv head, s, e: group is broadcast
+
+
+def test_any_all():
+    b = DocBuilder()
+    x = b.input(torch.tensor([[0, 1, 0], [0, 0, 0]]))
+    b.check(b.call("aten.any.dim", x, 1), b.call("aten.all.dim", x, 0, True),
+            b.call("aten.any.default", b.call("aten.gt.Scalar", x, 0)))

@@ -8,6 +8,7 @@ from lowering.aten.context import Ctx, NodeArgs, View, expr_fn, register
 from lowering.aten.matmul import emit_matmul
 from lowering.aten.pointwise import emit_pointwise
 from lowering.aten.reductions import emit_softmax
+from lowering.aten.views import reshape
 from lowering.primitives import Access, Const, FillBody
 
 
@@ -30,6 +31,27 @@ def lower_sdpa(ctx: Ctx, node: NodeArgs, q: View, k: View, v: View, attn_mask, d
     root = math.sqrt(s)
     dt = q.dtype
     nid = node.id
+    out_shape = q.shape[:-1] + v.shape[-1:]
+    group = 1
+    if q.rank >= 3 and k.shape[-3] != q.shape[-3]:
+        # grouped-query attention: query head h reads kv head h // group. Split q's heads
+        # into (kv heads, group) and broadcast k and v over the group: no kv copies.
+        hq, hkv = q.shape[-3], k.shape[-3]
+        if hkv == 0 or hq % hkv or v.shape[-3] != hkv:
+            raise node.fail("shape_mismatch", f"attention heads: q {hq}, k {hkv}, v {v.shape[-3]}")
+        group = hq // hkv
+        lead = q.shape[:-3]
+        q = reshape(ctx, node, q, lead + (hkv, group, L, E), q.name)
+        k = _unsqueeze(k, k.rank - 2)
+        v = _unsqueeze(v, v.rank - 2)
+        if attn_mask is not None:
+            m = attn_mask
+            while m.rank < 4:
+                m = _unsqueeze(m, 0)
+            if m.shape[-3] == hq and hq > 1:
+                attn_mask = reshape(ctx, node, m, m.shape[:-3] + (hkv, group) + m.shape[-2:], m.name)
+            else:
+                attn_mask = _unsqueeze(m, m.rank - 2)
     qs = emit_pointwise(ctx, node, [q], lambda e: expr_fn("mul", e[0], Const(root)), dt, out_id=f"{nid}.q_scaled")
     ks = emit_pointwise(ctx, node, [k], lambda e: expr_fn("mul", e[0], Const(root)), dt, out_id=f"{nid}.k_scaled")
     kt = ks.with_(ks.shape[:-2] + ks.shape[-2:][::-1], ks.strides[:-2] + ks.strides[-2:][::-1])
@@ -57,7 +79,14 @@ def lower_sdpa(ctx: Ctx, node: NodeArgs, q: View, k: View, v: View, attn_mask, d
     lse = emit_pointwise(ctx, node, [amax, ssum], lambda e: expr_fn("add", e[0], expr_fn("log", e[1])),
                          "float32", out_id=f"{nid}:1")
     lse = lse.with_(lse.shape[:-1], lse.strides[:-1])
+    if group > 1:  # back to [..., Hq, L, Ev]: a regroup of the row-major result
+        out = reshape(ctx, node, out, out_shape, nid)
+        lse = reshape(ctx, node, lse, out_shape[:-1], f"{nid}:1")
     return [out, lse]
+
+
+def _unsqueeze(x: View, d: int) -> View:
+    return x.with_(x.shape[:d] + (1,) + x.shape[d:], x.strides[:d] + (0,) + x.strides[d:])
 
 
 @register("aten._scaled_dot_product_flash_attention_for_cpu.default")
@@ -70,7 +99,7 @@ def _sdpa_flash_cpu(ctx: Ctx, node: NodeArgs):
 @register("aten.scaled_dot_product_attention.default")
 def _sdpa(ctx: Ctx, node: NodeArgs):
     q, k, v = node.arg(0, "query"), node.arg(1, "key"), node.arg(2, "value")
-    if node.arg(7, "enable_gqa", False) and q.shape[-3] != k.shape[-3]:
-        raise node.fail("unsupported_op", "scaled_dot_product_attention with enable_gqa and unequal heads")
+    if q.rank >= 3 and q.shape[-3] != k.shape[-3] and not node.arg(7, "enable_gqa", False):
+        raise node.fail("shape_mismatch", "scaled_dot_product_attention with unequal heads needs enable_gqa")
     return lower_sdpa(ctx, node, q, k, v, node.arg(3, "attn_mask"), node.arg(4, "dropout_p", 0.0),
                       node.arg(5, "is_causal", False), node.arg(6, "scale"))[:1]

@@ -191,3 +191,17 @@ def _softmax(ctx: Ctx, node: NodeArgs):
     else:
         dtype = node.arg(2, "dtype") or x.dtype
     return [emit_softmax(ctx, node, x, d, dtype, node.id)[0]]
+
+
+@register("aten.any.dim", "aten.any.dims", "aten.any.default", "aten.all.dim", "aten.all.dims", "aten.all.default")
+def _any_all(ctx: Ctx, node: NodeArgs):
+    """any = max of the truth values, all = min (bool result; uint8 input stays uint8)."""
+    x: View = node.arg(0, "self")
+    fn = "max" if node.target.startswith("aten.any") else "min"
+    if node.target.endswith(".default"):
+        dims, keepdim = None, False
+    else:
+        dims, keepdim = node.arg(1, "dim"), node.arg(2, "keepdim", False)
+    out_dtype = "uint8" if x.dtype == "uint8" else "bool"
+    return [emit_reduce(ctx, node, x, reduce_dims(node, x, dims), keepdim, fn,
+                        lambda e: expr_fn("ne", e[0], Const(0.0)), out_dtype, node.id)]
