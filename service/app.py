@@ -450,7 +450,8 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
         status = outcome.stats.get("solver_status") or outcome.status
         metrics.solver_status.labels(options.planner, str(status)).inc()
         log_event("solve", status=status, outcome=outcome.status, gap=outcome.stats.get("gap"),
-                  predicted_us=outcome.stats.get("predicted_us"), seconds=round(outcome.seconds, 6),
+                  predicted_us=outcome.stats.get("predicted_us"), simulated_us=outcome.stats.get("simulated_us"),
+                  seconds=round(outcome.seconds, 6),
                   complete=outcome.complete, error=outcome.error, **log_fields)
         if outcome.status != "ok" or outcome.program is None:
             return

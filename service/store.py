@@ -102,6 +102,7 @@ class ProgramRecord:
             "hardware_digest": self.hardware_digest,
             "complete": self.complete,
             "predicted_us": self.stats.get("predicted_us"),
+            "simulated_us": self.stats.get("simulated_us"),
             "solver_status": self.stats.get("solver_status"),
             "created_at": self.created_at,
             "updated_at": self.updated_at,
@@ -109,7 +110,8 @@ class ProgramRecord:
 
 
 def _predicted(stats: dict[str, Any]) -> float:
-    value = stats.get("predicted_us")
+    # The simulated time when the service measured it, else the planner's prediction.
+    value = stats.get("simulated_us", stats.get("predicted_us"))
     return float(value) if isinstance(value, (int, float)) else float("inf")
 
 
