@@ -6,7 +6,7 @@ and dtype against the node's declared metadata, then drops ops no graph output n
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Optional, Sequence
 
 from lowering.aten import HANDLERS
 from lowering.aten.context import Ctx, NodeArgs, View
@@ -21,10 +21,29 @@ from lowering.primitives import PrimGraph
 SUPPORTED_TARGETS: frozenset[str] = frozenset(HANDLERS)
 
 
-def node_supported(target: str, args: Any = None, kwargs: Any = None) -> bool:
-    """Whether `target` can be lowered. Argument-dependent limits (conv groups, dropout,
-    boolean mask indexing) are reported by lower_document as unsupported_op with the node."""
-    return target in HANDLERS
+def node_supported(target: str, args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> bool:
+    """Whether a node can be lowered. `args`/`kwargs` are the node's arguments as plain
+    Python values (tensor arguments may be anything); the argument-dependent limits are
+    convolution groups/transposed, attention dropout, gelu's approximate and float
+    trunc division. lower_document reports the same cases as unsupported_op."""
+    if target not in HANDLERS:
+        return False
+    kwargs = kwargs or {}
+
+    def arg(i: int, name: str, default=None):
+        return args[i] if i < len(args) else kwargs.get(name, default)
+
+    if target == "aten.convolution.default":
+        return not arg(6, "transposed", False) and arg(8, "groups", 1) == 1
+    if target == "aten._scaled_dot_product_flash_attention_for_cpu.default":
+        return not arg(3, "dropout_p", 0.0)
+    if target == "aten.scaled_dot_product_attention.default":
+        return not arg(4, "dropout_p", 0.0)
+    if target == "aten.gelu.default":
+        return arg(1, "approximate", "none") in ("none", "tanh")
+    if target in ("aten.div.Tensor_mode", "aten.div.Scalar_mode"):
+        return arg(2, "rounding_mode") in (None, "floor", "trunc")
+    return True
 
 
 def _static_shape(meta: TensorMeta, where: str, node: str | None) -> tuple[int, ...]:

@@ -179,3 +179,23 @@ def test_fill_iota_and_missing_input():
     np.testing.assert_array_equal(out, [[5, 3, 1], [5, 3, 1]])
     with pytest.raises(InterpreterError):
         interpret(_graph([], [PrimTensor("x", (1,), "float32", "user_input")], ["x"], ["x"]), {})
+
+
+def test_interpreter_erf_matches_math_erf():
+    import math
+
+    from lowering.interpreter import _erf
+
+    x = np.concatenate([np.linspace(-7, 7, 20001), [0.0, 1e-9, -3e-30, np.inf, -np.inf]])
+    want = np.array([math.erf(v) for v in x])
+    np.testing.assert_allclose(_erf(x), want, rtol=1e-9, atol=1e-10)
+
+
+def test_node_supported_checks_argument_limits():
+    conv = "aten.convolution.default"
+    assert node_supported(conv, [None, None, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1])
+    assert not node_supported(conv, [None, None, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 2])
+    assert not node_supported(conv, [None, None, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1])
+    sdpa = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+    assert node_supported(sdpa, [None, None, None]) and not node_supported(sdpa, [None, None, None, 0.1])
+    assert not node_supported("aten.gelu.default", [None], {"approximate": "erf"})
