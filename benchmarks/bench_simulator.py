@@ -3,8 +3,9 @@
     HF_HUB_OFFLINE=1 /work/venv/bin/python benchmarks/bench_simulator.py [--runs 5] [--write-docs]
 
 The layer (hidden 4096, 32 heads, 8 KV heads, intermediate 14336, sequence 512, fp16) is
-captured with `backend.capture.capture` on meta tensors from a transformers LlamaConfig
-with one layer (the builder in benchmarks/graphs/make_graphs.py, no weights, no download),
+captured with `backend.capture.capture` on fake (unallocated) fp16 tensors from a
+transformers LlamaConfig with one layer (the builder in benchmarks/graphs/make_graphs.py,
+no weights, no download),
 lowered to primitive ops, planned with the naive planner, and timed with
 `simulator.timing.time_program`. Reported: the median wall time of `time_program` over
 `--runs` runs (the target is < 2 s on the 2-core development machine), with the machine
@@ -32,10 +33,13 @@ BEGIN, END = "<!-- bench_simulator:begin -->", "<!-- bench_simulator:end -->"
 
 
 def capture_llama_layer(seq: int = 512) -> dict:
-    from benchmarks.graphs.make_graphs import _decoder_prefill, llama31_8b_config
+    """Capture the layer as benchmarks/graphs/make_graphs.py does: fp16 parameters on fake
+    (unallocated) CPU tensors, so SDPA keeps the CPU flash-attention op a real model shows."""
+    from benchmarks.graphs.make_graphs import _decoder_prefill, fake_fp16, llama31_8b_config
     from backend.capture import capture
 
-    model, inputs = _decoder_prefill("llama", llama31_8b_config, seq)()
+    with fake_fp16():
+        model, inputs = _decoder_prefill("llama", llama31_8b_config, seq)()
     return capture(model, inputs, name=f"llama31_8b_prefill{seq}")
 
 

@@ -211,11 +211,19 @@ def _matmul_layout_rate(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardwa
     if not batch or extent < hw.bmm_layout_min_batch:
         return "sustained", extent
     for acc in (x, y):
-        order = tensors[acc.tensor].layout.dim_order
+        td = tensors[acc.tensor]
         batch_tdims = {j for j, d in enumerate(acc.dims) if d in batch}
-        n_b = len(batch_tdims)
-        if set(order[:n_b]) != batch_tdims:
-            return "default_bmm", extent
+        # size-1 dims hold no data and may sit anywhere; every batch dim must come before
+        # every other dim that has extent
+        seen_other = False
+        for j in td.layout.dim_order:
+            if td.shape[j] <= 1:
+                continue
+            if j in batch_tdims:
+                if seen_other:
+                    return "default_bmm", extent
+            else:
+                seen_other = True
     return "batch_outer", extent
 
 
