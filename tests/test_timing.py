@@ -320,3 +320,17 @@ def test_naive_plan_with_gather_fill_and_scan_times_every_op():
     assert g.hbm_read_bytes < vocab * hidden * 2
     assert g.hbm_read_bytes >= seq * hidden * 2
     assert rep.op("fill").hbm_read_bytes == 0 and rep.op("fill").hbm_write_bytes == seq * hidden * 2
+
+
+def test_bmm_layout_ignores_size_one_dims():
+    # [1, H, M, K] x [1, H, K, N]: the leading size-1 dim is broadcast (None) in the access,
+    # yet the batch dim H is outermost among dims with extent: batch-outer
+    h, m, k, n = 8, 256, 128, 256
+    t = {"x": PrimTensor("x", (1, h, m, k), F16, "user_input"), "w": PrimTensor("w", (1, h, k, n), F16, "user_input"),
+         "y": PrimTensor("y", (1, h, m, n), F16)}
+    op = PrimOp("bmm", (IterDim("h", h), IterDim("m", m), IterDim("n", n), IterDim("k", k, "reduction")),
+                (Access("x", (None, 0, 1, 3)), Access("w", (None, 0, 3, 2))), Access("y", (None, 0, 1, 2)),
+                MatmulBody(1, 2, 3))
+    pg = PrimGraph("bmm1", t, [op], ["x", "w"], ["y"])
+    rep = time_program(_program(pg, _plan({"bmm": {"h": 8}})), HW)
+    assert "bmm batch_outer" in rep.op("bmm").effects
