@@ -20,6 +20,7 @@ Codes (docs/simulator.md has the full table):
   core_slices         coreIdToWkSlice_ is not a bijection cores <-> work slices of the split
   temporal_tiles      temporal tiles name unknown dims or do not divide the per-core slice
   op_rule             operand layouts violate the op's stick rule (lowering/op_rules.py)
+  op_decl_mismatch    opfunc / ex_unit disagree with the op's loop nest (matmul on pt, the rest on sfp)
   restickify_invalid  a restickify/relayout whose src/dst are not one tensor in two layouts
   io_memory           a program input or output is not in device memory
   lx_capacity         LX live bytes per core exceed the allocator capacity, or a buffer ends past it
@@ -44,7 +45,7 @@ from typing import Optional, Union
 
 from pydantic import ValidationError
 
-from lowering.op_rules import check_split, copy_is_alias, matching_choice, split_units
+from lowering.op_rules import check_split, copy_is_alias, ex_unit, matching_choice, opfunc, split_units
 from lowering.primitives import DTYPE_BYTES, PrimOp, op_from_json
 from simulator.geometry import (
     box_contains, box_lx_bytes, box_span_bytes, core_ranges, layout_nbytes, layout_problems,
@@ -258,6 +259,10 @@ class _Checker:
         ins = [tm[a.tensor].layout.stick_dim for a in prim.inputs]
         out = tm[prim.output.tensor].layout.stick_dim
         if o.kind == "compute":
+            want_unit = "dma" if o.alias else ex_unit(prim)
+            if o.opfunc != opfunc(prim) or o.ex_unit != want_unit:
+                self.add("op_decl_mismatch", f"{o.id}: declared {o.opfunc} on {o.ex_unit}, its loop nest is "
+                                             f"{opfunc(prim)} on {want_unit}", op=o.id)
             if matching_choice(prim, ins, out) is None:
                 self.add("op_rule", f"{o.id}: operand sticks {ins} -> {out} match none of the {prim.kind} "
                                     f"op's stick options", op=o.id)
@@ -279,6 +284,8 @@ class _Checker:
                                               f"{resolve_alias(tm, src)} in device memory", op=o.id, tensor=dst)
             return
         # restickify / relayout
+        if o.opfunc != o.kind:
+            self.add("op_decl_mismatch", f"{o.id}: a {o.kind} op declares opfunc {o.opfunc}", op=o.id)
         if len(prim.inputs) != 1 or o.src != prim.inputs[0].tensor or o.dst != prim.output.tensor:
             self.add("restickify_invalid", f"{o.id}: src/dst do not match its loop nest", op=o.id)
             return

@@ -185,7 +185,7 @@ def test_restickify_invalid():
     pg, _ = attention_scores()
     d = _d(plan(pg, HW))
     r = next(o for o in d["ops"] if o["kind"] == "restickify")
-    r["kind"] = "relayout"    # both tensors are in device memory
+    r["kind"] = r["opfunc"] = "relayout"    # both tensors are in device memory
     assert codes(d) == {"restickify_invalid"}
     d = _d(plan(pg, HW))
     r = next(o for o in d["ops"] if o["kind"] == "restickify")
@@ -320,3 +320,12 @@ def test_alias_illegal():
     d = _d(plan(pg, HW))
     _t(d, "tr")["memory"]["alias_of"] = "r"   # claimed alias without an alias op
     assert "alias_illegal" in codes(d)
+
+
+def test_op_decl_mismatch(naive_mlp):
+    d = _d(naive_mlp)
+    _op(d, "mm")["ex_unit"] = "sfp"      # a matmul runs on the PT array
+    assert codes(d) == {"op_decl_mismatch"}
+    d = _d(naive_mlp)
+    _op(d, "relu")["opfunc"] = "exp"
+    assert codes(d) == {"op_decl_mismatch"}
