@@ -74,3 +74,15 @@ def test_compile_rejects_unsupported_graph(tmp_path, capsys):
     p.write_text(json.dumps(doc))
     assert main(["compile", str(p), "-o", str(tmp_path / "o.json")]) == 2
     assert "unsupported" in capsys.readouterr().err
+
+
+def test_simulate_with_unloadable_graph_reports_it(graph_file, tmp_path, capsys):
+    prog_path = tmp_path / "program.json"
+    assert _run(["compile", str(graph_file), "-o", str(prog_path)], capsys)[0] == 0
+    doc = json.loads(json.dumps(DOC))
+    doc["nodes"][1]["target"] = "aten.not_an_op.default"
+    g = tmp_path / "bad_graph.json"
+    g.write_text(json.dumps(doc))
+    code, out = _run(["simulate", str(prog_path), "--graph", str(g), "--numerics", "--json"], capsys)
+    res = json.loads(out)
+    assert code == 2 and res["valid"] is False and res["errors"][0]["code"] == "unsupported_op"

@@ -33,8 +33,14 @@ def run(args) -> int:
         return 2
     graph = None
     if args.graph:
+        from lowering.errors import GraphError
         from service.commands.compile import load_primgraph
-        graph = load_primgraph(args.graph)
+        try:
+            graph = load_primgraph(args.graph)
+        except (GraphError, OSError) as e:
+            err = {"code": getattr(e, "code", "io"), "message": getattr(e, "message", str(e))}
+            print(json.dumps({"valid": False, "errors": [err], "simulated_us": None, "graph_error": True}))
+            return 2
     res = simulate(text, hw, graph=graph, numerics=args.numerics, trace=args.trace, seed=args.seed)
     out = res.to_json()
     if args.json:
