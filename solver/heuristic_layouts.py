@@ -11,8 +11,8 @@ Upstream behaviour kept on purpose (it is the baseline):
 - an op's candidate output layouts are *propagated* from its inputs' candidate layouts:
   a stick choice is offered when some constrained input could already arrive sticked that
   way; only when none can are all the op's choices offered (upstream's "try alternative
-  layouts" fallback). Copies and fills (upstream: clone, constants) produce the generic
-  row-major layout, stick on the last dim;
+  layouts" fallback). Copies (upstream: clone) produce the generic row-major layout, stick
+  on the last dim; fills (upstream: constants) offer every stick dim;
 - the cost of a choice is, per input edge whose current layout does not satisfy the
   choice, the element count of that input's device layout (`prod(device_size)`, padding
   included). Edges are charged independently: two consumers that need the same
@@ -58,9 +58,9 @@ def _constrained(spec) -> bool:
 def candidate_choices(op: PrimOp, candidate_sticks: dict[str, set]) -> list[StickChoice]:
     """The stick choices `op` offers, propagated from its inputs' candidate layouts."""
     options = stick_options(op)
-    if op.body.kind in ("copy", "fill"):
+    if op.body.kind == "copy":
         return [default_choice(op)]
-    if len(options) == 1:
+    if len(options) == 1 or op.body.kind == "fill":
         return options
     propagated = [ch for ch in options
                   if any(_constrained(spec) and spec in candidate_sticks.get(acc.tensor, ())
