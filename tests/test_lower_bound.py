@@ -62,6 +62,13 @@ def test_bound_below_simulated_time(builder, planner):
     assert 0 < lb.lower_bound_us <= simulated
 
 
+@pytest.mark.parametrize("builder", ["softmax", "mlp", "attention_scores"])
+def test_bound_below_cpsat_plans(builder):
+    pg, _ = getattr(primgraphs, builder)()
+    program = plan(pg, HW, "cpsat", time_limit_s=2, deterministic=True)
+    assert lower_bound(pg, HW).lower_bound_us <= time_program(program, HW).total_us
+
+
 @pytest.mark.parametrize("builder", ["softmax", "mlp"])
 def test_bound_below_fused_tiled_plans(builder):
     """Temporal tiles make the simulator fuse consecutive ops into one kernel whose loads
