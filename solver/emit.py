@@ -65,6 +65,10 @@ def _choice(op: PrimOp, plan: OpPlan) -> StickChoice:
 
 def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
     stick_bytes = hw.stick_bytes
+    op_ids = {op.id for op in pg.ops}
+    unknown = sorted(set(decisions.ops) - op_ids)
+    if unknown:
+        raise EmitError(f"decisions name ops the graph does not have: {unknown[:5]}")
     shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
     dtypes = {t.id: t.dtype for t in pg.tensors.values()}
     roles = {t.id: t.role for t in pg.tensors.values()}
@@ -111,6 +115,9 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
             op.id, op.iter_dims, tuple(new_inputs), op.output, op.body, op.source)
         items.append(_Item(prim, "compute", plan))
 
+    unknown = sorted(set(decisions.restick_ops) - set(restick_made))
+    if unknown:
+        raise EmitError(f"restickify plans for copies no consumer needs: {unknown[:5]}")
     resident = dict(decisions.resident)
     for t in resident:
         if t in pg.inputs or t not in shapes or t not in produced and t not in restick_made:

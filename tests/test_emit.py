@@ -152,3 +152,19 @@ def test_restickify_of_a_resident_tensor_reads_what_each_core_holds():
     assert validate_program(prog, HW) == []
     rest = next(o for o in prog.ops if o.kind == "restickify")
     assert rest.core_split == {"d1": 2}
+
+
+def test_decisions_naming_unknown_ops_or_copies_are_rejected():
+    pg, _ = softmax()
+    d = plan_naive(pg, HW)
+    d.ops["nope"] = OpPlan()
+    with pytest.raises(EmitError):
+        emit_program(pg, HW, d)
+    d = plan_naive(pg, HW)
+    d.restick_ops[restick_id("x", 0)] = OpPlan()
+    with pytest.raises(EmitError):
+        emit_program(pg, HW, d)
+    d = plan_naive(pg, HW)
+    d.resident["x"] = Residency(0)     # a graph input cannot live in LX
+    with pytest.raises(EmitError):
+        emit_program(pg, HW, d)
