@@ -7,7 +7,8 @@ validates) and timed by the simulator's timing model. `sticksat bench` is the CL
 
 Per graph: naive_us, heuristic_us, cpsat_us (simulated), lower_bound_us (solver.lower_bound),
 cpsat_gap and cpsat_bound_us (the solver's own gap and proven bound, in its cost model's
-units), solve_s (cpsat wall time), valid (every planner's program passed the validator). Per suite: the geometric mean of heuristic_us / cpsat_us.
+units), solve_s (cpsat wall time), valid (every planner's program passed the validator, and with numerics every functional run matched the reference).
+Per suite: the geometric mean of heuristic_us / cpsat_us.
 """
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ from typing import Iterable, Optional
 
 GRAPHS_DIR = Path(__file__).resolve().parent / "graphs"
 PLANNER_NAMES = ("naive", "heuristic", "cpsat")
+# Functional runs keep every tensor in numpy byte arrays: graphs whose tensors total more
+# than this are timed but not run.
+NUMERICS_MAX_BYTES = 64 * 2**20
+# fp16 storage after every op: what a correct program's outputs differ from the reference by
+NUMERICS_REL_TOL = 5e-2
 
 
 @dataclass
@@ -40,6 +46,8 @@ class BenchRow:
     cpsat_status: Optional[str] = None
     solve_s: Optional[float] = None
     heuristic_solve_s: Optional[float] = None
+    # with numerics: per planner, max relative error of the functional run vs the reference
+    max_rel_err: dict[str, float] = field(default_factory=dict)
     valid: bool = False
     errors: dict[str, str] = field(default_factory=dict)
 
@@ -132,7 +140,7 @@ def _short(exc: BaseException) -> str:
 
 
 def run_graph(name: str, doc, hw, time_limit_s: float = 10.0, deterministic: bool = False,
-              planners: tuple[str, ...] = PLANNER_NAMES) -> BenchRow:
+              planners: tuple[str, ...] = PLANNER_NAMES, numerics: bool = False) -> BenchRow:
     from lowering import lower_document
     from simulator.timing import time_program
     from solver.lower_bound import lower_bound
@@ -149,6 +157,7 @@ def run_graph(name: str, doc, hw, time_limit_s: float = 10.0, deterministic: boo
     row.lower_bound_us, row.per_op_bound_us, row.datasheet_bound_us = \
         lb.lower_bound_us, lb.per_op_us, lb.datasheet_us
     ok = True
+    run_numerics = numerics and sum(t.nbytes for t in pg.tensors.values()) <= NUMERICS_MAX_BYTES
     for planner in planners:
         kwargs = {}
         if planner == "cpsat":
@@ -163,6 +172,15 @@ def run_graph(name: str, doc, hw, time_limit_s: float = 10.0, deterministic: boo
             ok = False
             continue
         setattr(row, f"{planner}_us", simulated)
+        if run_numerics:
+            from simulator.api import simulate
+
+            res = simulate(program, hw, graph=pg, numerics=True, timing=False)
+            if res.max_rel_err is None or not res.max_rel_err <= NUMERICS_REL_TOL:
+                row.errors[f"{planner} numerics"] = f"max_rel_err {res.max_rel_err} ({'; '.join(res.notes)})"[:500]
+                ok = False
+            if res.max_rel_err is not None:
+                row.max_rel_err[planner] = res.max_rel_err
         if planner == "heuristic":
             row.heuristic_solve_s = wall
         if planner == "cpsat":
@@ -176,13 +194,13 @@ def run_graph(name: str, doc, hw, time_limit_s: float = 10.0, deterministic: boo
 
 def run_suite(suite: str, time_limit_s: float = 10.0, deterministic: bool = False,
               graphs_dir: Path = GRAPHS_DIR, only: Optional[str] = None, hw=None,
-              planners: tuple[str, ...] = PLANNER_NAMES, progress=None) -> BenchReport:
+              planners: tuple[str, ...] = PLANNER_NAMES, progress=None, numerics: bool = False) -> BenchReport:
     if hw is None:
         from simulator.hardware import load_target
         hw = load_target()
     rows = []
     for name, doc in load_suite(suite, graphs_dir, only):
-        row = run_graph(name, doc, hw, time_limit_s, deterministic, planners)
+        row = run_graph(name, doc, hw, time_limit_s, deterministic, planners, numerics)
         rows.append(row)
         if progress is not None:
             progress(row)

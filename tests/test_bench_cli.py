@@ -11,7 +11,7 @@ ROW_KEYS = {"graph", "naive_us", "heuristic_us", "cpsat_us", "lower_bound_us", "
 
 def test_bench_tiny_json(capsys):
     code = main(["bench", "--suite", "tiny", "--json", "--only", "_k64_", "--time-limit", "1",
-                 "--deterministic"])
+                 "--deterministic", "--numerics"])
     out = json.loads(capsys.readouterr().out)
     assert out["suite"] == "tiny"
     assert {"date", "machine", "graphs", "geomean_speedup_vs_heuristic"} <= set(out)
@@ -30,6 +30,10 @@ def test_bench_tiny_json(capsys):
             assert g["speedup_vs_heuristic"] == g["heuristic_us"] / g["cpsat_us"]
             speedups.append(g["speedup_vs_heuristic"])
         assert g["valid"] == (not g["errors"])
+        # --numerics: every planner's program was run and compared with the reference
+        ran = {p for p in ("naive", "heuristic", "cpsat") if g[f"{p}_us"] is not None}
+        assert set(g["max_rel_err"]) == ran
+        assert all(e < 5e-2 for e in g["max_rel_err"].values())
     if speedups:
         geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
         assert math.isclose(out["geomean_speedup_vs_heuristic"], geo)

@@ -208,6 +208,21 @@ def test_heuristic_plans_run_correctly_on_hand_graphs(builder):
     assert res.simulated_us > 0
 
 
+@pytest.mark.parametrize("name", ["llama_tiny_prefill16", "llama_tiny_decode32", "gpt2_tiny_block16",
+                                  "bert_tiny_layer16"])
+def test_heuristic_plans_run_correctly_on_committed_tiny_layers(name):
+    """The benchmark suite's tiny layer graphs (captured documents, no torch needed)."""
+    from benchmarks.suite import GRAPHS_DIR, read_document_text
+    from lowering import lower_document
+    from lowering.graph_format import GraphDocument
+
+    pg = lower_document(GraphDocument.from_json(read_document_text(GRAPHS_DIR / "tiny" / f"{name}.json")))
+    program = plan(pg, HW, "heuristic")
+    res = simulate(program, HW, graph=pg, numerics=True)
+    assert res.valid, res.errors
+    assert res.max_rel_err is not None and res.max_rel_err < 5e-2, (name, res.max_rel_err)
+
+
 # Capturing a model costs 10-30 s on a loaded 2-core machine: llama runs by default, the
 # other four under -m slow.
 @pytest.mark.parametrize("name", ["llama"] + [pytest.param(n, marks=pytest.mark.slow)

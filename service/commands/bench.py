@@ -41,6 +41,9 @@ def register(sub) -> None:
     p.add_argument("--only", help="run only graphs whose name contains this")
     p.add_argument("--planners", default="naive,heuristic,cpsat", help="comma-separated planners to run")
     p.add_argument("--graphs-dir", type=Path, help="directory holding the suites (default: benchmarks/graphs)")
+    p.add_argument("--numerics", action="store_true",
+                   help="also run every program functionally and compare with the reference "
+                        "(graphs small enough to run)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--write-docs", type=Path, metavar="FILE",
                    help="write the suite's table and chart into FILE (e.g. docs/benchmarks.md)")
@@ -58,7 +61,8 @@ def run(args) -> int:
 
     try:
         report = suite.run_suite(args.suite, time_limit_s=args.time_limit, deterministic=args.deterministic,
-                                 graphs_dir=graphs_dir, only=args.only, planners=planners, progress=progress)
+                                 graphs_dir=graphs_dir, only=args.only, planners=planners, progress=progress,
+                                 numerics=args.numerics)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
