@@ -13,7 +13,8 @@ from lowering.interpreter import interpret
 # Tolerances (elementwise |a-b| <= atol + rtol*|b|, on outputs normalised by their scale):
 # fp32 programs agree with eager to float32 rounding (different summation orders);
 # fp16 programs round every intermediate to fp16, eager keeps some in fp32.
-TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 2e-2)}
+# bfloat16 keeps 8 mantissa bits (fp16: 11), so its per-op rounding is 8x coarser.
+TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 2e-2), torch.bfloat16: (6e-2, 6e-2)}
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -134,7 +135,7 @@ class DocBuilder:
                 assert g.dtype == want.dtype, f"output {k}: dtype {g.dtype} vs {want.dtype}"
                 assert (g == want).all(), f"output {k}: integer values differ"
             else:
-                dt = dtype or (torch.float16 if r.value.dtype in (torch.float16, torch.bfloat16) else torch.float32)
+                dt = dtype or (r.value.dtype if r.value.dtype in TOLERANCE else torch.float32)
                 assert_close(g, want, dt, f"output {k}")
         return pg
 

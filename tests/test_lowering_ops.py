@@ -9,6 +9,8 @@ import torch
 from tests.lowering_helpers import DocBuilder
 
 FLOATS = [torch.float32, torch.float16]
+ALL_FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+ALL_IDS = ["fp32", "fp16", "bf16"]
 
 
 def rnd(*shape, dtype=torch.float32, seed=0):
@@ -34,7 +36,7 @@ def test_unary(fn, dtype):
     assert [op.kind for op in pg.ops] == ["pointwise"]
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dtype", ALL_FLOATS, ids=ALL_IDS)
 def test_binary_broadcast_and_scalars(dtype):
     b = DocBuilder()
     x, y, z = b.input(rnd(2, 3, 4, dtype=dtype)), b.input(rnd(3, 1, dtype=dtype)), b.input(rnd(4, dtype=dtype))
@@ -94,7 +96,7 @@ def test_gelu_variants_and_clamp():
 
 
 # -- reductions ------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dtype", ALL_FLOATS, ids=ALL_IDS)
 def test_reductions(dtype):
     b = DocBuilder()
     x = b.input(rnd(2, 6, 8, dtype=dtype))
@@ -123,7 +125,7 @@ def test_cumsum_of_bool_and_softmax():
 
 
 # -- matmul ----------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dtype", ALL_FLOATS, ids=ALL_IDS)
 def test_mm_addmm_bmm_with_folded_transposes(dtype):
     b = DocBuilder()
     x = b.input(rnd(5, 16, dtype=dtype))

@@ -179,7 +179,7 @@ class Ctx:
         key = (v.base, v.shape, v.strides, v.offset, v.dtype)
         tid = self._materialized.get(key)
         if tid is None:
-            tid = self.new_tensor(v.name.replace(":", "_"), v.shape, v.dtype)
+            tid = self.new_tensor(v.name, v.shape, v.dtype)
             smap = StridedMap(v.shape, v.strides, v.offset)
             self.emit_copy(tid, [(v.base, smap, (0,) * len(v.shape))], 0.0, source)
             self._materialized[key] = tid
