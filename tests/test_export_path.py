@@ -1,4 +1,8 @@
-"""The torch.export serialized path gives the same document as live capture."""
+"""The torch.export serialized path gives the same document as live capture.
+
+The five tiny models go through this path in tests/test_backend_models.py (one export
+per model, shared with the torch.compile comparison); here: multi-output ops, buffers,
+keyword args, the .pt2 archive, undecomposed and malformed programs, canonical form."""
 from __future__ import annotations
 
 import io
@@ -15,7 +19,6 @@ from lowering.errors import GraphError  # noqa: E402
 from lowering.export_serde import document_from_export  # noqa: E402
 from lowering.graph_format import GraphDocument  # noqa: E402
 from lowering.validate import validate_document  # noqa: E402
-from tests.models import TINY_MODEL_NAMES, tiny_model  # noqa: E402
 
 
 def _exported(model, inputs):
@@ -40,19 +43,6 @@ class _Mixed(torch.nn.Module):
 
 def _serialized_json(ep) -> bytes:
     return serialize(ep).exported_program
-
-
-@pytest.mark.parametrize("name", TINY_MODEL_NAMES)
-def test_serialized_program_gives_the_captured_document(name):
-    model, inputs = tiny_model(name)
-    ep = _exported(model, inputs)
-    live = GraphDocument.model_validate(exported_program_to_document(ep, name=name))
-    from_json = document_from_export(_serialized_json(ep), name=name)
-    assert [n.target for n in from_json.nodes] == [n.target for n in live.nodes]
-    assert [n.outputs for n in from_json.nodes] == [n.outputs for n in live.nodes]
-    assert from_json.graph_hash() == live.graph_hash()
-    assert from_json.inputs == live.inputs  # kinds and parameter names too
-    validate_document(from_json, check_support=False)
 
 
 def test_multi_output_buffer_kwargs_and_pt2_archive():
@@ -117,3 +107,29 @@ def test_malformed_programs_raise_graph_errors():
         with pytest.raises(GraphError) as info:
             document_from_export(bad)
         assert info.value.code == "schema"
+
+
+# -- canonical form (torch.compile vs torch.export documents: tests/test_backend_models.py)
+
+
+def test_canonical_document_renames_reorders_and_drops_unused_inputs():
+    from lowering.canonical import canonical_document
+
+    meta = {"shape": [2], "stride": [1], "storage_offset": 0, "dtype": "float32"}
+    doc = GraphDocument.model_validate({
+        "inputs": [{"id": "w", "kind": "parameter", "meta": meta}, {"id": "unused", "kind": "buffer", "meta": meta},
+                   {"id": "x", "kind": "user_input", "meta": meta}],
+        "nodes": [{"id": "add", "target": "aten.add.Tensor",
+                   "args": [{"kind": "tensor", "node": "x"}, {"kind": "tensor", "node": "w"}], "outputs": [meta]},
+                  {"id": "cat", "target": "aten.cat.default",
+                   "args": [{"kind": "list", "items": [{"kind": "tensor", "node": "add"}, {"kind": "tensor", "node": "x"}]}],
+                   "outputs": [{**meta, "shape": [4]}]}],
+        "outputs": [{"kind": "tensor", "node": "cat"}],
+    })
+    canon = canonical_document(doc)
+    assert [(i.id, i.kind) for i in canon.inputs] == [("in0", "user_input"), ("in1", "parameter")]
+    assert [n.id for n in canon.nodes] == ["n0", "n1"]
+    assert [a.node for a in canon.nodes[0].args] == ["in0", "in1"]
+    assert [a.node for a in canon.nodes[1].args[0].items] == ["n0", "in0"]
+    assert canon.outputs[0].node == "n1"
+    validate_document(canon, check_support=False)
