@@ -32,18 +32,20 @@ def lower_sdpa(ctx: Ctx, node: NodeArgs, q: View, k: View, v: View, attn_mask, d
     dt = q.dtype
     nid = node.id
     out_shape = q.shape[:-1] + v.shape[-1:]
+    qs = emit_pointwise(ctx, node, [q], lambda e: expr_fn("mul", e[0], Const(root)), dt, out_id=f"{nid}.q_scaled")
+    ks = emit_pointwise(ctx, node, [k], lambda e: expr_fn("mul", e[0], Const(root)), dt, out_id=f"{nid}.k_scaled")
     group = 1
     if q.rank >= 3 and k.shape[-3] != q.shape[-3]:
-        # grouped-query attention: query head h reads kv head h // group. Split q's heads
-        # into (kv heads, group) and broadcast k and v over the group: no kv copies.
+        # grouped-query attention: query head h reads kv head h // group. Regroup the
+        # scaled q's heads into (kv heads, group) (a copy of a row-major tensor, layout
+        # free) and read k and v broadcast over the group: no kv copies.
         hq, hkv = q.shape[-3], k.shape[-3]
         if hkv == 0 or hq % hkv or v.shape[-3] != hkv:
             raise node.fail("shape_mismatch", f"attention heads: q {hq}, k {hkv}, v {v.shape[-3]}")
         group = hq // hkv
-        lead = q.shape[:-3]
-        q = reshape(ctx, node, q, lead + (hkv, group, L, E), q.name)
-        k = _unsqueeze(k, k.rank - 2)
-        v = _unsqueeze(v, v.rank - 2)
+        qs = reshape(ctx, node, qs, q.shape[:-3] + (hkv, group, L, E), f"{nid}.q_grouped")
+        ks = _unsqueeze(ks, ks.rank - 2)
+        v = _unsqueeze(ctx.ensure_relabel(v, nid), v.rank - 2)
         if attn_mask is not None:
             m = attn_mask
             while m.rank < 4:
@@ -52,8 +54,6 @@ def lower_sdpa(ctx: Ctx, node: NodeArgs, q: View, k: View, v: View, attn_mask, d
                 attn_mask = reshape(ctx, node, m, m.shape[:-3] + (hkv, group) + m.shape[-2:], m.name)
             else:
                 attn_mask = _unsqueeze(m, m.rank - 2)
-    qs = emit_pointwise(ctx, node, [q], lambda e: expr_fn("mul", e[0], Const(root)), dt, out_id=f"{nid}.q_scaled")
-    ks = emit_pointwise(ctx, node, [k], lambda e: expr_fn("mul", e[0], Const(root)), dt, out_id=f"{nid}.k_scaled")
     kt = ks.with_(ks.shape[:-2] + ks.shape[-2:][::-1], ks.strides[:-2] + ks.strides[-2:][::-1])
     scores = emit_matmul(ctx, node, qs, kt, dt, f"{nid}.scores")
     if is_causal:
@@ -74,10 +74,11 @@ def lower_sdpa(ctx: Ctx, node: NodeArgs, q: View, k: View, v: View, attn_mask, d
                                     out_shape=scores.shape, out_id=f"{nid}.masked")
     last = scores.rank - 1
     probs, amax, ssum = emit_softmax(ctx, node, scores, last, dt, f"{nid}.probs")
-    out = emit_matmul(ctx, node, probs, v, dt, nid)
+    # grouped results are tensors of their own; the aten values are their regroups
+    out = emit_matmul(ctx, node, probs, v, dt, nid if group == 1 else f"{nid}.grouped")
     # logsumexp of the scaled scores (flash attention's second output), float32
     lse = emit_pointwise(ctx, node, [amax, ssum], lambda e: expr_fn("add", e[0], expr_fn("log", e[1])),
-                         "float32", out_id=f"{nid}:1")
+                         "float32", out_id=f"{nid}:1" if group == 1 else f"{nid}.lse_grouped")
     lse = lse.with_(lse.shape[:-1], lse.strides[:-1])
     if group > 1:  # back to [..., Hq, L, Ev]: a regroup of the row-major result
         out = reshape(ctx, node, out, out_shape, nid)
