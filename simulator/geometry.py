@@ -239,3 +239,20 @@ def operand_box(op: PrimOp, operand: int, ranges: Sequence[Range], shape: Sequen
 
 def reduction_split(op: PrimOp, core_split: Mapping[str, int]) -> bool:
     return any(core_split.get(d.name, 1) > 1 for d in op.iter_dims if d.kind == "reduction")
+
+
+def first_slice_spans(op: PrimOp, core_split: Mapping[str, int], granules: Mapping[int, int],
+                      layouts: Mapping[str, Layout], shapes: Mapping[str, Sequence[int]],
+                      dtypes: Mapping[str, str]) -> dict[int, int]:
+    """Per operand (input index, -1 for the output), the device-memory byte span of the first
+    work slice (slice 0 along every split dim: a full-size slice). Spans of the other slices
+    differ at most by stick rounding, so this is what a planner compares with
+    `hw.per_core_span_bytes` (the torch-spyre span-reduction view: the outermost dim a core
+    touches times its stride)."""
+    ranges = slice_ranges(op, {k: v for k, v in core_split.items() if v > 1}, {}, granules)
+    out: dict[int, int] = {}
+    for idx, acc in [(i, a) for i, a in enumerate(op.inputs)] + [(-1, op.output)]:
+        t = acc.tensor
+        box = operand_box(op, idx, ranges, shapes[t])
+        out[idx] = box_span_bytes(box, layouts[t], dtypes[t])
+    return out

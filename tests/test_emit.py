@@ -168,3 +168,23 @@ def test_decisions_naming_unknown_ops_or_copies_are_rejected():
     d.resident["x"] = Residency(0)     # a graph input cannot live in LX
     with pytest.raises(EmitError):
         emit_program(pg, HW, d)
+
+
+def test_naive_reduces_spans_over_the_per_core_limit():
+    """x[512, 4096] @ w[4096, 65536] fp16: w is 512 MiB. Split over m alone, every core would
+    address all of w; the naive plan must split so each core's span fits 256 MB (the
+    torch-spyre span-reduction pass), then spend the remaining cores on m."""
+    M, K, N = 512, 4096, 65536
+    ts = {"x": PrimTensor("x", (M, K), "float16", "user_input"),
+          "w": PrimTensor("w", (K, N), "float16", "parameter"), "y": PrimTensor("y", (M, N), "float16")}
+    op = PrimOp("mm", (IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),
+                (Access("x", (0, 2)), Access("w", (2, 1))), Access("y", (0, 1)), MatmulBody(0, 1, 2))
+    from lowering.primitives import PrimGraph
+    pg = PrimGraph("big", ts, [op], ["x", "w"], ["y"])
+    d = plan_naive(pg, HW)
+    split = d.ops["mm"].core_split
+    assert split != {"m": 32}
+    prog = emit_program(pg, HW, d)
+    assert validate_program(prog, HW) == []
+    d.ops["mm"].core_split = {"m": 32}
+    assert "span_exceeded" in {i.code for i in validate_program(emit_program(pg, HW, d), HW)}
