@@ -97,13 +97,19 @@ def document_from_export(raw: dict) -> GraphDocument:
 
 # -- options -------------------------------------------------------------------------
 
-def available_planners() -> list[str]:
+@lru_cache(maxsize=1)
+def _registered_planners() -> tuple[str, ...]:
     from solver import planners
 
     # cpsat and heuristic register themselves when their modules are imported.
     for name in PLANNER_PREFERENCE:
         planners._ensure_registered(name)
-    return sorted(planners.PLANNERS)
+    return tuple(sorted(planners.PLANNERS))
+
+
+def available_planners() -> list[str]:
+    """Registered planners (looked up once per process: registration happens at import)."""
+    return list(_registered_planners())
 
 
 def default_planner() -> str:
@@ -114,10 +120,16 @@ def default_planner() -> str:
     raise RuntimeError("no planner is registered")
 
 
-def available_targets() -> list[str]:
+@lru_cache(maxsize=1)
+def _shipped_targets() -> tuple[str, ...]:
     from simulator.hardware import list_targets
 
-    return sorted(list_targets())
+    return tuple(sorted(list_targets()))
+
+
+def available_targets() -> list[str]:
+    """The hardware targets shipped with the package (read once per process)."""
+    return list(_shipped_targets())
 
 
 @lru_cache(maxsize=16)

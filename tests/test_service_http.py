@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 
 import httpx
 import pytest
@@ -59,8 +60,12 @@ def test_health_version_and_openapi(server):
     compile_op = spec["paths"]["/compile"]["post"]
     for status in ("413", "422", "503", "504"):
         assert PROBLEM in compile_op["responses"][status]["content"]
+    assert compile_op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/CompileRequest")
     request_schema = spec["components"]["schemas"]["CompileRequest"]
     assert request_schema["additionalProperties"] is False  # strict: unknown fields are 422s
+    assert set(request_schema["properties"]) == {"graph", "export", "options"}
+    refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(spec)))
+    assert refs <= set(spec["components"]["schemas"]), refs - set(spec["components"]["schemas"])
     _assert_problem(httpx.get(server.url + "/nowhere"), 404, "not_found")
 
 
