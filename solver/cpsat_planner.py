@@ -33,6 +33,7 @@ predicted time than its hint (the hint is returned otherwise, with a note).
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Optional, Union
 
@@ -43,13 +44,16 @@ from lowering.primitives import PrimGraph
 from simulator.superdsc import LxMemory, Program
 from simulator.validate import validate_program
 from solver.core import SolveOptions, gap_of, solver_parameters
-from solver.cost_model import OpView, op_cost_parts, predict_program_ns, to_units
+from solver.cost_model import OpView, op_time, predict_program_ns, to_units
 from solver.emit import emit_program
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.planners import register
 from solver.strategies import GraphContext, Strategy, compatible_residency, op_strategies
 
 DEFAULT_TIME_LIMIT_S = 10.0
+# Deterministic mode stops on CP-SAT's deterministic clock; on the 2-core benchmark machine
+# one wall second of a 2-worker solve is about this many deterministic units (measured).
+DETERMINISTIC_PER_SECOND = 0.15
 _BUNDLE_CODES = frozenset({"bundle_limit", "lx_cross_bundle"})
 
 
@@ -122,7 +126,7 @@ class SpyreModel:
         self.size: dict[str, cp_model.IntVar] = {}
         self.yend: dict[str, cp_model.IntVar] = {}
         self.time: dict[str, cp_model.IntVar] = {}
-        self.saving: dict[tuple[str, int], tuple[cp_model.IntVar, str, list[int]]] = {}
+        self.combos: dict[str, tuple] = {}
         self.objective_terms: list = []
         self._build()
 
@@ -223,36 +227,34 @@ class SpyreModel:
             S_o = self.S[op.id]
             vs = self.pick[op.id]
             n_in = len(op.inputs)
-            base = [s.parts.cost((False,) * n_in, False, hw) for s in S_o]
-            comp = [to_units(c.compute_ns) for c in base]
-            mem = [to_units(c.memory_ns) for c in base]
-            ring = [to_units(c.ring_ns) for c in base]
-            top = max(max(comp), max(mem), 1)
-            tv = m.NewIntVar(0, top, f"time[{op.id}]")
+            free = []
+            for a in list(op.inputs) + [op.output]:
+                if a.tensor in self.res and a.tensor not in free:
+                    free.append(a.tensor)
+            names = [a.tensor for a in op.inputs] + [op.output.tensor]
+            combos = []
+            for mask in range(1 << len(free)):
+                on = {t for j, t in enumerate(free) if mask >> j & 1}
+                lits = [self.res[t] if t in on else self.res[t].Not() for t in free]
+                combos.append((tuple(t in on for t in names), lits))
+            body = [[to_units(s.parts.cost(key[:-1], key[-1]).body_ns) for key, _ in combos] for s in S_o]
+            extra = [to_units(s.parts.base.extra_ns) for s in S_o]
+            tv = m.NewIntVar(0, max(max(b) for b in body), f"time[{op.id}]")
             self.time[op.id] = tv
-            m.Add(tv >= sum(c * v for c, v in zip(comp, vs)))
-            savings = []
-            slots = [(i, a.tensor) for i, a in enumerate(op.inputs)] + [(-1, op.output.tensor)]
-            for i, t in slots:
-                if t not in self.res:
-                    continue
-                if i >= 0:
-                    lx = [tuple(j == i for j in range(n_in)) for _ in S_o]
-                    with_res = [s.parts.cost(l, False, hw) for s, l in zip(S_o, lx)]
-                else:
-                    with_res = [s.parts.cost((False,) * n_in, True, hw) for s in S_o]
-                save = [max(0, mv - to_units(c.memory_ns)) for mv, c in zip(mem, with_res)]
-                if not any(save):
-                    continue
-                sv = m.NewIntVar(0, max(save), f"save[{op.id}][{i}]")
-                m.Add(sv <= sum(s * v for s, v in zip(save, vs)))
-                m.Add(sv <= max(save) * self.res[t])
-                self.saving[(op.id, i)] = (sv, t, save)
-                savings.append(sv)
-            m.Add(tv >= sum(c * v for c, v in zip(mem, vs)) - sum(savings))
+            self.combos[op.id] = (names, combos, body)
+            # exact time of the picked strategy under the residency combination that holds,
+            # plus the weakest combination as an always-valid bound (helps the LP)
+            m.Add(tv >= sum(min(b) * v for b, v in zip(body, vs)))
+            if len(combos) > 1:
+                for k, v in enumerate(vs):
+                    for j, (_, lits) in enumerate(combos):
+                        if body[k][j] > min(body[k]):
+                            m.Add(tv >= body[k][j]).OnlyEnforceIf([v] + lits)
+            else:
+                m.Add(tv >= sum(b[0] * v for b, v in zip(body, vs)))
             self.objective_terms.append(tv)
-            if any(ring):
-                self.objective_terms.append(sum(c * v for c, v in zip(ring, vs)))
+            if any(extra):
+                self.objective_terms.append(sum(c * v for c, v in zip(extra, vs)))
 
     def _restick_cost(self, t: str, stick) -> int:
         """Restickify of t onto `stick` through device memory, split as the emitter does by
@@ -267,37 +269,44 @@ class SpyreModel:
         dtypes = {t: ctx.dtypes[t], rid: ctx.dtypes[t]}
         layouts = {t: ctx.layout(t, src_stick), rid: ctx.layout(t, stick)}
         view = OpView(prim, "restickify", shapes, dtypes, layouts, split, [])
-        return to_units(op_cost_parts(view, hw).cost((False,), False, hw).total_ns)
+        return to_units(op_time(view, (False,), False, hw).total_ns)
+
+    def window(self, t: str) -> tuple[int, int]:
+        """Op-index span [producer, last reader] of a residency candidate."""
+        return (self.index[self.producer[t].id], max(self.index[o] for o, _ in self.readers[t]))
+
+    def _span_limit(self, a: int, b: int, when: list) -> None:
+        """If all of `when` hold, ops a..b form (part of) one bundle: the device-memory
+        tensors they reference stay within the bundle limit (a resident tensor does not
+        count; a restickified copy any of them may read counts, conservatively)."""
+        limit = self.hw.bundle_tensor_limit
+        refs: set[str] = set()
+        for k in range(a, b + 1):
+            op = self.pg.ops[k]
+            refs.update(x.tensor for x in op.inputs)
+            refs.add(op.output.tensor)
+        terms = [self.mat[key] for key in self.mat if key[0] in refs]
+        fixed = 0
+        for u in refs:
+            if u in self.res:
+                terms.append(1 - self.res[u])
+            else:
+                fixed += 1
+        if fixed > limit:
+            self.m.AddBoolOr([w.Not() for w in when])
+        else:
+            self.m.Add(sum(terms) <= limit - fixed).OnlyEnforceIf(when)
 
     def _bundle_constraints(self) -> None:
-        """A resident tensor's live window must fit one bundle: the ops in it reference at
-        most the limit of device-memory tensors (conservative for restickified copies)."""
-        limit = self.hw.bundle_tensor_limit
-        ops = self.pg.ops
-        for t, r in self.res.items():
-            a = self.index[self.producer[t].id]
-            b = max(self.index[o] for o, _ in self.readers[t])
-            refs: set[str] = set()
-            needs: set = set()
-            for k in range(a, b + 1):
-                op = ops[k]
-                refs.update(x.tensor for x in op.inputs)
-                refs.add(op.output.tensor)
-                for key in self.mat:
-                    if key[0] in {x.tensor for x in op.inputs}:
-                        needs.add(key)
-            terms = []
-            fixed = 0
-            for u in refs:
-                if u in self.res:
-                    terms.append(1 - self.res[u])
-                else:
-                    fixed += 1
-            terms.extend(self.mat[key] for key in needs)
-            if fixed > limit:
-                self.m.Add(r == 0)
-            else:
-                self.m.Add(sum(terms) <= limit - fixed).OnlyEnforceIf(r)
+        """Every resident window, and every two overlapping ones (they share a bundle), fit
+        the bundle limit; longer chains are checked after the solve (lazy no-goods)."""
+        spans = sorted((self.window(t), t) for t in self.res)
+        for i, ((a, b), t) in enumerate(spans):
+            self._span_limit(a, b, [self.res[t]])
+            for (c, d), u in spans[i + 1:]:
+                if c > b:
+                    break
+                self._span_limit(min(a, c), max(b, d), [self.res[t], self.res[u]])
 
     # -- hint and read-back ------------------------------------------------------------------
     def strategy_index(self, op_id: str, plan: OpPlan) -> Optional[int]:
@@ -344,20 +353,10 @@ class SpyreModel:
             m.AddHint(self.yend[t], addr + sz)
         for op in self.pg.ops:
             s = self.S[op.id][chosen[op.id]]
-            n_in = len(op.inputs)
-            in_lx = tuple(a.tensor in resident for a in op.inputs)
-            c = s.parts.cost(in_lx, op.output.tensor in resident, hw)
-            base = s.parts.cost((False,) * n_in, False, hw)
-            total_save = 0
-            for (oid, i), (sv, t, save) in self.saving.items():
-                if oid != op.id:
-                    continue
-                val = save[chosen[op.id]] if t in resident else 0
-                m.AddHint(sv, val)
-                total_save += val
-            mem = max(0, to_units(base.memory_ns) - total_save)
-            m.AddHint(self.time[op.id], max(to_units(base.compute_ns), mem))
-            del c
+            names, combos, body = self.combos[op.id]
+            key = tuple(t in resident for t in names)
+            j = next((j for j, (k, _) in enumerate(combos) if k == key), 0)
+            m.AddHint(self.time[op.id], body[chosen[op.id]][j])
 
     def decisions(self, solver: cp_model.CpSolver, input_sticks: dict) -> PlanDecisions:
         hw = self.hw
@@ -376,8 +375,7 @@ class SpyreModel:
 
     def windows(self, resident: set[str]) -> list[tuple[int, int, list[str]]]:
         """Groups of overlapping resident live windows, as (first op, last op, tensors)."""
-        spans = sorted((self.index[self.producer[t].id], max(self.index[o] for o, _ in self.readers[t]), t)
-                       for t in resident)
+        spans = sorted((*self.window(t), t) for t in resident)
         groups: list[tuple[int, int, list[str]]] = []
         for a, b, t in spans:
             if groups and a <= groups[-1][1]:
@@ -394,11 +392,14 @@ class SpyreModel:
 # -- entry point ---------------------------------------------------------------------------------
 def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                hint: Union[PlanDecisions, Program, None] = None, num_workers: int = 2,
-               keep: int = 6, keep_resident: int = 3, max_rounds: int = 3, **_ignored) -> PlanDecisions:
+               keep: int = 6, keep_resident: int = 3, max_rounds: int = 4, **_ignored) -> PlanDecisions:
     t0 = time.perf_counter()
     limit_s = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
     hint_d, hint_name = _hint_decisions(pg, hw, hint)
+    t_emit = time.perf_counter()
     hint_prog, hint_issues = _program_or_none(pg, hw, hint_d)
+    # time to keep for emitting and validating the result once the solver stops
+    reserve_s = 1.5 * (time.perf_counter() - t_emit)
     if hint_prog is None:
         # an invalid hint is not a starting point: fall back to the naive plan
         from solver.naive import plan_naive
@@ -431,14 +432,23 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
 
     best_d, best_prog, status, obj, bound = None, None, "UNKNOWN", None, None
     for round_ in range(max_rounds):
-        remaining = limit_s - (time.perf_counter() - t0)
-        if round_ > 0 and remaining < 0.2 * limit_s:
+        remaining = limit_s - (time.perf_counter() - t0) - reserve_s
+        if round_ > 0 and remaining < 0.05 * limit_s:
             break
-        opts = SolveOptions(time_limit_s=max(0.5, remaining), num_workers=num_workers,
-                            deterministic=deterministic,
-                            deterministic_time=max(0.5, limit_s - build_s) if deterministic else None)
+        # the first round gets most of the budget; repair rounds (lazy no-goods) the rest
+        budget = max(0.3, remaining * (0.7 if round_ + 1 < max_rounds else 1.0))
+        opts = SolveOptions(time_limit_s=budget, num_workers=num_workers, deterministic=deterministic,
+                            deterministic_time=max(0.1, DETERMINISTIC_PER_SECOND * budget),
+                            deterministic_wall_factor=3.0)
         solver = solver_parameters(opts)
+        # CP-SAT's presolve spends seconds of wall time on this model for almost no
+        # reduction (measured on a 143-op graph: 3.3 s, model 2447 -> 2021 variables); the
+        # complete hint and LNS do better with that time
+        solver.parameters.cp_model_presolve = False
         st = solver.Solve(sm.m)
+        if os.environ.get("STICKSAT_DEBUG"):
+            print(f"round {round_}: build {build_s:.1f}s budget {budget:.1f}s -> {solver.StatusName(st)} "
+                  f"wall {solver.WallTime():.1f}s det {solver.deterministic_time:.2f}")
         status = solver.StatusName(st)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
@@ -449,17 +459,37 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
             best_d, best_prog = d, prog
             break
         bundle_issues = [i for i in issues if getattr(i, "code", "") in _BUNDLE_CODES]
+        if os.environ.get("STICKSAT_DEBUG"):
+            print("round", round_, [(getattr(i, "code", ""), getattr(i, "message", i)) for i in issues[:4]])
         if not bundle_issues or len(bundle_issues) != len(issues):
             notes.append("cpsat plan failed validation: " + "; ".join(
                 f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]))
             break
-        # lazy no-goods: a group of windows whose bundle breaks the limit cannot all stay resident
+        # lazy no-goods: a group of windows whose bundle breaks the limit cannot all stay
+        # resident together
+        bad_ops = set()
+        order = {o.id: k for k, o in enumerate(pg.ops)}
+        program = emit_program(pg, hw, d)
+        for b in program.bundles:
+            if len(b.external_tensors) > hw.bundle_tensor_limit or any(
+                    i.code == "lx_cross_bundle" and i.op in b.ops for i in bundle_issues):
+                bad_ops.update(order[o] for o in b.ops if o in order)
+        dropped = set()
         for a, b, ts in sm.windows(set(d.resident)):
-            if len(ts) > 1:
+            if any(a <= k <= b for k in bad_ops):
                 sm.m.AddBoolOr([sm.res[t].Not() for t in ts])
-        # warm start the next round from this (now infeasible) solution's picks
+                dropped.update(ts)
+        # warm start the next round from this solution without the offending residencies
+        # (a feasible point of the strengthened model)
+        for t in dropped:
+            del d.resident[t]
         sm.m.ClearHints()
         sm.add_hint(d)
+        if os.environ.get("STICKSAT_DEBUG"):
+            chk = cp_model.CpSolver()
+            chk.parameters.fix_variables_to_their_hinted_value = True
+            chk.parameters.max_time_in_seconds = 5
+            print("repaired hint:", chk.StatusName(chk.Solve(sm.m)), "dropped", sorted(dropped))
     solve_s = time.perf_counter() - t0
     if best_prog is not None:
         pred_ns = predict_program_ns(best_prog, hw)

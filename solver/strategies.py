@@ -23,6 +23,7 @@ alias test) and all geometry from `simulator.geometry`; nothing is re-encoded he
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -53,6 +54,8 @@ class Strategy:
     reduction_split: bool
     parts: OpCostParts
     any_forbidden: dict[int, frozenset] = field(default_factory=dict)  # input -> stick dims not allowed
+    view: Optional[OpView] = field(default=None, repr=False, compare=False)  # what `parts` priced
+    may_reside: tuple = ()
 
     def key(self) -> tuple:
         return (self.stick, tuple(sorted(self.core_split.items())), self.alias)
@@ -73,6 +76,8 @@ class GraphContext:
     dtypes: dict[str, str]
     possible_sticks: dict[str, list[Optional[int]]]
     input_sticks: dict[str, Optional[int]]
+    roles: dict[str, str] = field(default_factory=dict)
+    candidates: set = field(default_factory=set)  # tensors that may stay LX-resident
     cache: dict = field(default_factory=dict)  # structure key -> strategy list
 
     @classmethod
@@ -94,7 +99,10 @@ class GraphContext:
                 if ch.output not in outs:
                     outs.append(ch.output)
             possible[op.output.tensor] = outs
-        return cls(pg, hw, shapes, dtypes, possible, fixed)
+        roles = {t.id: t.role for t in pg.tensors.values()}
+        read = {a.tensor for op in pg.ops for a in op.inputs}
+        candidates = {t for t in produced if t in read and t not in set(pg.outputs)}
+        return cls(pg, hw, shapes, dtypes, possible, fixed, roles, candidates)
 
     def layout(self, t: str, stick: Optional[int]):
         return make_layout(self.shapes[t], self.dtypes[t], stick, self.hw.stick_bytes)
@@ -106,9 +114,11 @@ def _granules(op: PrimOp, ctx: GraphContext, in_sticks: Sequence, out_stick) -> 
 
 
 def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[str, int],
-                  tiles: Optional[dict[str, int]] = None, alias: bool = False) -> Optional[Strategy]:
+                  tiles: Optional[dict[str, int]] = None, alias: bool = False,
+                  full_pricing: bool = True) -> Optional[Strategy]:
     """The strategy (stick choice, split, tiles) of `op` with its slices and cost parts,
-    or None when the split is not legal for this stick choice."""
+    or None when the split is not legal for this stick choice. Without `full_pricing` only
+    the no-residency and all-residency combinations are priced (for pruning)."""
     hw = ctx.hw
     split = {k: v for k, v in split.items() if v > 1}
     in_sticks = tuple(None if (s is None or s == ANY) else s for s in ch.inputs)
@@ -146,10 +156,12 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
                      for i, a in enumerate(op.inputs))
     out_layout = layouts[out_t]
     out_lx = max(box_lx_bytes(b, out_layout, ctx.dtypes[out_t]) for b in out_boxes.values())
-    view = OpView(op, "compute", ctx.shapes, ctx.dtypes, layouts, split, slices, alias)
-    parts = op_cost_parts(view, hw)
+    view = OpView(op, "compute", ctx.shapes, ctx.dtypes, layouts, split, slices, alias, ctx.roles)
+    may = [a.tensor in ctx.candidates for a in op.inputs] + [out_t in ctx.candidates]
+    parts = op_cost_parts(view, hw, may, extremes_only=not full_pricing)
     return Strategy(ch, split, dict(tiles or {}), alias, in_sticks, ch.output, out_boxes, in_boxes,
-                    padded(out_lx, hw.stick_bytes), reduction_split(op, split), parts, any_forbidden)
+                    padded(out_lx, hw.stick_bytes), reduction_split(op, split), parts, any_forbidden,
+                    view, tuple(may))
 
 
 def alias_strategy(op: PrimOp, ctx: GraphContext) -> Optional[Strategy]:
@@ -197,7 +209,8 @@ def structure_key(op: PrimOp, ctx: GraphContext) -> tuple:
     """Everything a strategy list depends on, without tensor names."""
     def acc_key(a) -> tuple:
         t = a.tensor
-        return (a.dims, ctx.shapes[t], ctx.dtypes[t], tuple(ctx.possible_sticks[t]))
+        return (a.dims, ctx.shapes[t], ctx.dtypes[t], tuple(ctx.possible_sticks[t]),
+                t in ctx.candidates, ctx.roles.get(t))
     return (op.iter_dims, op.body, tuple(acc_key(a) for a in op.inputs), acc_key(op.output))
 
 
@@ -225,17 +238,17 @@ def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
             return n
         most = max(used(sp) for sp in splits)
         splits = [sp for sp in splits if used(sp) * 4 >= most]
-        cands = [s for s in (make_strategy(op, ctx, ch, sp) for sp in splits) if s is not None]
+        cands = [s for s in (make_strategy(op, ctx, ch, sp, full_pricing=False) for sp in splits)
+                 if s is not None]
         if not cands:
             continue
         n_in = len(op.inputs)
         by_hbm = sorted(cands, key=lambda s: s.cost_ns(hw))
         by_res = sorted(cands, key=lambda s: (s.parts.cost((True,) * n_in, True, hw).total_ns,
                                               s.cost_ns(hw)))
-        for s in by_hbm[:keep]:
-            add(s)
-        for s in by_res[:keep_resident]:
-            add(s)
+        for s in by_hbm[:keep] + by_res[:keep_resident]:
+            if s.key() not in seen:
+                add(dataclasses.replace(s, parts=op_cost_parts(s.view, hw, s.may_reside)))
     for ch, split, tiles, alias in required:
         if alias:
             add(alias_strategy(op, ctx))

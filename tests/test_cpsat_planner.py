@@ -66,7 +66,10 @@ def test_warm_start_from_a_stored_program_keeps_its_decisions():
     assert predict_program_us(again, HW) <= predict_program_us(stored, HW) + 1e-9
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit"])
+# Capturing and planning a model costs 20-40 s on a loaded 2-core machine: llama runs by
+# default, the others under -m slow.
+@pytest.mark.parametrize("name", ["llama"] + [pytest.param(n, marks=pytest.mark.slow)
+                                              for n in ("gpt2", "bert", "vit")])
 def test_tiny_models_run_correctly(name):
     torch = pytest.importorskip("torch")
     from backend.capture import capture
@@ -83,7 +86,7 @@ def test_tiny_models_run_correctly(name):
         if exc.code == "unsupported_op":
             pytest.skip(f"lowering does not cover {name} yet: {exc}")
         raise
-    program = plan(pg, HW, "cpsat", **FAST)
+    program = plan(pg, HW, "cpsat", time_limit_s=8, deterministic=True)
     res = simulate(program, HW, graph=pg, numerics=True)
     assert res.valid, res.errors
     assert res.max_rel_err is not None and res.max_rel_err < 5e-2, (name, res.max_rel_err)
