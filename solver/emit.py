@@ -307,22 +307,35 @@ def _external(items: list[_Item], member: list[int], memories: dict, alias_of: d
 def _cut_bundles(items: list[_Item], memories: dict, alias_of: dict[str, str], limit: int,
                  starts: set[int]) -> list[int]:
     """Bundle index per op: greedy, cutting before an op that would push the bundle past
-    `limit` external tensors (or where the planner asked), never inside an LX live range."""
-    open_until = [-1] * len(items)  # cutting before op k is illegal if an LX range spans it
-    lx_ranges = [(m.live_from, m.live_to) for m in memories.values() if isinstance(m, LxMemory)]
-    for a, b in lx_ranges:
-        for k in range(a + 1, b + 1):
-            if k < len(items):
-                open_until[k] = 1
-    bundle_of = []
-    b = 0
+    `limit` external tensors (or where the planner asked), never inside an LX live range.
+    When the limit is hit inside a live range, the cut moves back to the latest legal point
+    (before the range opened) if the bundle from there fits."""
+    n = len(items)
+    legal = [k > 0 for k in range(n)]  # cutting before op k keeps every LX range in one bundle
+    for m in memories.values():
+        if isinstance(m, LxMemory):
+            for k in range(m.live_from + 1, min(m.live_to, n - 1) + 1):
+                legal[k] = False
+    refs = [_hbm_refs(it, memories, alias_of) for it in items]
+    bundle_of: list[int] = []
+    b, start = 0, 0
     cur: set[str] = set()
-    for k, it in enumerate(items):
-        refs = _hbm_refs(it, memories, alias_of)
-        can_cut = k > 0 and open_until[k] < 0
-        if can_cut and (k in starts or len(cur | refs) > limit):
-            b += 1
-            cur = set()
-        cur |= refs
+    for k in range(n):
+        if legal[k] and (k in starts or len(cur | refs[k]) > limit):
+            b, start, cur = b + 1, k, set()
+        elif len(cur | refs[k]) > limit and k > start:
+            j = max((j for j in range(start + 1, k) if legal[j]), default=None)
+            if j is not None:
+                tail: set[str] = set()
+                for q in range(j, k + 1):
+                    tail |= refs[q]
+                if len(tail) <= limit:
+                    b, start = b + 1, j
+                    for q in range(j, k):
+                        bundle_of[q] = b
+                    cur = tail - refs[k]
+                    for q in range(j, k):
+                        cur |= refs[q]
+        cur |= refs[k]
         bundle_of.append(b)
     return bundle_of

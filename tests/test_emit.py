@@ -188,3 +188,28 @@ def test_naive_reduces_spans_over_the_per_core_limit():
     assert validate_program(prog, HW) == []
     d.ops["mm"].core_split = {"m": 32}
     assert "span_exceeded" in {i.code for i in validate_program(emit_program(pg, HW, d), HW)}
+
+
+def test_bundle_cut_moves_before_an_lx_range_when_the_limit_hits_inside_it():
+    """A chain where each op adds device-memory tensors: the greedy cut would fall inside the
+    live range of an LX-resident tensor; the emitter cuts before the range instead."""
+    from lowering.primitives import PrimGraph
+    tensors = {"t0": PrimTensor("t0", (64, 64), "float16", "user_input")}
+    ops = []
+    for i in range(8):
+        tensors[f"w{i}"] = PrimTensor(f"w{i}", (64, 64), "float16", "parameter")
+        tensors[f"t{i + 1}"] = PrimTensor(f"t{i + 1}", (64, 64), "float16")
+        ops.append(PrimOp(f"a{i}", (IterDim("m", 64), IterDim("n", 64)),
+                          (Access(f"t{i}", (0, 1)), Access(f"w{i}", (0, 1))), Access(f"t{i + 1}", (0, 1)),
+                          PointwiseBody(Call("add", (In(0), In(1))))))
+    pg = PrimGraph("chain2", tensors, ops, ["t0"] + [f"w{i}" for i in range(8)], ["t8"])
+    d = plan_naive(pg, HW)
+    # greedy fills bundle 0 with a0..a2 (6 tensors) and would cut before a3, inside the live
+    # range of t3 (a2 -> a3): the cut moves back before a2
+    d.resident["t3"] = Residency(0)
+    prog = emit_program(pg, HW, d)
+    assert validate_program(prog, HW) == []
+    b = {o.id: o.bundle for o in prog.ops}
+    assert b["a2"] == b["a3"] and b["a1"] != b["a2"]
+    for bd in prog.bundles:
+        assert len(bd.external_tensors) <= HW.bundle_tensor_limit
