@@ -6,7 +6,8 @@
 3. with `numerics=True` runs it functionally (simulator/run.py) on `inputs` (or seeded
    random inputs) and, given the graph it came from (PrimGraph or graph document), compares
    every output with the reference interpreter (lowering.interpreter.interpret);
-4. with `trace=PATH` writes a Chrome/Perfetto trace of the timing (simulator/trace.py).
+4. with `trace=PATH` writes a Chrome/Perfetto trace of the timing (simulator/trace.py);
+   with `trace=True` returns it in `SimResult.trace`.
 
 Errors: max_abs_err = max |out - ref| over all outputs; max_rel_err = max over outputs of
 max |out - ref| / max |ref| (relative to the output's scale, so near-zero elements do not
@@ -35,6 +36,7 @@ class SimResult:
     reference: Optional[list[np.ndarray]] = None
     max_abs_err: Optional[float] = None
     max_rel_err: Optional[float] = None
+    trace: Optional[dict] = None             # the Chrome/Perfetto trace document (trace=True)
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -119,7 +121,7 @@ def compare(outputs: list[np.ndarray], reference: list[np.ndarray]) -> tuple[flo
 
 
 def simulate(program: Union[Program, dict, str, bytes], hw=None, inputs: Optional[Mapping[str, np.ndarray]] = None,
-             graph=None, numerics: bool = False, trace: Optional[str] = None, seed: int = 0,
+             graph=None, numerics: bool = False, trace: Union[bool, str, None] = None, seed: int = 0,
              timing: bool = True) -> SimResult:
     if hw is None:
         from simulator.hardware import load_target
@@ -141,7 +143,10 @@ def simulate(program: Union[Program, dict, str, bytes], hw=None, inputs: Optiona
             report = time_program(prog, hw)
             res.timing = report
             res.simulated_us = float(report.total_us)
-            if trace:
+            if trace is True:
+                from simulator.trace import trace_document
+                res.trace = trace_document(report)
+            elif trace:
                 from simulator.trace import write_trace
                 write_trace(report, trace)
     if numerics or inputs is not None:

@@ -139,8 +139,9 @@ def test_missing_input_and_out_of_bounds_raise():
 def test_simulate_facade_reports_errors_and_numerics():
     pg, _ = mlp()
     prog = plan(pg, HW)
-    res = simulate(prog, HW, graph=pg, numerics=True)
+    res = simulate(prog, HW, graph=pg, numerics=True, trace=True)
     assert res.valid and res.errors == [] and res.max_rel_err < 1e-3
+    assert res.simulated_us > 0 and any(e.get("ph") == "X" for e in res.trace["traceEvents"])
     d = prog.to_dict()
     d["stats"]["hardware_digest"] = "x"
     res = simulate(d, HW, graph=pg, numerics=True)
