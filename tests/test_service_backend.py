@@ -4,6 +4,8 @@ second compile of the same graph is a cache hit in /metrics, and an unreachable 
 is a clear error."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -75,3 +77,39 @@ def test_unreachable_service_is_a_clear_error():
     with pytest.raises(ServiceUnavailable, match="unavailable after 2 attempts"):
         compile_remote_executable(doc, {"planner": "naive", "retries": 1, "backoff_s": 0.01},
                                   url=f"http://127.0.0.1:{free_port()}")
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(64, 128)
+        self.down = torch.nn.Linear(128, 64)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_compile_a_torch_export_serialized_program(server):
+    """POST /compile {"export": <serialized exported program>} gives the same program
+    (same graph hash, same store key) as the document captured live."""
+    import httpx
+    from torch._export.serde.serialize import serialize
+
+    from backend.capture import capture, decomposition_table
+
+    model, x = _Mlp().eval(), torch.randn(4, 64)
+    with torch.no_grad():
+        ep = torch.export.export(model, (x,), strict=False).run_decompositions(decomposition_table())
+    exported = json.loads(serialize(ep).exported_program)
+    options = {"planner": "naive", "deterministic": True}
+    via_export = httpx.post(server.url + "/compile", json={"export": exported, "options": options}, timeout=120)
+    assert via_export.status_code == 200, via_export.text
+    via_doc = httpx.post(server.url + "/compile", json={"graph": capture(model, (x,)), "options": options},
+                         timeout=120)
+    assert via_doc.status_code == 200
+    assert via_doc.json()["graph_hash"] == via_export.json()["graph_hash"]
+    assert via_doc.json()["cached"] is True  # the export request stored it
+
+    broken = dict(exported, graph_module={"graph": {"nodes": "not a list"}})
+    resp = httpx.post(server.url + "/compile", json={"export": broken, "options": options}, timeout=60)
+    assert resp.status_code == 422 and resp.headers["content-type"].startswith("application/problem+json")
