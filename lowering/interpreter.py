@@ -68,35 +68,27 @@ def _compute_dtype(op: PrimOp, tensors) -> np.dtype:
     return np.dtype(np.bool_)
 
 
-def _to_iter_space(arr: np.ndarray, acc: Access, sizes: Sequence[int], skip: Sequence[int] = ()) -> np.ndarray:
-    """arr viewed with one axis per iteration dim (size 1 where the operand does not vary).
-    Tensor dims listed in `skip` (a gather's table axes) are left out."""
+def _to_iter_space(arr: np.ndarray, acc: Access, sizes: Sequence[int]) -> np.ndarray:
+    """arr viewed with one axis per iteration dim (size 1 where the operand does not vary)."""
     if arr.ndim != len(acc.dims):
         raise InterpreterError(f"{acc.tensor}: rank {arr.ndim} vs access {acc.dims}")
     kept = []
     for j, d in enumerate(acc.dims):
-        if j in skip:
-            continue
         if d is None:
             if arr.shape[j] != 1:
                 raise InterpreterError(f"{acc.tensor}: dim {j} of size {arr.shape[j]} accessed as broadcast")
             continue
+        if not 0 <= d < len(sizes):
+            raise InterpreterError(f"{acc.tensor}: iteration dim {d} does not exist")
         if arr.shape[j] != sizes[d]:
             raise InterpreterError(f"{acc.tensor}: dim {j} has size {arr.shape[j]}, iteration dim {d} {sizes[d]}")
         kept.append(j)
-    if skip:
-        index = tuple(slice(None) if j in kept or j in skip else 0 for j in range(arr.ndim))
-        arr = arr[index]
-        positions = [j for j in range(len(acc.dims)) if j in kept or j in skip]
-        kept = [positions.index(j) for j in kept]
-    else:
-        arr = arr.reshape([arr.shape[j] for j in kept])
-        kept = list(range(len(kept)))
-    iters = [d for j, d in enumerate(acc.dims) if j not in skip and d is not None]
+    arr = arr.reshape([arr.shape[j] for j in kept])
+    iters = [acc.dims[j] for j in kept]
     if len(set(iters)) != len(iters):
         raise InterpreterError(f"{acc.tensor}: one iteration dim walks two tensor dims")
     order = sorted(range(len(iters)), key=lambda i: iters[i])
-    arr = np.transpose(arr, [kept[i] for i in order])
+    arr = np.transpose(arr, order)
     shape = [1] * len(sizes)
     for i in order:
         shape[iters[i]] = sizes[iters[i]]

@@ -199,3 +199,17 @@ def test_node_supported_checks_argument_limits():
     sdpa = "aten._scaled_dot_product_flash_attention_for_cpu.default"
     assert node_supported(sdpa, [None, None, None]) and not node_supported(sdpa, [None, None, None, 0.1])
     assert not node_supported("aten.gelu.default", [None], {"approximate": "erf"})
+
+
+def test_folded_constants_carry_the_value_their_dtype_stores():
+    # scalar_tensor(0.1, float16) holds 0.0999755859375; full(2.7, int64) holds 2
+    nodes = [node("c", "aten.scalar_tensor.default", [{"kind": "float", "value": 0.1}], [], "float16",
+                  kwargs={"dtype": {"kind": "dtype", "value": "float16"}}),
+             node("i", "aten.full.default", [{"kind": "list", "items": []}, {"kind": "float", "value": 2.7}], [],
+                  "int64", kwargs={"dtype": {"kind": "dtype", "value": "int64"}}),
+             node("a", "aten.add.Tensor", [ref("x"), ref("c")], [2, 3]),
+             node("b", "aten.mul.Tensor", [ref("a"), ref("i")], [2, 3])]
+    pg = lower_document(doc(nodes, ["b"]))
+    assert [op.kind for op in pg.ops] == ["pointwise", "pointwise"]  # both fills folded
+    x = np.zeros((2, 3), np.float32)
+    np.testing.assert_array_equal(interpret(pg, {"x": x})[0], np.float32(np.float16(0.1)) * 2)

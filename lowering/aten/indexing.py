@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+import numpy as np
+
 from lowering.aten.context import INT_DTYPES, Ctx, NodeArgs, View, register
 from lowering.aten.pointwise import broadcast_shapes
 from lowering.aten.views import norm_dim, slice_view
+from lowering.interpreter import round_bfloat16
 from lowering.primitives import Access, FillBody, GatherBody, IterDim
 
 
@@ -129,12 +132,28 @@ def emit_fill(ctx: Ctx, node: NodeArgs, shape: Sequence[int], dtype: str, value:
     iters, index = ctx.iter_dims_for(shape)
     tid = ctx.new_tensor(node.id, shape, dtype)
     if iota is None:
-        body = FillBody(float(value))
-        ctx.const_of[tid] = float(value)
+        value = stored_value(float(value), dtype)
+        body = FillBody(value)
+        ctx.const_of[tid] = value
     else:
         body = FillBody(0.0, iota_dim=0, start=float(iota[0]), step=float(iota[1]))
     ctx.emit(tid, iters, [], Access(tid, tuple(index)), body, node.id)
     return ctx.tensor_view(tid, node.id)
+
+
+def stored_value(value: float, dtype: str) -> float:
+    """The value a tensor of `dtype` holds for `value` (what a folded Const must carry)."""
+    if dtype == "bool":
+        return float(value != 0)
+    if dtype in INT_DTYPES:
+        return float(math.trunc(value)) if math.isfinite(value) else value
+    if dtype == "float16":
+        return float(np.float16(value))
+    if dtype == "bfloat16":
+        return float(round_bfloat16(np.asarray([value], dtype=np.float32))[0])
+    if dtype == "float32":
+        return float(np.float32(value))
+    return value
 
 
 def _num(node: NodeArgs, v) -> float:
