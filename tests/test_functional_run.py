@@ -2,6 +2,7 @@
 lowered tiny models; wrong slicing or overlapping LX buffers give wrong numbers."""
 import copy
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,8 +151,20 @@ def test_simulate_facade_reports_errors_and_numerics():
 
 # -- lowered tiny models ----------------------------------------------------------------------
 TINY = ["gpt2", "llama", "bert", "vit", "resnet"]
-# Capturing a model costs seconds: two in the default run, all five under -m slow.
-FAST = ["llama", "resnet"]
+# Capturing a model costs seconds (and the torch import): ResNet (the conv model) in the
+# default run, all five under -m slow; the committed fp16 graph documents of the tiny layers
+# (GPT-2, BERT, Llama prefill/decode) run by default without torch.
+FAST = ["resnet"]
+GRAPH_DOCS = sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "graphs" / "tiny").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", GRAPH_DOCS, ids=lambda p: p.stem)
+def test_tiny_graph_documents_through_the_simulator(path):
+    from service.commands.compile import load_primgraph
+    pg = load_primgraph(str(path))
+    res = simulate(plan(pg, HW), HW, graph=pg, numerics=True)
+    assert res.valid, res.errors
+    assert res.max_rel_err < 5e-3, (res.max_abs_err, res.max_rel_err)
 
 
 def _lowered(name, dtype):
