@@ -360,8 +360,9 @@ def warm_worker(target: str = "spyre") -> float:
     fresh worker does not pay for it. Returns the seconds it took."""
     started = time.time()
     import lowering  # noqa: F401
-    import solver.planners  # noqa: F401
     import simulator.api  # noqa: F401
+    import simulator.timing  # noqa: F401
 
+    available_planners()  # imports the planners that register themselves (cpsat, heuristic)
     load_hardware(target)
     return time.time() - started

@@ -66,3 +66,21 @@ def test_replacement_prefers_complete_then_faster(tmp_path):
     assert not store.put_program(_record(key, complete=True, predicted=9.0))
     assert store.put_program(_record(key, complete=True, predicted=7.0))
     assert store.get_program(key).stats["predicted_us"] == 7.0
+
+
+def test_the_service_side_never_imports_torch():
+    """The service image has no torch: the app, a full in-process compile and the HTTP
+    client's service half must not pull it in."""
+    import subprocess
+    import sys
+
+    from service_helpers import chain_graph
+
+    code = (
+        "import json, sys\n"
+        "import service.app, service.commands.serve, service.pipeline as p\n"
+        f"p.compile_in_process({json.dumps(chain_graph(rows=64))!r}, planner='naive')\n"
+        "p.warm_worker()\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
