@@ -358,6 +358,36 @@ class SpyreModel:
             j = next((j for j, (k, _) in enumerate(combos) if k == key), 0)
             m.AddHint(self.time[op.id], body[chosen[op.id]][j])
 
+    def objective_of(self, picks: dict[str, int], resident: set[str]) -> float:
+        """The model's objective (ns) for an assignment: per op the priced time of its
+        strategy under its residency combination, plus every restickify it needs."""
+        total = 0.0
+        out_stick = {op.output.tensor: self.S[op.id][picks[op.id]].out_stick for op in self.pg.ops}
+        needed = set()
+        for op in self.pg.ops:
+            k = picks[op.id]
+            names, combos, body = self.combos[op.id]
+            key = tuple(t in resident for t in names)
+            j = next((j for j, (kk, _) in enumerate(combos) if kk == key), 0)
+            total += body[k][j] + to_units(self.S[op.id][k].parts.base.extra_ns)
+            for i, a in enumerate(op.inputs):
+                want = self.S[op.id][k].input_sticks[i]
+                have = out_stick.get(a.tensor, self.ctx.input_sticks.get(a.tensor))
+                if want is not None and want != have:
+                    needed.add((a.tensor, want))
+        return total + sum(self.mat_cost.get(key, self._restick_cost(*key)) for key in needed)
+
+    def decisions_of(self, picks: dict[str, int], resident: dict[str, Residency],
+                     input_sticks: dict) -> PlanDecisions:
+        d = PlanDecisions(planner="cpsat", input_sticks=dict(input_sticks))
+        for op in self.pg.ops:
+            s = self.S[op.id][picks[op.id]]
+            d.ops[op.id] = OpPlan(stick=s.stick, core_split=dict(s.core_split),
+                                  temporal_tiles=dict(s.temporal_tiles), alias=s.alias)
+        d.resident = dict(resident)
+        d.bundle_starts = self.bundle_starts(set(resident))
+        return d
+
     def decisions(self, solver: cp_model.CpSolver, input_sticks: dict) -> PlanDecisions:
         hw = self.hw
         d = PlanDecisions(planner="cpsat", input_sticks=dict(input_sticks))
@@ -389,6 +419,24 @@ class SpyreModel:
         return [self.pg.ops[a].id for a, _, _ in self.windows(resident)]
 
 
+def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 6,
+                keep_resident: int = 3) -> tuple[GraphContext, dict[str, list[Strategy]], SpyreModel]:
+    """Strategy space and CP-SAT model of a graph. The hint's and the naive plan's
+    strategies are always in the space, so the model's optimum is never worse than either."""
+    from solver.naive import plan_naive
+    ctx = GraphContext.build(pg, hw, hint_d.input_sticks)
+    naive_d = plan_naive(pg, hw)
+    strategies = {}
+    for op in pg.ops:
+        req = []
+        for src in (hint_d, naive_d):
+            p = src.ops.get(op.id, OpPlan())
+            req.append((p.stick or default_choice(op), {k: v for k, v in p.core_split.items() if v > 1},
+                        {}, p.alias))
+        strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident, required=req)
+    return ctx, strategies, SpyreModel(pg, hw, ctx, strategies)
+
+
 # -- entry point ---------------------------------------------------------------------------------
 def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                hint: Union[PlanDecisions, Program, None] = None, num_workers: int = 2,
@@ -407,20 +455,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
         hint_prog, _ = _program_or_none(pg, hw, hint_d)
     hint_ns = predict_program_ns(hint_prog, hw) if hint_prog is not None else float("inf")
 
-    ctx = GraphContext.build(pg, hw, hint_d.input_sticks)
-    # the hint's and the naive plan's strategies are always in the space, so the optimum
-    # of the model is never worse than either
-    from solver.naive import plan_naive
-    naive_d = plan_naive(pg, hw)
-    strategies = {}
-    for op in pg.ops:
-        req = []
-        for src in (hint_d, naive_d):
-            p = src.ops.get(op.id, OpPlan())
-            req.append((p.stick or default_choice(op), {k: v for k, v in p.core_split.items() if v > 1},
-                        {}, p.alias))
-        strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident, required=req)
-    sm = SpyreModel(pg, hw, ctx, strategies)
+    ctx, strategies, sm = build_model(pg, hw, hint_d, keep=keep, keep_resident=keep_resident)
     sm.add_hint(hint_d)
     objective = sum(sm.objective_terms)
     sm.m.Minimize(objective)
