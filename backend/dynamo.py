@@ -78,17 +78,47 @@ def sticksat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     return compiler(gm, example_inputs)
 
 
+# Lowering errors that mean "sticksat cannot run this node" (argument-dependent limits
+# such as grouped convolution): outside strict mode the node joins the eager fallback.
+# Other codes (shape/dtype mismatch) would mean lowering disagrees with torch: raised.
+_FALLBACK_CODES = frozenset({"unsupported_op", "bad_argument"})
+
+
 def compile_graph(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_names: Optional[Sequence[str]],
                   opts: BackendOptions) -> Callable:
     """Compile one ATen-level inference graph: one region if every op is supported,
-    else supported regions fused into submodules and the rest left to eager torch."""
-    drop_assertions(gm)
-    support = SticksatSupport(_supported_targets())
-    plan = plan_partition(gm, support)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    kind_of = {p: k for p, k in zip(placeholders, input_kinds)}
-    name_of = {p: n for p, n in zip(placeholders, input_names or [p.name for p in placeholders])}
+    else supported regions fused into submodules and the rest left to eager torch.
 
+    An op the support table accepts can still be refused by the lowering for its
+    arguments; that node is then excluded and the graph partitioned again (at most once
+    per node), so the fallback log line names it too."""
+    drop_assertions(gm)
+    if not any(n.op == "call_function" for n in gm.graph.nodes):
+        gm.sticksat_regions = []  # type: ignore[attr-defined]
+        return gm  # nothing to compute: the graph only forwards its inputs
+    names = {n.name for n in gm.graph.nodes}
+    targets = _supported_targets()
+    excluded: dict[str, str] = {}
+    while True:
+        try:
+            return _compile_with(gm, input_kinds, input_names, opts, SticksatSupport(targets, excluded))
+        except GraphError as e:
+            if opts.strict or e.code not in _FALLBACK_CODES or e.node not in names or e.node in excluded:
+                raise
+            excluded[e.node] = f"{e.code}: {e.message}"
+
+
+def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy to partition (fusing rewrites the graph in place); node names and meta
+    (shallow) are kept, so document ids stay the FX node names."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _compile_with(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_names: Optional[Sequence[str]],
+                  opts: BackendOptions, support: SticksatSupport) -> Callable:
+    plan = plan_partition(gm, support)
     if plan.fully_supported:
         try:
             doc = graph_to_document(gm, input_kinds, input_names, name=opts.name)
@@ -96,8 +126,7 @@ def compile_graph(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
             return _eager_whole_graph(gm, f"the graph cannot be serialized ({e})", opts)
         validate_document(parse_document(doc), check_support=False)
         region = CompiledRegion(doc, compile_region(doc, opts), returns_tuple=True)
-        output = gm.graph.output_node().args[0]
-        as_list = isinstance(output, list)
+        as_list = isinstance(gm.graph.output_node().args[0], list)
 
         def run(*args):
             outs = region.run(args)
@@ -106,18 +135,17 @@ def compile_graph(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
         run.sticksat_regions = [region]  # type: ignore[attr-defined]
         return run
 
-    first = plan.unsupported[0]
     summary = plan.fallback_summary()
     if opts.strict:
-        raise GraphError("unsupported_op", f"ops sticksat cannot lower (strict mode): {summary}", first.name)
-    total = len(plan.supported) + len(plan.unsupported)
-    log.warning("sticksat: %d of %d ops fall back to eager torch: %s", len(plan.unsupported), total, summary)
-    if not plan.supported:
-        gm.sticksat_regions = []  # type: ignore[attr-defined]
-        return gm
-
-    fused = fuse_supported(gm, support)
+        raise GraphError("unsupported_op", f"ops sticksat cannot lower (strict mode): {summary}",
+                         plan.unsupported[0].name)
+    fused = _copy_graph_module(gm)
+    placeholders = [n for n in fused.graph.nodes if n.op == "placeholder"]
+    kind_of = dict(zip(placeholders, input_kinds))
+    name_of = dict(zip(placeholders, input_names or [p.name for p in placeholders]))
     regions = []
+    if plan.supported:
+        fused = fuse_supported(fused, support)
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith("fused_"):
             continue
@@ -131,8 +159,6 @@ def compile_graph(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
         try:
             doc = graph_to_document(sub, sub_kinds, sub_names, name=f"{opts.name}:{node.target}".strip(":"))
         except CaptureError as e:
-            if opts.strict:
-                raise
             log.warning("sticksat: region %s cannot be serialized (%s); it runs in eager torch", node.target, e)
             continue
         validate_document(parse_document(doc), check_support=False)
@@ -141,6 +167,10 @@ def compile_graph(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
         setattr(fused, node.target, RegionModule(region))
         regions.append(region)
     fused.recompile()
+    # One line per compiled graph, written once every region compiled (a retry after a
+    # lowering refusal does not repeat it).
+    total = len(plan.supported) + len(plan.unsupported)
+    log.warning("sticksat: %d of %d ops fall back to eager torch: %s", len(plan.unsupported), total, summary)
     fused.sticksat_regions = regions  # type: ignore[attr-defined]
     return fused
 

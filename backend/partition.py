@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import operator
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Optional
 
 import torch
 import torch.fx
@@ -36,11 +36,14 @@ def _node_values(node: torch.fx.Node) -> list:
 
 
 class SticksatSupport(OperatorSupportBase):
-    def __init__(self, supported_targets: Iterable[str]):
+    """`excluded`: node name -> why the lowering refused that node's arguments."""
+
+    def __init__(self, supported_targets: Iterable[str], excluded: Optional[Mapping[str, str]] = None):
         self.supported_targets = frozenset(supported_targets)
+        self.excluded = dict(excluded or {})
 
     def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: torch.fx.Node) -> bool:
-        if node.op != "call_function":
+        if node.op != "call_function" or node.name in self.excluded:
             return False
         if node.target is operator.getitem:
             source = node.args[0]

@@ -178,3 +178,41 @@ def test_simulator_executor_runs_the_planned_program():
     info = last_run_info()
     assert info.executor == "simulator"
     assert info.latency_us is not None and info.latency_us > 0
+
+
+def test_node_refused_by_lowering_joins_the_fallback(monkeypatch, caplog):
+    """An op in the support table whose arguments the lowering refuses (GraphError
+    unsupported_op naming the node) is re-partitioned out to eager torch: still one log
+    line, naming it; strict mode raises the lowering's error."""
+    import backend.dynamo as dynamo
+    from lowering.errors import GraphError
+
+    real_compile_region = dynamo.compile_region
+
+    def refusing_compile_region(doc, options):
+        for node in doc["nodes"]:
+            if node["target"] == "aten.mul.Tensor":
+                raise GraphError("unsupported_op", "refused for this test", node["id"])
+        return real_compile_region(doc, options)
+
+    monkeypatch.setattr(dynamo, "compile_region", refusing_compile_region)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
+
+    def forward(x):
+        y = model(x)
+        return (y * 3.0 + 1.0).sum(-1)
+
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        expected = forward(x)
+        with caplog.at_level(logging.INFO, logger="sticksat"):
+            torch._dynamo.reset()
+            forget_compiled_regions()
+            actual = torch.compile(forward, backend="sticksat", dynamic=False)(x)
+        assert _relative_error(actual, expected) <= 1e-5
+        lines = [r.getMessage() for r in caplog.records if r.name == "sticksat"]
+        assert len(lines) == 1 and "aten.mul.Tensor x1" in lines[0], lines
+        assert all("aten.mul.Tensor" not in {n["target"] for n in r.doc["nodes"]} for r in compiled_regions())
+        with pytest.raises(Exception, match="refused for this test"):
+            _compile(forward, strict=True)(x)
