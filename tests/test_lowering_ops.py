@@ -372,3 +372,14 @@ def test_any_all():
     x = b.input(torch.tensor([[0, 1, 0], [0, 0, 0]]))
     b.check(b.call("aten.any.dim", x, 1), b.call("aten.all.dim", x, 0, True),
             b.call("aten.any.default", b.call("aten.gt.Scalar", x, 0)))
+
+
+def test_pooling_and_tiling_neighbours():
+    b = DocBuilder()
+    x = b.input(rnd(1, 3, 8, 8))
+    avg = b.call("aten.avg_pool2d.default", x, [3, 3], [2, 2], [1, 1])
+    avg_div = b.call("aten.avg_pool2d.default", x, [2, 2], [2, 2], [0, 0], False, True, 3)
+    adap = b.call("aten._adaptive_avg_pool2d.default", x, [2, 4])
+    mx = b.call("aten.max.dim", x, 2, True)
+    rep = b.call("aten.repeat.default", b.input(rnd(2, 3)), [2, 1, 3])
+    b.check(avg, avg_div, adap, mx[0], rep)

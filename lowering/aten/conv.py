@@ -10,7 +10,7 @@ from lowering.aten.matmul import emit_matmul
 from lowering.aten.pointwise import emit_pointwise
 from lowering.aten.reductions import emit_reduce
 from lowering.aten.views import pad_view, reshape
-from lowering.primitives import StridedMap
+from lowering.primitives import Const, StridedMap
 
 
 class Unavailable:
@@ -134,3 +134,52 @@ def _max_pool_node(ctx: Ctx, node: NodeArgs):
     if node.target == "aten.max_pool2d.default":
         return [out]
     return [out, Unavailable("max pool offsets/indices are not computed; only the values output is supported")]
+
+
+def _avg_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, ceil_mode: bool,
+              count_include_pad: bool, divisor_override) -> View:
+    """Average pooling: zero-pad copy, window copy, one sum reduction of x / divisor."""
+    ns = len(kernel)
+    if x.rank not in (ns + 1, ns + 2):
+        raise node.fail("shape_mismatch", f"avg pool of {list(x.shape)} with kernel {kernel}")
+    unbatched = x.rank == ns + 1
+    if unbatched:
+        x = x.with_((1,) + x.shape, (0,) + x.strides)
+    sizes = x.shape[2:]
+    out_sizes = [_out_size(sizes[i], kernel[i], stride[i], padding[i], 1, ceil_mode) for i in range(ns)]
+    overhang = any((out_sizes[i] - 1) * stride[i] + kernel[i] > sizes[i] + 2 * padding[i] for i in range(ns))
+    if overhang or (any(padding) and not count_include_pad and divisor_override is None):
+        # windows that cover fewer elements would need a per-window divisor
+        raise node.fail("unsupported_op", "average pooling with partial windows (ceil_mode overhang or "
+                                          "count_include_pad=False with padding)")
+    divisor = divisor_override or numel(kernel)
+    xp = pad_view(ctx, node, x, [0, 0, *padding], [0, 0, *padding], 0.0, f"{node.id}.padded")
+    win = window_view(ctx, node, xp, out_sizes, kernel, stride, [1] * ns, False, f"{node.id}.windows")
+    red = list(range(2 + ns, 2 + 2 * ns))
+    out = emit_reduce(ctx, node, win, red, False, "sum", lambda e: expr_fn("mul", e[0], Const(1.0 / divisor)),
+                      x.dtype, node.id)
+    if unbatched:
+        out = out.with_(out.shape[1:], out.strides[1:])
+    return out
+
+
+@register("aten.avg_pool2d.default")
+def _avg_pool2d(ctx: Ctx, node: NodeArgs):
+    x = node.arg(0, "self")
+    kernel = _spatial(node, node.arg(1, "kernel_size"), 2, "kernel_size", 1)
+    stride = _spatial(node, node.arg(2, "stride"), 2, "stride", 0) if node.arg(2, "stride") else kernel
+    padding = _spatial(node, node.arg(3, "padding"), 2, "padding", 0)
+    return [_avg_pool(ctx, node, x, kernel, stride, padding, bool(node.arg(4, "ceil_mode", False)),
+                      bool(node.arg(5, "count_include_pad", True)), node.arg(6, "divisor_override"))]
+
+
+@register("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+def _adaptive_avg_pool2d(ctx: Ctx, node: NodeArgs):
+    x = node.arg(0, "self")
+    out_sizes = _spatial(node, node.arg(1, "output_size"), 2, "output_size", 1)
+    sizes = x.shape[-2:]
+    if any(o <= 0 or s % o for s, o in zip(sizes, out_sizes)):
+        raise node.fail("unsupported_op", f"adaptive average pooling {list(sizes)} -> {out_sizes} "
+                                          "(only evenly dividing output sizes)")
+    kernel = [s // o for s, o in zip(sizes, out_sizes)]
+    return [_avg_pool(ctx, node, x, kernel, kernel, [0, 0], False, True, None)]

@@ -205,3 +205,15 @@ def _any_all(ctx: Ctx, node: NodeArgs):
     out_dtype = "uint8" if x.dtype == "uint8" else "bool"
     return [emit_reduce(ctx, node, x, reduce_dims(node, x, dims), keepdim, fn,
                         lambda e: expr_fn("ne", e[0], Const(0.0)), out_dtype, node.id)]
+
+
+@register("aten.max.dim", "aten.min.dim")
+def _max_dim(ctx: Ctx, node: NodeArgs):
+    """Values only; the indices output exists only as an error if something reads it."""
+    from lowering.aten.conv import Unavailable
+
+    x: View = node.arg(0, "self")
+    fn = "max" if node.target == "aten.max.dim" else "min"
+    d = norm_dim(node, node.arg(1, "dim"), x.rank)
+    values = emit_reduce(ctx, node, x, [d], node.arg(2, "keepdim", False), fn, None, x.dtype, node.id)
+    return [values, Unavailable(f"{node.target} indices are not computed (arg-reductions are unsupported)")]

@@ -288,3 +288,21 @@ def pad_view(ctx: Ctx, node: NodeArgs, x: View, before: Sequence[int], after: Se
     tid = ctx.new_tensor(out_id, shape, x.dtype)
     ctx.emit_copy(tid, [(x.base, StridedMap(x.shape, x.strides, x.offset), tuple(before))], value, node.id)
     return ctx.tensor_view(tid, out_id)
+
+
+@register("aten.repeat.default")
+def _repeat(ctx: Ctx, node: NodeArgs):
+    """Tile by expanding a size-1 dim before each dim, then regrouping (copies at need)."""
+    x: View = node.arg(0, "self")
+    reps = list(node.arg(1, "repeats"))
+    if len(reps) < x.rank or any(r < 0 for r in reps):
+        raise node.fail("bad_argument", f"repeat {reps} of rank-{x.rank} tensor")
+    lead = len(reps) - x.rank
+    shape = (1,) * lead + x.shape
+    strides = (0,) * lead + x.strides
+    tiled_shape, tiled_strides = [], []
+    for r, s, st in zip(reps, shape, strides):
+        tiled_shape += [r, s]
+        tiled_strides += [0, st]
+    tiled = x.with_(tiled_shape, tiled_strides, name=node.id)
+    return [reshape(ctx, node, tiled, [r * s for r, s in zip(reps, shape)], node.id)]
