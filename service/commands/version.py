@@ -13,7 +13,7 @@ def run(args) -> int:
     import ortools
     import pydantic
 
-    from service.version import COMPILER_VERSION
+    from lowering.version import COMPILER_VERSION
 
     print(json.dumps({"sticksat": COMPILER_VERSION, "numpy": numpy.__version__,
                       "ortools": ortools.__version__, "pydantic": pydantic.__version__}))
