@@ -35,6 +35,14 @@ def _node_values(node: torch.fx.Node) -> list:
     return list(val) if isinstance(val, (list, tuple)) else [val]
 
 
+def _lowering_accepts(target: str, args, kwargs) -> bool:
+    # Argument-dependent limits (grouped convolution, attention dropout, ...) live with
+    # the lowering; tensor arguments may be passed as FX nodes.
+    from lowering import node_supported
+
+    return node_supported(target, args, kwargs)
+
+
 class SticksatSupport(OperatorSupportBase):
     """`excluded`: node name -> why the lowering refused that node's arguments."""
 
@@ -52,7 +60,7 @@ class SticksatSupport(OperatorSupportBase):
             name = target_name(node.target)
         except CaptureError:
             return False
-        if name not in self.supported_targets:
+        if name not in self.supported_targets or not _lowering_accepts(name, node.args, node.kwargs):
             return False
         if not all(_static_tensor(v) for v in _node_values(node)):
             return False

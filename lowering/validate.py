@@ -308,12 +308,30 @@ def supported_targets() -> frozenset[str]:
     return frozenset(SUPPORTED_TARGETS)
 
 
+def _plain(arg: Any) -> Any:
+    """An argument as the plain Python value lowering's support check reads."""
+    if isinstance(arg, ListArg):
+        return [_plain(a) for a in arg.items]
+    if isinstance(arg, (TensorRef, SymArg)):
+        return arg
+    return getattr(arg, "value", None)
+
+
 def _check_support(doc: GraphDocument) -> list[GraphError]:
+    from lowering import node_supported
+
     supported = supported_targets()
     missing = [n for n in doc.nodes if n.target not in supported]
-    if not missing:
-        return []
-    all_targets = sorted({n.target for n in missing})
-    return [GraphError("unsupported_op", f"node '{n.id}' uses {n.target}, which sticksat cannot lower "
-                       f"(unsupported in this graph: {', '.join(all_targets)})", n.id) for n in missing]
+    refused = [n for n in doc.nodes if n.target in supported and not node_supported(
+        n.target, [_plain(a) for a in n.args], {k: _plain(v) for k, v in n.kwargs.items()})]
+    problems = []
+    if missing:
+        all_targets = sorted({n.target for n in missing})
+        problems += [GraphError("unsupported_op", f"node '{n.id}' uses {n.target}, which sticksat cannot lower "
+                                f"(unsupported in this graph: {', '.join(all_targets)})", n.id) for n in missing]
+    problems += [GraphError("unsupported_op", f"node '{n.id}' uses {n.target} with arguments sticksat cannot "
+                            f"lower (e.g. grouped or transposed convolution, attention dropout)", n.id)
+                 for n in refused]
+    order = {n.id: k for k, n in enumerate(doc.nodes)}
+    return sorted(problems, key=lambda p: order[p.node])
 
