@@ -114,7 +114,7 @@ def lower_document(doc: GraphDocument) -> PrimGraph:
             values[(node.id, k)] = out
     outputs = []
     for ref in doc.outputs:
-        v = _resolve(ref, values, "")
+        v = _resolve(ref, values, ref.node)
         outputs.append(ctx.materialize(v, ref.node).base)
     return _dead_code_eliminated(PrimGraph(doc.name or "graph", ctx.tensors, ctx.ops, inputs, outputs,
                                            source_hash=doc.graph_hash()))
