@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         if prim_graph is not None:
             print(f"  lowered: {len(prim_graph.ops)} primitive ops: "
                   f"{_histogram(op.body.kind for op in prim_graph.ops)}")
+        program = getattr(region.executable, "program", None)
+        if program is not None:
+            stats = program.stats
+            predicted = f", predicted {stats.predicted_us:.1f} us" if stats.predicted_us is not None else ""
+            bound = f", lower bound {stats.lower_bound_us:.1f} us" if stats.lower_bound_us is not None else ""
+            print(f"  planned: SuperDSC program with {len(program.ops)} ops in {len(program.bundles)} bundles, "
+                  f"planner {stats.planner} ({stats.solver_status or 'n/a'}){predicted}{bound}")
     if not regions:
         print("nothing was compiled by sticksat (everything ran in eager torch)")
     info = last_run_info()
