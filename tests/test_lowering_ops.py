@@ -383,3 +383,13 @@ def test_pooling_and_tiling_neighbours():
     mx = b.call("aten.max.dim", x, 2, True)
     rep = b.call("aten.repeat.default", b.input(rnd(2, 3)), [2, 1, 3])
     b.check(avg, avg_div, adap, mx[0], rep)
+
+
+def test_conv1d_and_max_pool2d_with_indices():
+    b = DocBuilder()
+    x = b.input(rnd(2, 3, 11))
+    w = b.input(rnd(4, 3, 3), kind="parameter", name="w")
+    c = b.call("aten.convolution.default", x, w, None, [2], [1], [2], False, [0], 1)
+    img = b.input(rnd(1, 2, 7, 7))
+    vals, _ = b.call("aten.max_pool2d_with_indices.default", img, [2, 2], [2, 2], [0, 0], [1, 1], True)
+    b.check(c, vals)
