@@ -94,12 +94,16 @@ def export_to_document_dict(raw: Union[bytes, str, dict], name: str = "") -> dic
             program = json.loads(raw, parse_constant=_refuse_constant)
         except (ValueError, UnicodeDecodeError) as e:
             raise GraphError("schema", f"exported program is not valid JSON: {e}") from None
+        except RecursionError:
+            raise GraphError("schema", "exported program is nested too deeply") from None
     else:
         program = raw
     try:
         return _Converter(program).document(name)
     except GraphError:
         raise
+    except RecursionError:
+        raise GraphError("schema", "exported program is nested too deeply") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         # A structurally broken program: report it, never a traceback.
         raise GraphError("schema", f"malformed exported program: {type(e).__name__}: {e}") from None

@@ -34,6 +34,8 @@ from lowering.graph_format import (
 # the schema would reject it later anyway, after costing the memory to parse it).
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 
+_MAX_PATH_CHARS = 240
+
 # Ops whose output dtype is stated by an explicit argument: (position, keyword).
 _DTYPE_ARG_OPS: dict[str, tuple[int | None, str]] = {
     "prims.convert_element_type.default": (1, "dtype"),
@@ -68,6 +70,8 @@ def parse_document(raw: Union[bytes, str, dict]) -> GraphDocument:
             raise GraphError("schema", f"document is not UTF-8: {e}") from None
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             raise GraphError("schema", f"invalid JSON: {e}") from None
+        except RecursionError:
+            raise GraphError("schema", "document is nested too deeply") from None
     elif isinstance(raw, dict):
         data = raw
     else:
@@ -78,6 +82,8 @@ def parse_document(raw: Union[bytes, str, dict]) -> GraphDocument:
         return GraphDocument.model_validate(data)
     except ValidationError as e:
         raise _schema_error(e, data) from None
+    except RecursionError:
+        raise GraphError("schema", "document is nested too deeply") from None
 
 
 def _schema_error(err: ValidationError, data: dict) -> GraphError:
@@ -107,7 +113,11 @@ def _json_path(loc: tuple, data: Any) -> tuple[str, str | None]:
         if depth == 1 and loc[0] in ("nodes", "inputs") and isinstance(current, dict):
             ident = current.get("id")
             node_id = ident if isinstance(ident, str) else None
-    return "".join(parts), node_id
+    path = "".join(parts)
+    if len(path) > _MAX_PATH_CHARS:  # a pathologically deep location: keep both ends
+        keep = _MAX_PATH_CHARS // 2
+        path = f"{path[:keep]}...{path[-keep:]}"
+    return path, node_id
 
 
 # -- semantic checks -------------------------------------------------------------------

@@ -234,6 +234,7 @@ def test_schema_error_bad_target_and_top_level():
     (b"\xff\xfe\x00", "UTF-8"),
     ('{"inputs": [], "nodes": [], "outputs": [], "x": NaN}', "NaN"),
     (42, "JSON object"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
 ])
 def test_unparseable_input_is_a_schema_error(raw, fragment):
     with pytest.raises(GraphError) as info:
