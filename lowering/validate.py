@@ -198,11 +198,14 @@ def _check_references(doc: GraphDocument) -> list[GraphError]:
     base = len(doc.inputs)
     for i, node in enumerate(doc.nodes):
         defs[node.id] = _Definition(base + i, len(node.outputs))
-    by_id = {n.id: n for n in doc.nodes}
 
+    node_ids = {n.id for n in doc.nodes}
     problems: list[GraphError] = []
+    forward: list[tuple[Node, str]] = []  # (user, a node listed after it)
+    deps: dict[str, list[str]] = {}
     for i, node in enumerate(doc.nodes):
         position = base + i
+        node_deps = deps.setdefault(node.id, [])
         for ref in _node_refs(node):
             problem = _check_ref(ref, defs, f"node '{node.id}'", node.id)
             if problem:
@@ -210,21 +213,52 @@ def _check_references(doc: GraphDocument) -> list[GraphError]:
                 continue
             if ref.node == node.id:
                 problems.append(GraphError("cycle", f"node '{node.id}' uses its own output", node.id))
-            elif defs[ref.node].index > position:
-                cycle = _path_back(ref.node, node.id, by_id)
-                if cycle:
-                    loop = " -> ".join([node.id, *cycle])
-                    problems.append(GraphError("cycle", f"dependency cycle: {loop}", node.id))
-                else:
-                    problems.append(GraphError(
-                        "use_before_definition",
-                        f"node '{node.id}' uses '{ref.node}', which is defined later; nodes must be "
-                        f"listed in a topological order", node.id))
+                continue
+            if ref.node in node_ids:
+                node_deps.append(ref.node)  # node -> node edges only: inputs close no loop
+            if defs[ref.node].index > position:
+                forward.append((node, ref.node))
     for k, ref in enumerate(doc.outputs):
         problem = _check_ref(ref, defs, f"graph output {k}", ref.node)
         if problem:
             problems.append(problem)
+    if forward and not problems:
+        loop = _find_cycle([n.id for n in doc.nodes], deps)
+        if loop:
+            shown = loop if len(loop) <= 12 else loop[:6] + [f"... ({len(loop) - 11} more)"] + loop[-5:]
+            problems.append(GraphError("cycle", f"dependency cycle: {' -> '.join(shown)}", loop[0]))
+        else:
+            problems += [GraphError("use_before_definition",
+                                    f"node '{user.id}' uses '{used}', which is defined later; nodes must be "
+                                    f"listed in a topological order", user.id) for user, used in forward]
     return problems
+
+
+def _find_cycle(order: list[str], deps: dict[str, list[str]]) -> list[str] | None:
+    """One dependency loop (first id repeated at the end), searching from nodes in
+    document order; iterative, linear in nodes + edges (a hostile document may be
+    20,000 nodes listed backwards)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    for root in order:
+        if state.get(root):
+            continue
+        path: list[str] = [root]
+        state[root] = 1
+        iters = [iter(deps.get(root, ()))]
+        while iters:
+            dep = next(iters[-1], None)
+            if dep is None:
+                state[path.pop()] = 2
+                iters.pop()
+                continue
+            mark = state.get(dep)
+            if mark == 1:
+                return path[path.index(dep):] + [dep]
+            if mark is None:
+                state[dep] = 1
+                path.append(dep)
+                iters.append(iter(deps.get(dep, ())))
+    return None
 
 
 def _check_ref(ref: TensorRef, defs: dict[str, _Definition], user: str, node_id: str) -> GraphError | None:
@@ -235,29 +269,6 @@ def _check_ref(ref: TensorRef, defs: dict[str, _Definition], user: str, node_id:
     if ref.output >= target.outputs:
         return GraphError("dangling_ref", f"{user} refers to output {ref.output} of '{ref.node}', "
                           f"which has {target.outputs} output{'s' if target.outputs != 1 else ''}", node_id)
-    return None
-
-
-def _path_back(start: str, goal: str, by_id: dict[str, Node]) -> list[str] | None:
-    """A dependency path start -> ... -> goal (following operands), if there is one."""
-    parent: dict[str, str | None] = {start: None}
-    stack = [start]
-    while stack:
-        current = stack.pop()
-        if current == goal:
-            path = []
-            step: str | None = current
-            while step is not None:
-                path.append(step)
-                step = parent[step]
-            return list(reversed(path))
-        node = by_id.get(current)
-        if node is None:
-            continue
-        for ref in _node_refs(node):
-            if ref.node not in parent:
-                parent[ref.node] = current
-                stack.append(ref.node)
     return None
 
 
