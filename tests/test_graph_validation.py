@@ -256,3 +256,18 @@ def test_validation_does_not_mutate_the_document():
     before = copy.deepcopy(doc)
     validate_document(parse_document(doc), check_support=False)
     assert doc == before
+
+
+def test_long_backwards_chain_and_long_cycle():
+    """3,000 nodes listed backwards: every reference is forward, no loop (and no
+    recursion-depth failure); closing the chain makes one loop, reported abbreviated."""
+    n = 3000
+    nodes = [{"id": f"n{i}", "target": "aten.relu.default",
+              "args": [_ref(f"n{i + 1}" if i + 1 < n else "x")], "outputs": [_meta([2])]} for i in range(n)]
+    doc = {"inputs": [{"id": "x", "kind": "user_input", "meta": _meta([2])}], "nodes": nodes,
+           "outputs": [_ref("n0")]}
+    problems = find_problems(parse_document(doc), check_support=False)
+    assert len(problems) == n - 1 and {p.code for p in problems} == {"use_before_definition"}
+    nodes[-1]["args"] = [_ref("n0")]
+    err = _raises(doc, "cycle", "n0", False, "n0 -> n1 -> n2", "more", f"n{n - 1} -> n0")
+    assert len(err.message) < 300
