@@ -101,6 +101,7 @@ def cold_compiles(server: ServiceProcess, docs: dict[str, dict], planners: list[
                     row["cached"] = body["cached"]
                     row["solve_seconds"] = body["stats"].get("solve_seconds")
                     row["predicted_us"] = body["stats"].get("predicted_us")
+                    row["simulated_us"] = body["stats"].get("simulated_us")
                 else:
                     row["error"] = resp.json().get("detail", "")[:120]
                 rows.append(row)
@@ -119,14 +120,15 @@ def render(hit: dict, cold: list[dict], stamp: str) -> str:
              f"| {hit['p90_ms']:.1f} ms | {hit['min_ms']:.1f} ms | {hit['server_mean_ms']:.1f} ms |",
              "", "Cold `/compile` of the tiny models (fp16, fresh store; wall = client time including "
              "validation, lowering, planning, validation on the simulator and the store write):", "",
-             "| model | nodes | planner | wall | solve (planner) | predicted | status |",
-             "|---|---|---|---|---|---|---|"]
+             "| model | nodes | planner | wall | solve (planner) | predicted (planner) | simulated | status |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in cold:
         solve = f"{r['solve_seconds']:.2f} s" if r.get("solve_seconds") is not None else "-"
         pred = f"{r['predicted_us']:.1f} µs" if r.get("predicted_us") is not None else "-"
+        sim = f"{r['simulated_us']:.1f} µs" if r.get("simulated_us") is not None else "-"
         status = str(r["status"]) + (f" ({r['error']})" if r.get("error") else "")
         lines.append(f"| {r['model']} | {r['nodes']} | {r['planner']} | {r['wall_s']:.2f} s | {solve} | {pred} "
-                     f"| {status} |")
+                     f"| {sim} | {status} |")
     lines += ["", END]
     return "\n".join(lines)
 
