@@ -141,6 +141,9 @@ class SpyreModel:
         stick_bytes = hw.stick_bytes
         cap_sticks = hw.lx_capacity_bytes // stick_bytes
         outputs = set(self.pg.outputs)
+        for t in sorted(ctx.free_inputs):
+            self.lay[t] = {s: m.NewBoolVar(f"lay[{t}][{s}]") for s in ctx.possible_sticks[t]}
+            m.AddExactlyOne(self.lay[t].values())
         for op in self.pg.ops:
             vs = [m.NewBoolVar(f"pick[{op.id}][{k}]") for k in range(len(self.S[op.id]))]
             m.AddExactlyOne(vs)
@@ -331,6 +334,11 @@ class SpyreModel:
             for stick, lv in self.lay[op.output.tensor].items():
                 m.AddHint(lv, self.S[op.id][k].out_stick == stick)
         out_stick = {op.output.tensor: self.S[op.id][chosen[op.id]].out_stick for op in self.pg.ops}
+        for t in self.ctx.free_inputs:
+            have = d.input_sticks.get(t, self.ctx.input_sticks.get(t))
+            out_stick[t] = have
+            for s, v in self.lay[t].items():
+                m.AddHint(v, s == have)
         needed = set()
         for op in self.pg.ops:
             s = self.S[op.id][chosen[op.id]]
@@ -358,11 +366,13 @@ class SpyreModel:
             j = next((j for j, (k, _) in enumerate(combos) if k == key), 0)
             m.AddHint(self.time[op.id], body[chosen[op.id]][j])
 
-    def objective_of(self, picks: dict[str, int], resident: set[str]) -> float:
+    def objective_of(self, picks: dict[str, int], resident: set[str],
+                     input_sticks: Optional[dict] = None) -> float:
         """The model's objective (ns) for an assignment: per op the priced time of its
         strategy under its residency combination, plus every restickify it needs."""
         total = 0.0
         out_stick = {op.output.tensor: self.S[op.id][picks[op.id]].out_stick for op in self.pg.ops}
+        out_stick.update(input_sticks or {})
         needed = set()
         for op in self.pg.ops:
             k = picks[op.id]
@@ -391,6 +401,8 @@ class SpyreModel:
     def decisions(self, solver: cp_model.CpSolver, input_sticks: dict) -> PlanDecisions:
         hw = self.hw
         d = PlanDecisions(planner="cpsat", input_sticks=dict(input_sticks))
+        for t in self.ctx.free_inputs:
+            d.input_sticks[t] = next(s for s, v in self.lay[t].items() if solver.BooleanValue(v))
         for op in self.pg.ops:
             k = next(j for j, v in enumerate(self.pick[op.id]) if solver.BooleanValue(v))
             s = self.S[op.id][k]

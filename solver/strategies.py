@@ -38,6 +38,8 @@ from simulator.geometry import (
 from solver.cost_model import OpCostParts, OpView, op_cost_parts
 
 Box = tuple
+# Graph inputs the runtime places in device memory once, at load time (weights).
+_LOAD_TIME_ROLES = ("parameter", "buffer", "constant")
 
 
 @dataclass
@@ -68,7 +70,11 @@ class Strategy:
 @dataclass
 class GraphContext:
     """Shapes, dtypes and the stick dims each tensor may take (a produced tensor: its
-    producer's output options; a graph input: the layout it arrives in)."""
+    producer's output options; a user input: the layout it arrives in, its last dim; a
+    weight (parameter, buffer, constant): any dim, since the runtime lays weights out once
+    at load time in the layout the program declares — a one-time cost outside the
+    program's time, like torch-spyre's weight conversion when a model moves to the
+    device)."""
 
     pg: PrimGraph
     hw: object
@@ -78,21 +84,29 @@ class GraphContext:
     input_sticks: dict[str, Optional[int]]
     roles: dict[str, str] = field(default_factory=dict)
     candidates: set = field(default_factory=set)  # tensors that may stay LX-resident
+    free_inputs: set = field(default_factory=set)  # graph inputs whose stick dim is chosen
     cache: dict = field(default_factory=dict)  # structure key -> strategy list
 
     @classmethod
-    def build(cls, pg: PrimGraph, hw, input_sticks: Optional[Mapping[str, Optional[int]]] = None) -> "GraphContext":
+    def build(cls, pg: PrimGraph, hw, input_sticks: Optional[Mapping[str, Optional[int]]] = None,
+              free_params: bool = True) -> "GraphContext":
         shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
         dtypes = {t.id: t.dtype for t in pg.tensors.values()}
         produced = {op.output.tensor: op for op in pg.ops}
         possible: dict[str, list[Optional[int]]] = {}
         fixed: dict[str, Optional[int]] = {}
+        free: set = set()
         for t in pg.tensors.values():
             if t.id not in produced:
                 rank = len(t.shape)
                 s = (input_sticks or {}).get(t.id, rank - 1 if rank else None)
                 fixed[t.id] = s
                 possible[t.id] = [s]
+                if free_params and rank >= 1 and t.role in _LOAD_TIME_ROLES:
+                    # weights are placed in device memory at load time, in the layout the
+                    # program declares: their stick dim is a decision, not a given
+                    possible[t.id] += [d for d in range(rank) if d != s]
+                    free.add(t.id)
         for op in pg.ops:
             outs: list[Optional[int]] = []
             for ch in stick_options(op):
@@ -102,7 +116,7 @@ class GraphContext:
         roles = {t.id: t.role for t in pg.tensors.values()}
         read = {a.tensor for op in pg.ops for a in op.inputs}
         candidates = {t for t in produced if t in read and t not in set(pg.outputs)}
-        return cls(pg, hw, shapes, dtypes, possible, fixed, roles, candidates)
+        return cls(pg, hw, shapes, dtypes, possible, fixed, roles, candidates, free)
 
     def layout(self, t: str, stick: Optional[int]):
         return make_layout(self.shapes[t], self.dtypes[t], stick, self.hw.stick_bytes)
