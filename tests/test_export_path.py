@@ -133,3 +133,20 @@ def test_canonical_document_renames_reorders_and_drops_unused_inputs():
     assert [a.node for a in canon.nodes[1].args[0].items] == ["n0", "in0"]
     assert canon.outputs[0].node == "n1"
     validate_document(canon, check_support=False)
+
+
+def test_cli_validate_converts_a_pt2_archive(tmp_path, capsys):
+    from service.cli import main
+
+    torch.manual_seed(0)
+    ep = _exported(_Mixed().eval(), (torch.randn(3, 8),))
+    archive = tmp_path / "mixed.pt2"
+    torch.export.save(ep, str(archive))
+    out = tmp_path / "mixed.json"
+    status = main(["validate", str(archive), "-o", str(out)])
+    line = json.loads(capsys.readouterr().out)
+    assert line["source"] == "export"
+    assert status == (0 if line["ok"] else 1)
+    document = GraphDocument.from_json(out.read_text())
+    assert document.graph_hash() == line["graph_hash"]
+    assert document.graph_hash() == GraphDocument.model_validate(exported_program_to_document(ep)).graph_hash()

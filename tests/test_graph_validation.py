@@ -271,3 +271,29 @@ def test_long_backwards_chain_and_long_cycle():
     nodes[-1]["args"] = [_ref("n0")]
     err = _raises(doc, "cycle", "n0", False, "n0 -> n1 -> n2", "more", f"n{n - 1} -> n0")
     assert len(err.message) < 300
+
+
+# -- `sticksat validate` ------------------------------------------------------------------
+
+
+def test_cli_validate_reports_each_file(tmp_path, capsys):
+    from service.cli import main
+
+    good, bad, broken = tmp_path / "good.json", tmp_path / "bad.json", tmp_path / "broken.json"
+    good.write_text(json.dumps(good_doc()))
+    doc = good_doc()
+    doc["nodes"][1]["args"][0] = _ref("nowhere")
+    bad.write_text(json.dumps(doc))
+    broken.write_text("{")
+    assert main(["validate", str(good)]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["ok"] and line["source"] == "graph" and line["nodes"] == 3
+    assert line["graph_hash"] == parse_document(good_doc()).graph_hash()
+
+    assert main(["validate", str(good), str(bad), str(broken), "--no-support-check"]) == 1
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["ok"] for x in lines] == [True, False, False]
+    assert lines[1]["problems"] == [{"code": "dangling_ref", "node": "relu",
+                                     "message": lines[1]["problems"][0]["message"]}]
+    assert lines[2]["problems"][0]["code"] == "schema"
+    assert main(["validate", str(tmp_path / "missing.json")]) == 2
