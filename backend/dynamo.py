@@ -4,9 +4,9 @@ Registered through the `torch_dynamo_backends` entry point, so after installatio
 `torch.compile(model, backend="sticksat")` works without importing anything.
 
 Path of one Dynamo graph: AOTAutograd with Inductor's decomposition table (the graph
-Inductor would lower) -> graph document -> validation -> partition: regions whose ops
-sticksat supports become CompiledRegions (backend/region.py), the rest runs in eager
-torch with one log line naming the ops; `strict` raises instead.
+Inductor would lower) -> partition by op support -> per supported region: graph
+document -> validation -> compile_region (backend/region.py) -> CompiledRegion. The rest
+runs in eager torch with one log line naming the ops; `strict` raises instead.
 """
 from __future__ import annotations
 
