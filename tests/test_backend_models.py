@@ -217,3 +217,14 @@ def test_node_refused_by_lowering_joins_the_fallback(monkeypatch, caplog):
         assert all("aten.mul.Tensor" not in {n["target"] for n in r.doc["nodes"]} for r in compiled_regions())
         with pytest.raises(Exception, match="refused for this test"):
             _compile(forward, strict=True)(x)
+
+
+def test_entry_point_registers_the_backend():
+    """`backend="sticksat"` resolves through the installed entry point, no import needed."""
+    from importlib.metadata import entry_points
+
+    from backend.dynamo import sticksat_backend
+
+    (entry,) = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "sticksat"]
+    assert entry.load() is sticksat_backend
+    assert "sticksat" in torch._dynamo.list_backends(exclude_tags=())
