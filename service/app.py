@@ -468,8 +468,11 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
     deadline_s = opts.deadline_s if opts.deadline_s is not None else max(
         config.default_deadline_s, options.time_limit_s + 60.0)
     deadline_at = received_at + deadline_s
+    slot = pipeline.StoreSlot(store_path=str(config.store_path), key=key, graph_hash=graph_hash,
+                              compiler_version=COMPILER_VERSION, options_hash=options.options_hash(),
+                              options=options.solve_dict(), hardware=hw.name, hardware_digest=hw.digest)
     job = pipeline.CompileJob(document=document_json, options=options, deadline_at=deadline_at,
-                              hint=stored.program if stored is not None else None)
+                              hint=stored.program if stored is not None else None, slot=slot)
 
     async def persist(outcome: pipeline.CompileOutcome) -> None:
         metrics.solve_seconds.labels(options.planner).observe(outcome.seconds)
@@ -481,12 +484,7 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
                   complete=outcome.complete, error=outcome.error, **log_fields)
         if outcome.status != "ok" or outcome.program is None:
             return
-        now = time.time()
-        record = ProgramRecord(key=key, graph_hash=graph_hash, compiler_version=COMPILER_VERSION,
-                               options_hash=options.options_hash(), options=options.solve_dict(),
-                               hardware=hw.name, hardware_digest=hw.digest, program=outcome.program,
-                               stats=outcome.stats, solution=outcome.solution, complete=outcome.complete,
-                               created_at=now, updated_at=now)
+        record = slot.record(outcome.program, outcome.stats, outcome.solution, outcome.complete)
         await asyncio.to_thread(store.put_program, record)
 
     try:
@@ -519,13 +517,15 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
         raise ProblemError(422, err.get("code", "invalid_graph"), err.get("message", ""), node=err.get("node"))
     if outcome.status == "deadline_exceeded":
         metrics.deadline_exceeded.inc()
-        # An earlier solve cut short by its deadline is still a valid plan: the best
-        # feasible one the service has.
+        # The fallback plan the worker stored, or an earlier solve cut short by its
+        # deadline, is still a validated plan: the best feasible one the service has.
         fallback = store.get_program(key)
         if fallback is not None:
-            log_event("compile", cached=True, deadline_fallback=True, status=fallback.stats.get("solver_status"),
-                      seconds=round(time.time() - received_at, 6), **log_fields)
-            return Response(_response_text(fallback, cached=True, coalesced=joined, hardware_name=hw.name),
+            cached = fallback.created_at < received_at  # else: this request's own fallback plan
+            log_event("compile", cached=cached, deadline_fallback=True, status=fallback.stats.get("solver_status"),
+                      planner_used=fallback.stats.get("planner"), seconds=round(time.time() - received_at, 6),
+                      **log_fields)
+            return Response(_response_text(fallback, cached=cached, coalesced=joined, hardware_name=hw.name),
                             media_type="application/json")
         log_event("compile", status="deadline_exceeded", seconds=round(time.time() - received_at, 6), **log_fields)
         raise ProblemError(504, "deadline_exceeded",

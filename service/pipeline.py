@@ -183,6 +183,30 @@ class CompileFailed(RuntimeError):
 # -- the compile job -----------------------------------------------------------------
 
 @dataclass(frozen=True)
+class StoreSlot:
+    """Where a compile's program goes in the store: the key and what the row records
+    besides the program. The worker writes its early fallback plan here itself."""
+
+    store_path: str
+    key: str
+    graph_hash: str
+    compiler_version: str
+    options_hash: str
+    options: dict[str, Any]
+    hardware: str
+    hardware_digest: str
+
+    def record(self, program: str, stats: dict[str, Any], solution: Optional[str], complete: bool):
+        from service.store import ProgramRecord
+
+        now = time.time()
+        return ProgramRecord(key=self.key, graph_hash=self.graph_hash, compiler_version=self.compiler_version,
+                             options_hash=self.options_hash, options=self.options, hardware=self.hardware,
+                             hardware_digest=self.hardware_digest, program=program, stats=stats,
+                             solution=solution, complete=complete, created_at=now, updated_at=now)
+
+
+@dataclass(frozen=True)
 class CompileJob:
     document: str  # graph document JSON (already validated on the request path)
     options: CompileOptions
@@ -191,6 +215,8 @@ class CompileJob:
     # The program of an earlier solve of the same key cut short by its deadline: the
     # warm start (a complete hint) for this one.
     hint: Optional[str] = None
+    # Set by the service: an anytime planner's early fallback plan is stored here.
+    slot: Optional[StoreSlot] = None
 
 
 @dataclass
@@ -207,6 +233,18 @@ class CompileOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# Planners that answer in well under a second on any graph the limits admit; the others
+# (cpsat) are anytime solvers whose model building alone may outlast a tight deadline.
+FAST_PLANNERS = ("heuristic", "naive")
+
+
+def fallback_planner(requested: str) -> Optional[str]:
+    if requested in FAST_PLANNERS:
+        return None
+    names = available_planners()
+    return next((name for name in FAST_PLANNERS if name in names), None)
 
 
 # Seconds kept back from a deadline for emitting, validating and returning the program.
@@ -236,52 +274,85 @@ def _hint_from(hint: Optional[str]):
     return Program.from_json(hint)
 
 
+def _program_stats(program, doc: GraphDocument, hw) -> dict[str, Any]:
+    """Fill the program's graph identity; its stats plus the simulator's time for it
+    (the ground truth every performance number here is measured with)."""
+    from simulator.timing import time_program
+
+    if not program.graph_hash:
+        program.graph_hash = doc.graph_hash()
+    if not program.graph_name:
+        program.graph_name = doc.name
+    stats = json.loads(program.stats.model_dump_json())
+    try:
+        stats["simulated_us"] = time_program(program, hw).total_us
+    except Exception as exc:  # noqa: BLE001 - a timing-model bug must not lose a valid program
+        stats["timing_error"] = f"{type(exc).__name__}: {exc}"
+    return stats
+
+
+_worker_stores: dict[str, Any] = {}
+
+
+def _store_fallback(slot: StoreSlot, program, stats: dict[str, Any]) -> None:
+    from service.store import ProgramStore
+
+    store = _worker_stores.get(slot.store_path)
+    if store is None:
+        store = _worker_stores[slot.store_path] = ProgramStore(slot.store_path)
+    store.put_program(slot.record(program.to_json(), stats, _solution_of(program), complete=False))
+
+
 def compile_job(job: CompileJob) -> CompileOutcome:
     """Lower, plan (the planner validates on the simulator) and serialize. Runs in a
-    pool worker; never raises for a client's mistake, it returns it."""
+    pool worker; never raises for a client's mistake, it returns it.
+
+    For an anytime planner (cpsat) with a store slot, a fast planner's plan is made and
+    stored first (`complete: false`): if the deadline passes while the solver still
+    builds or searches, the service answers with that validated plan instead of a 504;
+    it also serves as the solver's hint. The final plan replaces it in the store."""
     from lowering import lower_document
     from solver.planners import PlanInvalid, plan
 
     started = time.time()
     options = job.options
     effective_limit = options.time_limit_s
-    if job.deadline_at is not None:
-        remaining = job.deadline_at - started
-        if remaining <= 0:
-            return CompileOutcome(status="deadline_exceeded", complete=False,
-                                  error={"code": "deadline_exceeded",
-                                         "message": "the deadline passed while the job was queued"})
+
+    def past_deadline(stage: str) -> Optional[CompileOutcome]:
+        if job.deadline_at is not None and time.time() >= job.deadline_at:
+            return CompileOutcome(status="deadline_exceeded", complete=False, seconds=time.time() - started,
+                                  error={"code": "deadline_exceeded", "message": f"the deadline passed {stage}"})
+        return None
+
+    late = past_deadline("while the job was queued")
+    if late:
+        return late
     try:
         doc = GraphDocument.from_json(job.document)
         hw = load_hardware(options.target)
         pg = lower_document(doc)
+        hint = _hint_from(job.hint)
+        fallback = fallback_planner(options.planner) if job.slot is not None else None
+        if fallback is not None:
+            early = plan(pg, hw, planner=fallback, deterministic=options.deterministic)
+            early.stats.notes = list(early.stats.notes) + [
+                f"fallback plan by {fallback}, stored while {options.planner} solves"]
+            _store_fallback(job.slot, early, _program_stats(early, doc, hw))
+            hint = hint or early
+        late = past_deadline("while lowering the graph or making the fallback plan")
+        if late:
+            return late
         if job.deadline_at is not None:
             remaining = job.deadline_at - time.time()
-            if remaining <= 0:
-                return CompileOutcome(status="deadline_exceeded", complete=False, seconds=time.time() - started,
-                                      error={"code": "deadline_exceeded",
-                                             "message": "the deadline passed while lowering the graph"})
             effective_limit = max(0.01, min(options.time_limit_s, remaining - _deadline_reserve(remaining)))
         program = plan(pg, hw, planner=options.planner, time_limit_s=effective_limit,
-                       deterministic=options.deterministic, hint=_hint_from(job.hint))
+                       deterministic=options.deterministic, hint=hint)
     except GraphError as exc:
         return CompileOutcome(status="graph_error", error=exc.to_dict(), seconds=time.time() - started)
     except PlanInvalid as exc:
         return CompileOutcome(status="plan_invalid", seconds=time.time() - started,
                               error={"code": "plan_invalid", "message": str(exc)})
-    if not program.graph_hash:
-        program.graph_hash = doc.graph_hash()
-    if not program.graph_name:
-        program.graph_name = doc.name
-    stats = json.loads(program.stats.model_dump_json())
-    # The simulator's time for the program (the ground truth every performance number
-    # here is measured with), beside the planner's own prediction.
-    from simulator.timing import time_program
-
-    try:
-        stats["simulated_us"] = time_program(program, hw).total_us
-    except Exception as exc:  # noqa: BLE001 - a timing-model bug must not lose a valid program
-        stats["timing_error"] = f"{type(exc).__name__}: {exc}"
+    stats = _program_stats(program, doc, hw)
     status = (stats.get("solver_status") or "").upper()
     complete = effective_limit >= options.time_limit_s or status == "OPTIMAL"
     return CompileOutcome(status="ok", program=program.to_json(), stats=stats, solution=_solution_of(program),

@@ -1,0 +1,58 @@
+"""service.pipeline without HTTP: size limits, option resolution, and the early
+fallback plan an anytime planner's job stores before it solves."""
+import json
+
+import pytest
+
+from lowering.errors import GraphError
+from lowering.graph_format import GraphDocument
+from lowering.version import COMPILER_VERSION
+from service import pipeline
+from service.store import ProgramStore, program_key
+from service_helpers import chain_graph
+
+
+def test_graph_limits_name_the_tensor_that_crosses_them():
+    doc = GraphDocument.model_validate(chain_graph(rows=64, n_ops=3))
+    pipeline.check_graph_limits(doc, pipeline.GraphLimits())
+    with pytest.raises(GraphError) as err:
+        pipeline.check_graph_limits(doc, pipeline.GraphLimits(max_nodes=2))
+    assert err.value.code == "graph_too_large"
+    # x (64*64) + op0 + op1 = 3 * 4096 elements: op1 crosses 10_000
+    with pytest.raises(GraphError) as err:
+        pipeline.check_graph_limits(doc, pipeline.GraphLimits(max_total_elements=10_000))
+    assert err.value.code == "graph_too_large" and err.value.node == "op1"
+    with pytest.raises(GraphError) as err:
+        pipeline.check_graph_limits(doc, pipeline.GraphLimits(max_dim=63))
+    assert err.value.node == "x"
+
+
+def test_options_resolve_and_hash():
+    a = pipeline.resolve_options("naive", 5, True, None)
+    assert a.target == "spyre" and a.options_hash() == pipeline.resolve_options("naive", 5.0, True).options_hash()
+    assert a.options_hash() != pipeline.resolve_options("naive", 6, True).options_hash()
+    assert pipeline.resolve_options().planner == pipeline.default_planner()
+    for bad in ({"planner": "nope"}, {"planner": "naive", "time_limit_s": 0}, {"target": "../etc/passwd"}):
+        with pytest.raises(GraphError):
+            pipeline.resolve_options(**bad)
+
+
+def test_anytime_planner_stores_a_fallback_plan_first(tmp_path):
+    if "cpsat" not in pipeline.available_planners():
+        pytest.skip("cpsat planner not registered")
+    doc = GraphDocument.model_validate(chain_graph(rows=128, n_ops=4))
+    options = pipeline.resolve_options("cpsat", 2, True)
+    hw = pipeline.load_hardware("spyre")
+    key = program_key(doc.graph_hash(), COMPILER_VERSION, options.options_hash(), hw.digest)
+    slot = pipeline.StoreSlot(str(tmp_path / "s.sqlite"), key, doc.graph_hash(), COMPILER_VERSION,
+                              options.options_hash(), options.solve_dict(), hw.name, hw.digest)
+    outcome = pipeline.compile_job(pipeline.CompileJob(document=doc.to_json(), options=options, slot=slot))
+    assert outcome.status == "ok" and outcome.stats["planner"] == "cpsat"
+    # The job returns its final plan; what it stored itself is the fallback.
+    stored = ProgramStore(tmp_path / "s.sqlite").get_program(key)
+    assert stored is not None and stored.complete is False
+    assert stored.stats["planner"] == pipeline.fallback_planner("cpsat")
+    assert any("fallback" in note for note in stored.stats["notes"])
+    assert json.loads(stored.program)["graph_hash"] == doc.graph_hash()
+    # A fast planner needs no fallback.
+    assert pipeline.fallback_planner("naive") is None and pipeline.fallback_planner("heuristic") is None
