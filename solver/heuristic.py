@@ -1,6 +1,9 @@
 """The baseline planner: a faithful reimplementation of torch-spyre's published passes.
 
 Pipeline, in upstream's pass order (torch_spyre/_inductor/passes.py):
+0. graph inputs in their transferred layouts: stick on the last dim, except nn.Linear
+   weights, which torch-spyre's model loading transfers sticked on out_features
+   (`linear_weight_sticks`);
 1. stick layouts: candidate propagation + beam search, width 64, cost = elements
    restickified (`solver.heuristic_layouts`);
 2. restickify insertion where a consumer's rule needs another layout (done by the
@@ -50,15 +53,37 @@ class _Step:
     alias: bool = False
 
 
+def linear_weight_sticks(pg: PrimGraph) -> dict[str, int]:
+    """Transferred layouts of nn.Linear weights: torch-spyre's default model loading
+    (`torch_spyre/model_utils.py: load_model_to_spyre`, installed on `model.to("spyre")` by its
+    monkey patch, issue #1339) transfers every 2-D Linear weight [out, in] sticked on dim 0
+    (`dim_order=[1, 0]`), the stick `x @ Wᵀ` needs; every other input keeps the default
+    (last dim). A Linear weight is recognized by its use: a 2-D parameter read by a matmul as
+    its y operand with the stick rule on tensor dim 0 (W read transposed)."""
+    from lowering.op_rules import stick_options
+
+    out: dict[str, int] = {}
+    for op in pg.ops:
+        if op.body.kind != "matmul" or len(op.inputs) < 2:
+            continue
+        w = pg.tensors[op.inputs[1].tensor]
+        if w.role == "parameter" and len(w.shape) == 2 and stick_options(op)[0].inputs[1] == 0:
+            out[w.id] = 0
+    return out
+
+
 def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
-                   hint=None, lx_planning: bool = True, beam_width: int = BEAM_WIDTH, **_ignored) -> PlanDecisions:
+                   hint=None, lx_planning: bool = True, beam_width: int = BEAM_WIDTH,
+                   linear_weight_layout: bool = True, **_ignored) -> PlanDecisions:
     stick_bytes = hw.stick_bytes
-    layouts = beam_search_layouts(pg, stick_bytes, width=beam_width)
+    decisions = PlanDecisions(planner="heuristic")
+    if linear_weight_layout:
+        decisions.input_sticks.update(linear_weight_sticks(pg))
+    layouts = beam_search_layouts(pg, stick_bytes, width=beam_width, input_sticks=decisions.input_sticks)
     stick_of = dict(layouts.stick_of)
     shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
     dtypes = {t.id: t.dtype for t in pg.tensors.values()}
 
-    decisions = PlanDecisions(planner="heuristic")
     steps: list[_Step] = []
     for op in pg.ops:
         ch = layouts.choices[op.id]
@@ -86,7 +111,8 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
         decisions.ops[op.id] = OpPlan(stick=ch, core_split=split, alias=alias)
         steps.append(_Step(op, split, gran, alias=alias))
 
-    notes = [f"beam search (width {beam_width}): {layouts.restick_elements} elements restickified, "
+    notes = [f"{len(decisions.input_sticks)} Linear weights transferred sticked on out_features",
+             f"beam search (width {beam_width}): {layouts.restick_elements} elements restickified, "
              f"{len(decisions.restick_ops)} restickify ops"]
     if lx_planning:
         buffers = _lx_buffers(pg, steps, stick_of, shapes, dtypes, hw)

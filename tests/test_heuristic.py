@@ -70,6 +70,29 @@ def test_beam_search_layouts_reach_the_program():
     assert [o.src for o in resticks] == ["y"]
 
 
+def _linear_graph(transposed: bool):
+    """y = x @ Wᵀ with W [N, K] (nn.Linear), or y = x @ W with W [K, N] (GPT-2 Conv1D)."""
+    M, K, N = 16, 256, 192
+    w_shape, w_dims = ((N, K), (1, 2)) if transposed else ((K, N), (2, 1))
+    ts = [PrimTensor("x", (M, K), F16, "user_input"), PrimTensor("w", w_shape, F16, "parameter"),
+          PrimTensor("y", (M, N), F16)]
+    op = PrimOp("mm", (IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),
+                (Access("x", (0, 2)), Access("w", w_dims)), Access("y", (0, 1)), MatmulBody(0, 1, 2))
+    return _graph("linear", ts, [op], ["x", "w"], ["y"])
+
+
+def test_linear_weights_arrive_sticked_on_out_features():
+    """torch-spyre's model loading transfers nn.Linear weights with dim_order [1, 0]: the
+    matmul reads Wᵀ without a restickify. Other weights keep the default layout."""
+    program = plan(_linear_graph(transposed=True), HW, "heuristic")
+    assert program.tensor_map()["w"].layout.stick_dim == 0
+    assert not [o for o in program.ops if o.kind in ("restickify", "relayout")]
+    conv1d = plan_heuristic(_linear_graph(transposed=False), HW)
+    assert "w" not in conv1d.input_sticks  # already sticked on N by default
+    without = plan(_linear_graph(transposed=True), HW, "naive")
+    assert [o.src for o in without.ops if o.kind == "restickify"] == ["w"]
+
+
 # -- work division -----------------------------------------------------------------------------
 def _op(dims, out_dims, in_dims=None, reduce=False):
     iter_dims = tuple(IterDim(n, s, k) for n, s, k in dims)
