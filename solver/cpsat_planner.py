@@ -278,38 +278,65 @@ class SpyreModel:
         """Op-index span [producer, last reader] of a residency candidate."""
         return (self.index[self.producer[t].id], max(self.index[o] for o, _ in self.readers[t]))
 
-    def _span_limit(self, a: int, b: int, when: list) -> None:
-        """If all of `when` hold, ops a..b form (part of) one bundle: the device-memory
-        tensors they reference stay within the bundle limit (a resident tensor does not
-        count; a restickified copy any of them may read counts, conservatively)."""
+    def _span_limit(self, a: int, b: int, when_t: list[str]) -> None:
+        """If all tensors of `when_t` stay resident, ops a..b form (part of) one bundle: the
+        device-memory tensors they reference stay within the bundle limit (a resident
+        tensor does not count; a restickified copy of any of them counts, conservatively)."""
         limit = self.hw.bundle_tensor_limit
         refs: set[str] = set()
         for k in range(a, b + 1):
             op = self.pg.ops[k]
             refs.update(x.tensor for x in op.inputs)
             refs.add(op.output.tensor)
-        terms = [self.mat[key] for key in self.mat if key[0] in refs]
-        fixed = 0
-        for u in refs:
-            if u in self.res:
-                terms.append(1 - self.res[u])
-            else:
-                fixed += 1
+        mats = [key for key in self.mat if key[0] in refs]
+        cands = [u for u in refs if u in self.res]
+        fixed = len(refs) - len(cands)
+        self.span_checks.append((tuple(when_t), fixed, tuple(cands), tuple(mats)))
+        when = [self.res[t] for t in when_t]
         if fixed > limit:
             self.m.AddBoolOr([w.Not() for w in when])
         else:
+            terms = [self.mat[key] for key in mats] + [1 - self.res[u] for u in cands]
             self.m.Add(sum(terms) <= limit - fixed).OnlyEnforceIf(when)
+
+    def repair_spans(self, resident: dict, needed: set) -> dict:
+        """Drop residencies until every bundle-window constraint holds (dropping one can
+        push another window over the limit, so this iterates)."""
+        resident = dict(resident)
+        limit = self.hw.bundle_tensor_limit
+        changed = True
+        while changed:
+            changed = False
+            for when_t, fixed, cands, mats in self.span_checks:
+                if all(t in resident for t in when_t):
+                    n = fixed + sum(1 for u in cands if u not in resident) + sum(1 for k in mats if k in needed)
+                    if n > limit:
+                        for t in when_t:
+                            resident.pop(t, None)
+                        changed = True
+        return resident
+
+    def spans_ok(self, resident: set[str], needed: set) -> bool:
+        """The bundle-window constraints of the model, checked for an assignment."""
+        limit = self.hw.bundle_tensor_limit
+        for when_t, fixed, cands, mats in self.span_checks:
+            if all(t in resident for t in when_t):
+                n = fixed + sum(1 for u in cands if u not in resident) + sum(1 for k in mats if k in needed)
+                if n > limit:
+                    return False
+        return True
 
     def _bundle_constraints(self) -> None:
         """Every resident window, and every two overlapping ones (they share a bundle), fit
         the bundle limit; longer chains are checked after the solve (lazy no-goods)."""
+        self.span_checks: list[tuple] = []
         spans = sorted((self.window(t), t) for t in self.res)
         for i, ((a, b), t) in enumerate(spans):
-            self._span_limit(a, b, [self.res[t]])
+            self._span_limit(a, b, [t])
             for (c, d), u in spans[i + 1:]:
                 if c > b:
                     break
-                self._span_limit(min(a, c), max(b, d), [self.res[t], self.res[u]])
+                self._span_limit(min(a, c), max(b, d), [t, u])
 
     # -- hint and read-back ------------------------------------------------------------------
     def strategy_index(self, op_id: str, plan: OpPlan) -> Optional[int]:
@@ -387,6 +414,70 @@ class SpyreModel:
                     needed.add((a.tensor, want))
         return total + sum(self.mat_cost.get(key, self._restick_cost(*key)) for key in needed)
 
+    def residency_ok(self, t: str, picks: dict[str, int], size_per_core: Optional[int] = None) -> bool:
+        """Can t stay resident under these picks (slicing, no split reduction, fits its
+        reserved size)?"""
+        sp = self.S[self.producer[t].id][picks[self.producer[t].id]]
+        if sp.reduction_split or sp.alias:
+            return False
+        if size_per_core is not None and sp.out_lx_bytes > size_per_core:
+            return False
+        return all(compatible_residency(sp, self.S[o][picks[o]], slot) for o, slot in self.readers[t])
+
+    def needed_resticks(self, picks: dict[str, int], input_sticks: dict) -> set:
+        out_stick = {op.output.tensor: self.S[op.id][picks[op.id]].out_stick for op in self.pg.ops}
+        out_stick.update(input_sticks)
+        needed = set()
+        for op in self.pg.ops:
+            s = self.S[op.id][picks[op.id]]
+            for i, a in enumerate(op.inputs):
+                want = s.input_sticks[i]
+                if want is not None and want != out_stick.get(a.tensor, self.ctx.input_sticks.get(a.tensor)):
+                    needed.add((a.tensor, want))
+        return needed
+
+    def local_search(self, d: PlanDecisions, deadline: float) -> PlanDecisions:
+        """Best single moves on the model's own objective until none improves or the
+        deadline: a weight's stick dim, or one op's strategy (residencies the move breaks
+        are dropped; the bundle-window constraints must keep holding). The result is a
+        better complete hint for CP-SAT."""
+        picks = {op.id: (self.strategy_index(op.id, d.ops.get(op.id, OpPlan())) or 0) for op in self.pg.ops}
+        inputs = {t: d.input_sticks.get(t, self.ctx.input_sticks.get(t)) for t in self.ctx.free_inputs}
+        resident = {t: r for t, r in d.resident.items() if t in self.res}
+        touching: dict[str, list[str]] = {}
+        for op in self.pg.ops:
+            touching[op.id] = [a.tensor for a in op.inputs] + [op.output.tensor]
+        best = self.objective_of(picks, set(resident), inputs)
+        improved = True
+        while improved and time.perf_counter() < deadline:
+            improved = False
+            for t in sorted(self.ctx.free_inputs):
+                for s in self.ctx.possible_sticks[t]:
+                    if s == inputs[t]:
+                        continue
+                    trial = dict(inputs, **{t: s})
+                    val = self.objective_of(picks, set(resident), trial)
+                    if val < best and self.spans_ok(set(resident), self.needed_resticks(picks, trial)):
+                        best, inputs, improved = val, trial, True
+            for op in self.pg.ops:
+                if time.perf_counter() > deadline:
+                    break
+                for k in range(len(self.S[op.id])):
+                    if k == picks[op.id]:
+                        continue
+                    trial = dict(picks)
+                    trial[op.id] = k
+                    res2 = {t: r for t, r in resident.items()
+                            if t not in touching[op.id] or self.residency_ok(t, trial, r.size_per_core)}
+                    needed = self.needed_resticks(trial, inputs)
+                    if len(res2) < len(resident):
+                        res2 = self.repair_spans(res2, needed)
+                    val = self.objective_of(trial, set(res2), inputs)
+                    if val < best and self.spans_ok(set(res2), needed):
+                        best, picks, resident, improved = val, trial, res2, True
+        out = self.decisions_of(picks, resident, dict(self.ctx.input_sticks, **inputs))
+        return out
+
     def decisions_of(self, picks: dict[str, int], resident: dict[str, Residency],
                      input_sticks: dict) -> PlanDecisions:
         d = PlanDecisions(planner="cpsat", input_sticks=dict(input_sticks))
@@ -431,8 +522,8 @@ class SpyreModel:
         return [self.pg.ops[a].id for a, _, _ in self.windows(resident)]
 
 
-def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 6,
-                keep_resident: int = 3) -> tuple[GraphContext, dict[str, list[Strategy]], SpyreModel]:
+def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 4,
+                keep_resident: int = 2) -> tuple[GraphContext, dict[str, list[Strategy]], SpyreModel]:
     """Strategy space and CP-SAT model of a graph. The hint's and the naive plan's
     strategies are always in the space, so the model's optimum is never worse than either."""
     from solver.naive import plan_naive
@@ -452,7 +543,7 @@ def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 6,
 # -- entry point ---------------------------------------------------------------------------------
 def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                hint: Union[PlanDecisions, Program, None] = None, num_workers: int = 2,
-               keep: int = 6, keep_resident: int = 3, max_rounds: int = 4, **_ignored) -> PlanDecisions:
+               keep: int = 4, keep_resident: int = 2, max_rounds: int = 4, **_ignored) -> PlanDecisions:
     t0 = time.perf_counter()
     limit_s = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
     hint_d, hint_name = _hint_decisions(pg, hw, hint)
@@ -468,6 +559,13 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     hint_ns = predict_program_ns(hint_prog, hw) if hint_prog is not None else float("inf")
 
     ctx, strategies, sm = build_model(pg, hw, hint_d, keep=keep, keep_resident=keep_resident)
+    # sharpen the hint by local search on the model's objective (a bounded share of the budget)
+    elapsed = time.perf_counter() - t0
+    start_d = sm.local_search(hint_d, t0 + elapsed + 0.3 * max(0.0, limit_s - elapsed))
+    start_prog, _ = _program_or_none(pg, hw, start_d)
+    if start_prog is not None and predict_program_ns(start_prog, hw) < hint_ns:
+        hint_d, hint_prog, hint_ns = start_d, start_prog, predict_program_ns(start_prog, hw)
+        hint_name += " + local search"
     sm.add_hint(hint_d)
     objective = sum(sm.objective_terms)
     sm.m.Minimize(objective)

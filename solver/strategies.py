@@ -172,7 +172,7 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
     out_lx = max(box_lx_bytes(b, out_layout, ctx.dtypes[out_t]) for b in out_boxes.values())
     view = OpView(op, "compute", ctx.shapes, ctx.dtypes, layouts, split, slices, alias, ctx.roles)
     may = [a.tensor in ctx.candidates for a in op.inputs] + [out_t in ctx.candidates]
-    parts = op_cost_parts(view, hw, may, extremes_only=not full_pricing)
+    parts = op_cost_parts(view, hw, may if full_pricing else None)
     return Strategy(ch, split, dict(tiles or {}), alias, in_sticks, ch.output, out_boxes, in_boxes,
                     padded(out_lx, hw.stick_bytes), reduction_split(op, split), parts, any_forbidden,
                     view, tuple(may))
@@ -204,8 +204,9 @@ def alias_strategy(op: PrimOp, ctx: GraphContext) -> Optional[Strategy]:
     return s
 
 
-def op_strategies(op: PrimOp, ctx: GraphContext, keep: int = 6, keep_resident: int = 3,
-                  max_split_dims: int = 2, required: Sequence[tuple] = ()) -> list[Strategy]:
+def op_strategies(op: PrimOp, ctx: GraphContext, keep: int = 4, keep_resident: int = 2,
+                  max_split_dims: int = 2, required: Sequence[tuple] = (),
+                  max_candidates: int = 12) -> list[Strategy]:
     """The pruned strategy list of `op`; `required` lists (StickChoice, split, tiles, alias)
     that must be present (the hint's). Ops of identical structure (same loop nest, body,
     operand shapes, dtypes and possible layouts: the repeated layers of a transformer) share
@@ -214,7 +215,7 @@ def op_strategies(op: PrimOp, ctx: GraphContext, keep: int = 6, keep_resident: i
            tuple((ch, tuple(sorted(sp.items())), al) for ch, sp, _, al in required))
     cached = ctx.cache.get(key)
     if cached is None:
-        cached = _op_strategies(op, ctx, keep, keep_resident, max_split_dims, required)
+        cached = _op_strategies(op, ctx, keep, keep_resident, max_split_dims, required, max_candidates)
         ctx.cache[key] = cached
     return cached
 
@@ -229,7 +230,7 @@ def structure_key(op: PrimOp, ctx: GraphContext) -> tuple:
 
 
 def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
-                   max_split_dims: int, required: Sequence[tuple]) -> list[Strategy]:
+                   max_split_dims: int, required: Sequence[tuple], max_candidates: int) -> list[Strategy]:
     hw = ctx.hw
     out: list[Strategy] = []
     seen: set = set()
@@ -252,13 +253,17 @@ def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
             return n
         most = max(used(sp) for sp in splits)
         splits = [sp for sp in splits if used(sp) * 4 >= most]
+        # price at most `max_candidates`: the ones using the most cores, fewer split dims first
+        splits.sort(key=lambda sp: (-used(sp), len(sp)))
+        splits = splits[:max_candidates]
         cands = [s for s in (make_strategy(op, ctx, ch, sp, full_pricing=False) for sp in splits)
                  if s is not None]
         if not cands:
             continue
         n_in = len(op.inputs)
         by_hbm = sorted(cands, key=lambda s: s.cost_ns(hw))
-        by_res = sorted(cands, key=lambda s: (s.parts.cost((True,) * n_in, True, hw).total_ns,
+        # compute-bound candidates (what a plan that keeps operands in LX wants)
+        by_res = sorted(cands, key=lambda s: (s.parts.base.compute_ns + s.parts.base.extra_ns,
                                               s.cost_ns(hw)))
         for s in by_hbm[:keep] + by_res[:keep_resident]:
             if s.key() not in seen:
