@@ -436,7 +436,7 @@ class SpyreModel:
                     needed.add((a.tensor, want))
         return needed
 
-    def local_search(self, d: PlanDecisions, deadline: float) -> PlanDecisions:
+    def local_search(self, d: PlanDecisions, deadline: Optional[float], max_passes: int = 50) -> PlanDecisions:
         """Best single moves on the model's own objective until none improves or the
         deadline: a weight's stick dim, or one op's strategy (residencies the move breaks
         are dropped; the bundle-window constraints must keep holding). The result is a
@@ -448,9 +448,13 @@ class SpyreModel:
         for op in self.pg.ops:
             touching[op.id] = [a.tensor for a in op.inputs] + [op.output.tensor]
         best = self.objective_of(picks, set(resident), inputs)
+        def out_of_time() -> bool:
+            return deadline is not None and time.perf_counter() > deadline
         improved = True
-        while improved and time.perf_counter() < deadline:
+        passes = 0
+        while improved and passes < max_passes and not out_of_time():
             improved = False
+            passes += 1
             for t in sorted(self.ctx.free_inputs):
                 for s in self.ctx.possible_sticks[t]:
                     if s == inputs[t]:
@@ -460,7 +464,7 @@ class SpyreModel:
                     if val < best and self.spans_ok(set(resident), self.needed_resticks(picks, trial)):
                         best, inputs, improved = val, trial, True
             for op in self.pg.ops:
-                if time.perf_counter() > deadline:
+                if out_of_time():
                     break
                 for k in range(len(self.S[op.id])):
                     if k == picks[op.id]:
@@ -503,8 +507,29 @@ class SpyreModel:
             if solver.BooleanValue(r):
                 d.resident[t] = Residency(lx_address=solver.Value(self.addr[t]) * hw.stick_bytes,
                                           size_per_core=solver.Value(self.size[t]) * hw.stick_bytes)
+        d.resident = self.canonical_addresses(d.resident)
         d.bundle_starts = self.bundle_starts(set(d.resident))
         return d
+
+    def canonical_addresses(self, resident: dict[str, Residency]) -> dict[str, Residency]:
+        """Re-place the chosen buffers first-fit (windows in order, then by name): the
+        solver's addresses are one of many equivalent packings, and this one does not depend
+        on which the search met first. Keeps the solver's packing when first-fit fails."""
+        cap = self.hw.lx_capacity_bytes
+        placed: list[tuple[int, int, int, int]] = []
+        out: dict[str, Residency] = {}
+        for t in sorted(resident, key=lambda t: (self.window(t), t)):
+            a, b = self.window(t)
+            size = resident[t].size_per_core
+            addr = 0
+            for s0, e0, ad, sz in sorted(placed, key=lambda x: x[2]):
+                if s0 <= b and a <= e0 and addr < ad + sz and ad < addr + size:
+                    addr = ad + sz
+            if addr + size > cap:
+                return resident
+            placed.append((a, b, addr, size))
+            out[t] = Residency(addr, size)
+        return out
 
     def windows(self, resident: set[str]) -> list[tuple[int, int, list[str]]]:
         """Groups of overlapping resident live windows, as (first op, last op, tensors)."""
@@ -561,7 +586,10 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     ctx, strategies, sm = build_model(pg, hw, hint_d, keep=keep, keep_resident=keep_resident)
     # sharpen the hint by local search on the model's objective (a bounded share of the budget)
     elapsed = time.perf_counter() - t0
-    start_d = sm.local_search(hint_d, t0 + elapsed + 0.3 * max(0.0, limit_s - elapsed))
+    if deterministic:  # a pass count, not the wall clock, bounds it
+        start_d = sm.local_search(hint_d, None, max_passes=3)
+    else:
+        start_d = sm.local_search(hint_d, t0 + elapsed + 0.3 * max(0.0, limit_s - elapsed))
     start_prog, _ = _program_or_none(pg, hw, start_d)
     if start_prog is not None and predict_program_ns(start_prog, hw) < hint_ns:
         hint_d, hint_prog, hint_ns = start_d, start_prog, predict_program_ns(start_prog, hw)
@@ -578,12 +606,13 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     best_d, best_prog, status, obj, bound = None, None, "UNKNOWN", None, None
     for round_ in range(max_rounds):
         remaining = limit_s - (time.perf_counter() - t0) - reserve_s
-        if round_ > 0 and remaining < 0.05 * limit_s:
+        if round_ > 0 and remaining < 0.05 * limit_s and not deterministic:
             break
         # the first round gets most of the budget; repair rounds (lazy no-goods) the rest
         budget = max(0.3, remaining * (0.7 if round_ + 1 < max_rounds else 1.0))
         opts = SolveOptions(time_limit_s=budget, num_workers=num_workers, deterministic=deterministic,
-                            deterministic_time=max(0.1, DETERMINISTIC_PER_SECOND * budget),
+                            # deterministic: a fixed share of the limit, never the wall clock
+                            deterministic_time=DETERMINISTIC_PER_SECOND * limit_s / (round_ + 2),
                             deterministic_wall_factor=3.0)
         solver = solver_parameters(opts)
         # CP-SAT's presolve spends seconds of wall time on this model for almost no
