@@ -17,10 +17,27 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing
+import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Awaitable, Callable, Optional
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Runs first in every worker: exit when the service process is gone. A worker
+    blocks reading its job queue, whose write end it holds itself, so a parent that dies
+    without shutting the pool down (SIGKILL, OOM kill, a crash) would otherwise leave it
+    blocked forever."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="sticksat-parent-watch", daemon=True).start()
 
 
 class PoolFull(Exception):
@@ -50,7 +67,14 @@ class SolverPool:
 
     # -- lifecycle -----------------------------------------------------------------
     def _new_executor(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_watch_parent, initargs=(os.getpid(),))
+
+    def worker_pids(self) -> list[int]:
+        # ProcessPoolExecutor does not expose its processes; `_processes` is the only way
+        # to reach them (for shutdown and tests). Absent, nothing is listed.
+        processes = getattr(self._executor, "_processes", None) or {}
+        return [p.pid for p in list(processes.values()) if p.pid is not None]
 
     async def start(self, warm: Callable[..., Any], *warm_args: Any) -> None:
         """Create the executor and run `warm` once per worker; ready when all return."""
@@ -65,9 +89,16 @@ class SolverPool:
         return self._ready.is_set()
 
     def shutdown(self) -> None:
+        """Stop now: queued jobs are cancelled and running ones are terminated (a solve
+        can take minutes; a stopping service should not wait for it, and its waiters are
+        gone with the event loop)."""
         self._ready.clear()
         if self._executor is not None:
+            processes = list((getattr(self._executor, "_processes", None) or {}).values())
             self._executor.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
             self._executor = None
 
     # -- jobs ----------------------------------------------------------------------
