@@ -362,6 +362,8 @@ class SolveOptions:
     prune_dominated: bool = True
     # edges whose reduced table has at most this many entries get pair booleans
     pair_table_limit: int = 2048
+    # CP-SAT's own presolve (off pays when a complete hint is given and presolve is slow)
+    presolve: bool = True
 
 
 @dataclass
@@ -510,6 +512,7 @@ def solver_parameters(options: SolveOptions) -> cp_model.CpSolver:
     p.num_workers = max(1, int(options.num_workers))
     p.random_seed = int(options.seed)
     p.log_search_progress = bool(options.log)
+    p.cp_model_presolve = bool(options.presolve)
     if options.deterministic:
         # interleaved workers make the parallel search reproducible; the deterministic clock
         # (not the wall clock) decides when to stop.
