@@ -110,10 +110,20 @@ def test_compile_cache_hit_and_store_endpoints(server):
 
 
 def test_simulate_a_compiled_program(server):
-    body = _compile(server, chain_graph(rows=64, n_ops=2, name="sim")).json()
+    graph = chain_graph(rows=64, n_ops=2, name="sim")
+    body = _compile(server, graph).json()
     result = httpx.post(server.url + "/simulate", json={"program": body["program"]}, timeout=120)
     assert result.status_code == 200, result.text
-    assert result.json()["valid"] is True
+    assert result.json()["valid"] is True and result.json()["simulated_us"] > 0
+    traced = httpx.post(server.url + "/simulate", json={"program": body["program"], "trace": True}, timeout=120)
+    trace = traced.json()["trace"]
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    assert events and all("ph" in e for e in events)
+    checked = httpx.post(server.url + "/simulate", json={"program": body["program"], "graph": graph,
+                                                         "numerics": True}, timeout=120).json()
+    assert checked["valid"] is True and checked["max_rel_err"] < 1e-2  # fp16 storage
+    no_graph = httpx.post(server.url + "/simulate", json={"program": body["program"], "numerics": True})
+    _assert_problem(no_graph, 422, "invalid_option")
     broken = json.loads(json.dumps(body["program"]))
     broken["ops"][0]["core_split"] = {"no_such_dim": 3}
     verdict = httpx.post(server.url + "/simulate", json={"program": broken}, timeout=120)
