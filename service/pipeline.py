@@ -23,7 +23,6 @@ from typing import Any, Optional, Union
 
 from lowering.errors import GraphError
 from lowering.graph_format import GraphDocument, SymSize
-from lowering.version import COMPILER_VERSION
 
 # Planners in the order the service prefers them when a request names none.
 PLANNER_PREFERENCE = ("cpsat", "heuristic", "naive")
