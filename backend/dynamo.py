@@ -125,7 +125,10 @@ def _compile_with(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
         except CaptureError as e:
             return _eager_whole_graph(gm, f"the graph cannot be serialized ({e})", opts)
         validate_document(parse_document(doc), check_support=False)
-        region = CompiledRegion(doc, compile_region(doc, opts), returns_tuple=True)
+        executable = _compile_region_or_eager(doc, opts)
+        if executable is None:
+            return gm
+        region = CompiledRegion(doc, executable, returns_tuple=True)
         as_list = isinstance(gm.graph.output_node().args[0], list)
 
         def run(*args):
@@ -163,7 +166,10 @@ def _compile_with(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
             continue
         validate_document(parse_document(doc), check_support=False)
         output = sub.graph.output_node().args[0]
-        region = CompiledRegion(doc, compile_region(doc, opts), returns_tuple=isinstance(output, (tuple, list)))
+        executable = _compile_region_or_eager(doc, opts)
+        if executable is None:
+            continue
+        region = CompiledRegion(doc, executable, returns_tuple=isinstance(output, (tuple, list)))
         setattr(fused, node.target, RegionModule(region))
         regions.append(region)
     fused.recompile()
@@ -173,6 +179,20 @@ def _compile_with(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
     log.warning("sticksat: %d of %d ops fall back to eager torch: %s", len(plan.unsupported), total, summary)
     fused.sticksat_regions = regions  # type: ignore[attr-defined]
     return fused
+
+
+def _compile_region_or_eager(doc: dict, opts: BackendOptions):
+    """compile_region, except that an unreachable service yields None (run this part in
+    eager torch) when the user asked for that with on_service_error='eager'."""
+    from backend.remote import ServiceUnavailable
+
+    try:
+        return compile_region(doc, opts)
+    except ServiceUnavailable as e:
+        if opts.on_service_error != "eager" or opts.strict:
+            raise
+        log.warning("sticksat: compile service unreachable (%s); running this graph in eager torch", e)
+        return None
 
 
 def _eager_whole_graph(gm: torch.fx.GraphModule, reason: str, opts: BackendOptions) -> Callable:

@@ -11,6 +11,7 @@ ENV_URL = "STICKSAT_URL"
 
 GradPolicy = Literal["error", "eager"]
 Executor = Literal["interpreter", "simulator"]
+ServiceErrorPolicy = Literal["error", "eager"]
 
 
 class BackendOptionError(ValueError):
@@ -26,10 +27,13 @@ class BackendOptions:
     on_grad: GradPolicy = "error"
     # Compile service URL; None compiles in process.
     url: Optional[str] = None
-    # In process: "interpreter" runs the lowered graph on the numpy reference
-    # interpreter; "simulator" plans a SuperDSC program and runs it on the simulator
-    # (real outputs plus a simulated latency).
-    executor: Executor = "interpreter"
+    # When the service cannot be reached: raise (default), or run the graph in eager
+    # torch with a warning.
+    on_service_error: ServiceErrorPolicy = "error"
+    # In process: "simulator" (default) plans a SuperDSC program and runs it on the
+    # simulator (real outputs plus a simulated latency); "interpreter" skips planning
+    # and runs the lowered graph on the numpy reference interpreter.
+    executor: Executor = "simulator"
     # Planner and solver budget, passed through to the compile step.
     planner: Optional[str] = None
     time_limit_s: Optional[float] = None
@@ -54,7 +58,10 @@ class BackendOptions:
             raise BackendOptionError(f"option strict must be a bool, got {values['strict']!r}")
         if values.get("on_grad", "error") not in ("error", "eager"):
             raise BackendOptionError(f"option on_grad must be 'error' or 'eager', got {values['on_grad']!r}")
-        if values.get("executor", "interpreter") not in ("interpreter", "simulator"):
+        if values.get("on_service_error", "error") not in ("error", "eager"):
+            raise BackendOptionError(f"option on_service_error must be 'error' or 'eager', "
+                                     f"got {values['on_service_error']!r}")
+        if values.get("executor", "simulator") not in ("interpreter", "simulator"):
             raise BackendOptionError(f"option executor must be 'interpreter' or 'simulator', "
                                      f"got {values['executor']!r}")
         return cls(**values)

@@ -54,9 +54,11 @@ class InterpreterExecutable:
 
 
 class SimulatedProgramExecutable:
-    """A region planned in this process (service.pipeline, the same path the service
-    runs) and run on the simulator: the program is validated and timed by the
-    simulator, then executed by its functional run."""
+    """A planned SuperDSC program, run on the simulator. The program is validated and
+    timed here against the local hardware description before it is accepted, whoever
+    planned it (this process or the service): a program for another machine description
+    (digest mismatch) or one the validator rejects is an error, never silently wrong
+    numbers."""
 
     executor = "simulator"
 
@@ -67,6 +69,11 @@ class SimulatedProgramExecutable:
 
         self.program = Program.model_validate(program)
         self.hw = load_target(self.program.hardware)
+        if self.program.stats.hardware_digest != self.hw.digest:
+            raise RuntimeError(
+                f"the program was planned for {self.program.hardware} digest "
+                f"{self.program.stats.hardware_digest[:12]}, this client has {self.hw.digest[:12]}: "
+                f"the two sides disagree on the machine description")
         verdict = simulate(self.program, hw=self.hw)
         if not verdict.valid:
             head = "; ".join(f"{e.code}: {e.message}" for e in verdict.errors[:3])

@@ -170,43 +170,24 @@ def _seconds(value: Optional[str]) -> Optional[float]:
         return None
 
 
-class RemoteProgramExecutable:
-    """A region compiled by the service, run locally on the simulator's functional run.
+def _remote_executable(response: dict):
+    """The service's program, accepted only after the local simulator validated it
+    (backend.region.SimulatedProgramExecutable), tagged with the store key and whether
+    it was a cache hit."""
+    from backend.region import SimulatedProgramExecutable
 
-    The program is re-validated here against the local hardware description: a service
-    that compiled for another machine description (digest mismatch) or returned a program
-    the local validator rejects is an error, not silently wrong numbers."""
-
-    executor = "service"
-
-    def __init__(self, response: dict):
-        from simulator.api import simulate
-        from simulator.hardware import load_target
-        from simulator.superdsc import Program
-
-        self.response = response
-        self.key: str = response.get("key", "")
-        self.cached: bool = bool(response.get("cached", False))
-        self.program = Program.model_validate(response["program"])
-        self.hw = load_target(self.program.hardware)
-        if self.program.stats.hardware_digest != self.hw.digest:
-            raise RemoteCompileError(
-                f"the service compiled for {self.program.hardware} digest {self.program.stats.hardware_digest[:12]}, "
-                f"this client has {self.hw.digest[:12]}: the two sides disagree on the machine description")
-        verdict = simulate(self.program, hw=self.hw)
-        if not verdict.valid:
-            head = "; ".join(f"{e.code}: {e.message}" for e in verdict.errors[:3])
-            raise RemoteCompileError(f"the service returned a program the local validator rejects: {head}")
-        self.last_latency_us: Optional[float] = verdict.simulated_us
-
-    def run(self, inputs_by_id: dict) -> list:
-        from simulator.run import run_program
-
-        return run_program(self.program, inputs_by_id, self.hw)
+    try:
+        executable = SimulatedProgramExecutable(response["program"])
+    except RuntimeError as e:
+        raise RemoteCompileError(f"program from the service refused: {e}") from None
+    executable.executor = "service"
+    executable.key = response.get("key", "")
+    executable.cached = bool(response.get("cached", False))
+    return executable
 
 
 def compile_remote_executable(doc: Union[dict, str], options: Any = None,
-                              url: Optional[str] = None) -> RemoteProgramExecutable:
+                              url: Optional[str] = None):
     """compile_remote + a runnable program: what the backend's compile_region returns when
     a service URL is set. `options` may be RemoteOptions, a dict of its fields, or any
     object with `planner` / `time_limit_s` attributes (the backend's own options)."""
@@ -214,4 +195,4 @@ def compile_remote_executable(doc: Union[dict, str], options: Any = None,
         options = RemoteOptions(planner=getattr(options, "planner", None),
                                 time_limit_s=getattr(options, "time_limit_s", None))
     response = compile_remote(doc, options, url, full_response=True)
-    return RemoteProgramExecutable(response)
+    return _remote_executable(response)

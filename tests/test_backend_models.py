@@ -21,7 +21,7 @@ from torch._export.serde.serialize import serialize  # noqa: E402
 from backend.capture import decomposition_table, exported_program_to_document  # noqa: E402
 from backend.dynamo import SticksatBackendError  # noqa: E402
 from backend.options import BackendOptionError  # noqa: E402
-from backend.region import compiled_regions, forget_compiled_regions  # noqa: E402
+from backend.region import compiled_regions, forget_compiled_regions, last_run_info  # noqa: E402
 from lowering.canonical import canonical_hash  # noqa: E402
 from lowering.export_serde import document_from_export  # noqa: E402
 from lowering.graph_format import GraphDocument  # noqa: E402
@@ -53,9 +53,12 @@ def _relative_error(actual, expected) -> float:
 
 
 def _compile(model, **options):
+    """The default executor (plan in process, run the program on the simulator) with the
+    fast baseline planner; CP-SAT plans of these models are tested in test_cpsat_planner."""
     torch._dynamo.reset()
     forget_compiled_regions()
-    return torch.compile(model, backend="sticksat", dynamic=False, options=options or None)
+    options.setdefault("planner", "heuristic")
+    return torch.compile(model, backend="sticksat", dynamic=False, options=options)
 
 
 @pytest.mark.parametrize("name", TINY_MODEL_NAMES)
@@ -68,6 +71,8 @@ def test_tiny_model_matches_eager_in_fp32_and_fp16(name, caplog):
                 actual = _compile(model, strict=True)(*inputs)
         error = _relative_error(actual, expected)
         assert error <= TOLERANCE[dtype], f"{name} {dtype}: relative error {error:.3g}"
+        info = last_run_info()
+        assert info.executor == "simulator" and info.latency_us > 0
 
         regions = compiled_regions()
         assert len(regions) == 1, "strict mode: the whole model is one sticksat region"

@@ -99,6 +99,27 @@ def test_unreachable_service_is_a_clear_error():
                                   url=f"http://127.0.0.1:{free_port()}")
 
 
+def test_unreachable_service_from_torch_compile_raises_or_runs_eager_when_asked(caplog):
+    """torch.compile with a dead service URL: a clear error by default; with
+    on_service_error='eager' the model runs in eager torch with a warning."""
+    torch.manual_seed(0)
+    model, x = _Block().eval(), torch.randn(2, 8, 64)
+    url = f"http://127.0.0.1:{free_port()}"
+    forget_compiled_regions()
+    with torch.no_grad():
+        expected = model(x)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="unavailable after"):
+            torch.compile(model, backend="sticksat", options={"url": url})(x)
+        torch._dynamo.reset()
+        with caplog.at_level("WARNING", logger="sticksat"):
+            got = torch.compile(model, backend="sticksat", options={"url": url, "on_service_error": "eager"})(x)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, expected)
+    assert compiled_regions() == []
+    assert any("unreachable" in r.getMessage() for r in caplog.records)
+
+
 class _Mlp(torch.nn.Module):
     def __init__(self):
         super().__init__()
