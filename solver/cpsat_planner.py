@@ -565,6 +565,37 @@ def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 4,
     return ctx, strategies, SpyreModel(pg, hw, ctx, strategies)
 
 
+def _repair_bundles(pg: PrimGraph, hw, sm: "SpyreModel", d: PlanDecisions, max_steps: int = 8):
+    """Emit and validate; while the only problems are bundles over the external-tensor
+    limit, drop the residencies of the LX window groups inside the offending bundles.
+    Returns (decisions, program or None, dropped groups, last issues)."""
+    order = {o.id: k for k, o in enumerate(pg.ops)}
+    groups: list[list[str]] = []
+    issues: list = []
+    for _ in range(max_steps):
+        prog, issues = _program_or_none(pg, hw, d)
+        if prog is not None:
+            return d, prog, groups, []
+        bundle_issues = [i for i in issues if getattr(i, "code", "") in _BUNDLE_CODES]
+        if not bundle_issues or len(bundle_issues) != len(issues):
+            return d, None, groups, issues
+        program = emit_program(pg, hw, d)
+        bad_ops = set()
+        for b in program.bundles:
+            if len(b.external_tensors) > hw.bundle_tensor_limit or any(
+                    i.code == "lx_cross_bundle" and i.op in b.ops for i in bundle_issues):
+                bad_ops.update(order[o] for o in b.ops if o in order)
+        bad = [ts for a, b, ts in sm.windows(set(d.resident)) if any(a <= k <= b for k in bad_ops)]
+        if not bad:
+            return d, None, groups, issues
+        groups.extend(bad)
+        resident = {t: r for t, r in d.resident.items() if not any(t in ts for ts in bad)}
+        d = PlanDecisions(planner=d.planner, ops=d.ops, input_sticks=d.input_sticks,
+                          restick_ops=d.restick_ops, resident=resident,
+                          bundle_starts=sm.bundle_starts(set(resident)), stats=d.stats)
+    return d, None, groups, issues
+
+
 # -- entry point ---------------------------------------------------------------------------------
 def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                hint: Union[PlanDecisions, Program, None] = None, num_workers: int = 2,
@@ -603,7 +634,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
              "bundles: partition step after the solve (one bundle start per group of overlapping LX "
              "windows, emitter cuts elsewhere)", "objective and bound in microseconds (cost model)"]
 
-    best_d, best_prog, status, obj, bound = None, None, "UNKNOWN", None, None
+    best_d, best_prog, best_pred, status, obj, bound = None, None, float("inf"), "UNKNOWN", None, None
     for round_ in range(max_rounds):
         remaining = limit_s - (time.perf_counter() - t0) - reserve_s
         if round_ > 0 and remaining < 0.05 * limit_s and not deterministic:
@@ -628,42 +659,24 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
             break
         obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
         d = sm.decisions(solver, ctx.input_sticks)
-        prog, issues = _program_or_none(pg, hw, d)
+        d, prog, groups, issues = _repair_bundles(pg, hw, sm, d)
         if prog is not None:
-            best_d, best_prog = d, prog
+            pred = predict_program_ns(prog, hw)
+            if best_prog is None or pred < best_pred:
+                best_d, best_prog, best_pred = d, prog, pred
+        if not groups:
+            if prog is None:
+                notes.append("cpsat plan failed validation: " + "; ".join(
+                    f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]))
             break
-        bundle_issues = [i for i in issues if getattr(i, "code", "") in _BUNDLE_CODES]
-        if os.environ.get("STICKSAT_DEBUG"):
-            print("round", round_, [(getattr(i, "code", ""), getattr(i, "message", i)) for i in issues[:4]])
-        if not bundle_issues or len(bundle_issues) != len(issues):
-            notes.append("cpsat plan failed validation: " + "; ".join(
-                f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]))
-            break
-        # lazy no-goods: a group of windows whose bundle breaks the limit cannot all stay
-        # resident together
-        bad_ops = set()
-        order = {o.id: k for k, o in enumerate(pg.ops)}
-        program = emit_program(pg, hw, d)
-        for b in program.bundles:
-            if len(b.external_tensors) > hw.bundle_tensor_limit or any(
-                    i.code == "lx_cross_bundle" and i.op in b.ops for i in bundle_issues):
-                bad_ops.update(order[o] for o in b.ops if o in order)
-        dropped = set()
-        for a, b, ts in sm.windows(set(d.resident)):
-            if any(a <= k <= b for k in bad_ops):
-                sm.m.AddBoolOr([sm.res[t].Not() for t in ts])
-                dropped.update(ts)
-        # warm start the next round from this solution without the offending residencies
-        # (a feasible point of the strengthened model)
-        for t in dropped:
-            del d.resident[t]
+        # lazy no-goods: each group of windows whose bundle broke the limit cannot all stay
+        # resident together; the next round starts from the repaired solution
+        notes.append(f"round {round_}: {len(groups)} LX window groups over the bundle limit "
+                     "(no-goods added, repaired solution kept)")
+        for ts in groups:
+            sm.m.AddBoolOr([sm.res[t].Not() for t in ts])
         sm.m.ClearHints()
         sm.add_hint(d)
-        if os.environ.get("STICKSAT_DEBUG"):
-            chk = cp_model.CpSolver()
-            chk.parameters.fix_variables_to_their_hinted_value = True
-            chk.parameters.max_time_in_seconds = 5
-            print("repaired hint:", chk.StatusName(chk.Solve(sm.m)), "dropped", sorted(dropped))
     solve_s = time.perf_counter() - t0
     if best_prog is not None:
         pred_ns = predict_program_ns(best_prog, hw)
