@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from solver.core import SolveOptions, evaluate, local_search, presolve, solve
+from solver.core import SolveOptions, best_start, evaluate, presolve, solve
 from solver.iopddl import load_best_known, load_instance
 
 DATA = Path(os.environ.get("IOPDDL_DIR", "/work/shared/iopddl"))
@@ -26,7 +26,7 @@ def run(letter: str, time_limit: float, workers: int, pair_limit: int) -> dict:
     problem = load_instance(DATA / f"{name}.json.gz")
     best = load_best_known(DATA / "best_known.csv").get(name)
     t0 = time.perf_counter()
-    start = local_search(problem, presolve(problem))
+    start = best_start(problem, presolve(problem))
     ls_s = time.perf_counter() - t0
     start_cost = evaluate(problem, start).cost if start else None
     opts = SolveOptions(time_limit_s=time_limit, num_workers=workers, pair_table_limit=pair_limit)

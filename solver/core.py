@@ -246,6 +246,74 @@ def _weighted(terms: list) -> cp_model.LinearExpr:
 
 
 # -- local search (a complete starting point for the hint) ---------------------------------
+def tree_dp_start(problem: StrategyProblem, reduction: Reduction) -> list[int]:
+    """A starting choice that is optimal on a spanning forest of the edge graph, memory
+    ignored: keep the edges whose tables vary most (a maximum spanning forest by cost
+    range), then min-sum dynamic programming from the leaves up. Off-tree edges and the
+    usage limit are left to the local search that follows."""
+    n_nodes = problem.num_nodes
+    alive = reduction.alive
+    big = float(FORBIDDEN_COST)
+    weight = []
+    for e, ((u, v), t) in enumerate(zip(problem.edges, problem.edge_costs)):
+        sub = t[np.ix_(alive[u], alive[v])].astype(np.float64)
+        finite = sub[sub < big]
+        weight.append((float(finite.max() - finite.min()) if finite.size else big, e))
+    parent = list(range(n_nodes))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    adj: list[list[tuple[int, int]]] = [[] for _ in range(n_nodes)]
+    for _, e in sorted(weight, reverse=True):
+        u, v = problem.edges[e]
+        ru, rv = find(u), find(v)
+        if ru != rv:
+            parent[ru] = rv
+            adj[u].append((v, e))
+            adj[v].append((u, e))
+    # tables oriented [node strategy, neighbour strategy] over kept strategies
+    def table(e: int, node: int) -> np.ndarray:
+        u, v = problem.edges[e]
+        t = problem.edge_costs[e][np.ix_(alive[u], alive[v])].astype(np.float64)
+        return t if node == u else t.T
+    choice = [-1] * n_nodes
+    seen = [False] * n_nodes
+    for root in range(n_nodes):
+        if seen[root]:
+            continue
+        order, par = [], {root: (-1, -1)}
+        stack = [root]
+        seen[root] = True
+        while stack:
+            x = stack.pop()
+            order.append(x)
+            for y, e in adj[x]:
+                if not seen[y]:
+                    seen[y] = True
+                    par[y] = (x, e)
+                    stack.append(y)
+        cost = {x: problem.node_costs[x][alive[x]].astype(np.float64) for x in order}
+        best_child: dict[int, np.ndarray] = {}
+        for x in reversed(order):
+            p, e = par[x]
+            if p < 0:
+                continue
+            m = table(e, p) + cost[x][None, :]  # [parent strategy, child strategy]
+            best_child[x] = np.argmin(m, axis=1)
+            cost[p] = cost[p] + m.min(axis=1)
+        k = {root: int(np.argmin(cost[root]))}
+        for x in order:
+            p, e = par[x]
+            if p >= 0:
+                k[x] = int(best_child[x][k[p]])
+        for x in order:
+            choice[x] = int(alive[x][k[x]])
+    return choice
+
+
 def local_search(problem: StrategyProblem, reduction: Reduction,
                  start: Optional[Sequence[int]] = None, max_passes: int = 30) -> Optional[list[int]]:
     """Iterated best single-node moves under the memory rows: start from `start` (or each
@@ -345,6 +413,17 @@ def local_search(problem: StrategyProblem, reduction: Reduction,
             break
     ev = evaluate(problem, choice)
     return choice if ev.feasible and ev.cost is not None and ev.cost < big else None
+
+
+def best_start(problem: StrategyProblem, reduction: Reduction) -> Optional[list[int]]:
+    """The better feasible result of the local search from its greedy start and from the
+    spanning-forest DP start (None when neither repairs memory)."""
+    found = []
+    for start in (None, tree_dp_start(problem, reduction)):
+        c = local_search(problem, reduction, start=start)
+        if c is not None:
+            found.append((evaluate(problem, c).cost, c))
+    return min(found)[1] if found else None
 
 
 # -- model ---------------------------------------------------------------------------------

@@ -112,3 +112,16 @@ def test_deterministic_mode_repeats_exactly():
     a = solve(p, opts)
     b = solve(p, opts)
     assert a.choice == b.choice and a.cost == b.cost and a.bound == b.bound
+
+
+def test_tree_dp_start_is_optimal_on_a_tree_without_memory_limit():
+    rng = np.random.default_rng(3)
+    n, k = 7, 3
+    edges = [(i, int(rng.integers(0, i))) for i in range(1, n)]  # a random tree
+    p = StrategyProblem([rng.integers(0, 50, size=k) for _ in range(n)], [np.ones(k)] * n,
+                        [(0, 1)] * n, edges, [rng.integers(0, 50, size=(k, k)) for _ in edges],
+                        usage_limit=None)
+    from solver.core import best_start, tree_dp_start
+    start = tree_dp_start(p, presolve(p))
+    assert evaluate(p, start).cost == _brute_force(p)
+    assert evaluate(p, best_start(p, presolve(p))).cost == _brute_force(p)
