@@ -39,7 +39,7 @@ from typing import Optional, Union
 
 from ortools.sat.python import cp_model
 
-from lowering.op_rules import ANY, default_choice, matching_choice, outermost_split, restickify_prim, split_granules
+from lowering.op_rules import default_choice, matching_choice, outermost_split, restickify_prim, split_granules
 from lowering.primitives import PrimGraph
 from simulator.superdsc import LxMemory, Program
 from simulator.validate import validate_program

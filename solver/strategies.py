@@ -6,20 +6,18 @@ alias test) and all geometry from `simulator.geometry`; nothing is re-encoded he
 
 - Core splits: `legal_core_splits` (whole sticks on stick dims, even, product <= cores, at
   most one reduction dim), at most two split dims, using at least a quarter of the most
-  cores any split of the op can use (fewer cores never pay on this machine, except for tiny
-  ops where every split is small anyway).
+  cores any split of the op can use; at most `max_candidates` of them are priced per stick
+  choice (most cores first, then fewer split dims).
 - An operand the stick choice reads whole (`ANY`) keeps the layout its producer wrote; a
   layout of it that would change the split granules of a split dim is recorded in
   `any_forbidden` so the planner forbids that combination (the emitter derives granules from
   the actual layouts).
 - Temporal tiles: none. In the timing model a temporal tile loop only adds loop overhead
-  and, past the LX knee, spill derates (double buffering hides at most what the untiled
-  kernel already overlaps), so an untiled strategy is never slower.
-- Pruning: per stick choice keep the `keep` cheapest strategies with every operand in
-  device memory, plus the `keep_resident` cheapest with every operand LX-resident
-  (compute-bound candidates a residency plan wants), plus any `required` strategy (the
-  hint's). A strategy dominated in every cost and with the same slicing as a kept one is
-  dropped.
+  and, past the LX knee, spill derates, so an untiled strategy is never slower.
+- Pruning: each candidate is priced with every operand in device memory; per stick choice
+  the `keep` cheapest and the `keep_resident` most compute-bound (what a plan keeping the
+  operands in LX wants) are kept and priced for every residency combination; any
+  `required` strategy (the hint's, the naive plan's) is added.
 """
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from lowering.op_rules import (
-    ANY, StickChoice, copy_is_alias, legal_core_splits, split_granules, split_units, stick_options,
+    ANY, StickChoice, copy_is_alias, legal_core_splits, split_granules, stick_options,
 )
 from lowering.primitives import PrimGraph, PrimOp
 from simulator.geometry import (
