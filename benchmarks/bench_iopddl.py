@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,15 +22,20 @@ from solver.iopddl import load_best_known, load_instance
 DATA = Path(os.environ.get("IOPDDL_DIR", "/work/shared/iopddl"))
 
 
-def run(letter: str, time_limit: float, workers: int, pair_limit: int) -> dict:
+def run(letter: str, time_limit: float, workers: int, pair_limit: int, dominance: bool = True) -> dict:
     name = f"asplos-2025-iopddl-{letter}"
     problem = load_instance(DATA / f"{name}.json.gz")
     best = load_best_known(DATA / "best_known.csv").get(name)
     t0 = time.perf_counter()
-    start = best_start(problem, presolve(problem))
+    reduction = presolve(problem, prune_dominated=dominance)
+    print(f"# {letter}: presolve {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    start = best_start(problem, reduction)
     ls_s = time.perf_counter() - t0
+    print(f"# {letter}: start {ls_s:.1f}s", file=sys.stderr, flush=True)
     start_cost = evaluate(problem, start).cost if start else None
-    opts = SolveOptions(time_limit_s=time_limit, num_workers=workers, pair_table_limit=pair_limit)
+    opts = SolveOptions(time_limit_s=time_limit, num_workers=workers, pair_table_limit=pair_limit,
+                        prune_dominated=dominance)
     sol = solve(problem, opts, hint=start)
     return {
         "instance": letter, "nodes": problem.num_nodes, "edges": len(problem.edges),
@@ -49,11 +55,13 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--pair-limit", type=int, default=SolveOptions().pair_table_limit)
+    ap.add_argument("--no-dominance", action="store_true", help="skip dominated-strategy pruning")
     args = ap.parse_args()
     print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"{os.cpu_count()} cpus, time limit {args.time_limit}s, {args.workers} workers")
     for letter in args.instances:
-        print(json.dumps(run(letter, args.time_limit, args.workers, args.pair_limit)), flush=True)
+        print(json.dumps(run(letter, args.time_limit, args.workers, args.pair_limit,
+                             not args.no_dominance)), flush=True)
 
 
 if __name__ == "__main__":
