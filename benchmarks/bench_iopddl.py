@@ -36,7 +36,7 @@ def run(letter: str, time_limit: float, workers: int, pair_limit: int, dominance
     start_cost = evaluate(problem, start).cost if start else None
     opts = SolveOptions(time_limit_s=time_limit, num_workers=workers, pair_table_limit=pair_limit,
                         prune_dominated=dominance)
-    sol = solve(problem, opts, hint=start)
+    sol = solve(problem, opts, hint=start, reduction=reduction)
     return {
         "instance": letter, "nodes": problem.num_nodes, "edges": len(problem.edges),
         "strategies_kept": sol.strategies_kept, "strategies_total": sol.strategies_total,

@@ -644,11 +644,12 @@ class CoreSolution:
 
 
 def solve(problem: StrategyProblem, options: SolveOptions | None = None,
-          hint: Optional[Sequence[int]] = None) -> CoreSolution:
-    """Solve a strategy problem; with a feasible hint, never return anything worse."""
+          hint: Optional[Sequence[int]] = None, reduction: Optional[Reduction] = None) -> CoreSolution:
+    """Solve a strategy problem; with a feasible hint, never return anything worse.
+    `reduction`: a presolve result to reuse."""
     options = options or SolveOptions()
     t0 = time.perf_counter()
-    red = presolve(problem, prune_dominated=options.prune_dominated)
+    red = reduction or presolve(problem, prune_dominated=options.prune_dominated)
     core = build_core(problem, options, reduction=red)
     hint_eval = None
     if hint is not None:
