@@ -36,6 +36,9 @@ from ortools.sat.python import cp_model
 
 # Entries at or above this are forbidden (IOPDDL encodes "impossible" as 1e18).
 FORBIDDEN_COST = 10**18
+# Up to this many (node, live set) memberships, memory is one explicit row per maximal live
+# set; beyond it (28k-node instances have tens of millions) a running-sum chain.
+ROW_MEMBERSHIP_LIMIT = 2_000_000
 
 
 @dataclass
@@ -123,6 +126,16 @@ class Reduction:
     memory_rows: list[list[int]]  # node lists of the maximal live sets that may bind
     removed_forbidden: int = 0
     removed_dominated: int = 0
+    timeline: Optional["Timeline"] = None
+    binding: Optional[np.ndarray] = None   # per compressed step: the limit may bind there
+    base_usage: Optional[np.ndarray] = None  # per compressed step: sum of minimum usages
+
+    @property
+    def memory_terms(self) -> int:
+        """Rows in the model: explicit maximal live sets, or binding steps of the chain."""
+        if self.memory_rows:
+            return len(self.memory_rows)
+        return int(self.binding.sum()) if self.binding is not None else 0
 
     @property
     def num_strategies(self) -> int:
@@ -156,14 +169,44 @@ def maximal_live_sets(intervals: Sequence[tuple[int, int]]) -> list[list[int]]:
     return rows
 
 
+@dataclass
+class Timeline:
+    """Live intervals on compressed time: usage only changes where an interval starts or
+    ends, so the distinct event points are the only time steps that matter. Node n covers
+    compressed steps [start[n], end[n]) (empty intervals: start == end)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    n_steps: int
+
+    @classmethod
+    def build(cls, intervals: Sequence[tuple[int, int]]) -> "Timeline":
+        pts = sorted({p for a, b in intervals if b > a for p in (a, b)})
+        index = {p: i for i, p in enumerate(pts)}
+        start = np.array([index[a] if b > a else 0 for a, b in intervals], dtype=np.int64)
+        end = np.array([index[b] if b > a else 0 for a, b in intervals], dtype=np.int64)
+        return cls(start, end, max(0, len(pts) - 1))
+
+    def profile(self, per_node: np.ndarray) -> np.ndarray:
+        """Sum of `per_node` values live at each compressed step."""
+        diff = np.zeros(self.n_steps + 1, dtype=np.int64)
+        np.add.at(diff, self.start, per_node)
+        np.add.at(diff, self.end, -per_node)
+        return np.cumsum(diff)[: self.n_steps]
+
+
 def presolve(problem: StrategyProblem, prune_dominated: bool = True,
              max_rounds: int = 6) -> Reduction:
     n_nodes = problem.num_nodes
-    rows = maximal_live_sets(problem.intervals) if problem.usage_limit is not None else []
-    in_memory = np.zeros(n_nodes, dtype=bool)
-    for r in rows:
-        in_memory[r] = True
     alive = [np.flatnonzero(c < FORBIDDEN_COST) for c in problem.node_costs]
+    timeline = Timeline.build(problem.intervals)
+    in_memory = np.zeros(n_nodes, dtype=bool)
+    if problem.usage_limit is not None and timeline.n_steps:
+        # a node matters for memory only if it is live where the limit could bind
+        worst = timeline.profile(np.array([int(problem.node_usages[n][a].max()) for n, a in enumerate(alive)]
+                                          if all(len(a) for a in alive) else [0] * n_nodes))
+        hot = np.concatenate([[0], np.cumsum(worst > problem.usage_limit)])
+        in_memory = hot[timeline.end] - hot[timeline.start] > 0
     removed_forbidden = sum(len(c) for c in problem.node_costs) - sum(len(a) for a in alive)
     if any(len(a) == 0 for a in alive):
         raise ValueError("a node has no allowed strategy: the problem is infeasible")
@@ -230,14 +273,23 @@ def presolve(problem: StrategyProblem, prune_dominated: bool = True,
         for s in range(len(replaced_by[n])):
             if int(replaced_by[n][s]) not in kept:
                 replaced_by[n][s] = cheapest
-    # drop memory rows that can never bind
+    # memory: the compressed steps where even the worst choices could exceed the limit
     limit = problem.usage_limit
-    binding = []
-    for r in rows:
-        worst = sum(int(problem.node_usages[n][alive[n]].max()) for n in r)
-        if limit is not None and worst > limit:
-            binding.append(r)
-    return Reduction(alive, replaced_by, binding, removed_forbidden, removed_dominated)
+    binding = np.zeros(timeline.n_steps, dtype=bool)
+    base = np.zeros(timeline.n_steps, dtype=np.int64)
+    rows: list[list[int]] = []
+    if limit is not None and timeline.n_steps:
+        worst = timeline.profile(np.array([int(problem.node_usages[n][a].max()) for n, a in enumerate(alive)]))
+        base = timeline.profile(np.array([int(problem.node_usages[n][a].min()) for n, a in enumerate(alive)]))
+        binding = worst > limit
+        # explicit rows (one per maximal live set that may bind) while they stay small;
+        # otherwise the model uses a running-sum chain over the binding steps
+        if int((timeline.end - timeline.start).sum()) <= ROW_MEMBERSHIP_LIMIT:
+            for r in maximal_live_sets(problem.intervals):
+                if sum(int(problem.node_usages[n][alive[n]].max()) for n in r) > limit:
+                    rows.append(r)
+    return Reduction(alive, replaced_by, rows, removed_forbidden, removed_dominated,
+                     timeline, binding, base)
 
 
 def _weighted(terms: list) -> cp_model.LinearExpr:
@@ -327,11 +379,8 @@ def local_search(problem: StrategyProblem, reduction: Reduction,
     for e, (u, v) in enumerate(problem.edges):
         incident[u].append((e, True))
         incident[v].append((e, False))
-    rows = reduction.memory_rows if problem.usage_limit is not None else []
-    node_rows: list[list[int]] = [[] for _ in range(n_nodes)]
-    for r, row in enumerate(rows):
-        for n in row:
-            node_rows[n].append(r)
+    tl = reduction.timeline or Timeline.build(problem.intervals)
+    has_limit = problem.usage_limit is not None and tl.n_steps > 0
     if start is not None:
         choice = [int(reduction.replaced_by[n][int(s)]) for n, s in enumerate(start)]
     else:
@@ -359,20 +408,26 @@ def local_search(problem: StrategyProblem, reduction: Reduction,
             c = c + (t[a, choice[v]] if is_u else t[choice[u], a])
         return c
 
-    usage = np.array([sum(int(problem.node_usages[n][choice[n]]) for n in row) for row in rows],
-                     dtype=np.int64)
     limit = problem.usage_limit if problem.usage_limit is not None else 0
-    # memory repair: while a row is over, take the move with the least cost increase per
-    # byte saved among nodes of the worst row
+    prof = tl.profile(np.array([int(problem.node_usages[n][choice[n]]) for n in range(n_nodes)])) \
+        if has_limit else np.zeros(0, dtype=np.int64)
+
+    def move(n: int, s: int) -> None:
+        delta = int(problem.node_usages[n][s] - problem.node_usages[n][choice[n]])
+        if has_limit and delta:
+            prof[tl.start[n]:tl.end[n]] += delta
+        choice[n] = s
+
+    # memory repair: while some step is over, take the move with the least cost increase
+    # per byte saved among the nodes live at the worst step
     for _ in range(10 * n_nodes):
-        if not rows or (usage <= limit).all():
+        if not has_limit or (prof <= limit).all():
             break
-        worst = int(np.argmax(usage - limit))
+        worst = int(np.argmax(prof - limit))
         best = None
-        for n in rows[worst]:
+        for n in np.flatnonzero((tl.start <= worst) & (tl.end > worst)):
             a = alive[n]
-            cur = problem.node_usages[n][choice[n]]
-            saved = cur - problem.node_usages[n][a]
+            saved = problem.node_usages[n][choice[n]] - problem.node_usages[n][a]
             if not (saved > 0).any():
                 continue
             lc = local_cost(n)
@@ -380,15 +435,11 @@ def local_search(problem: StrategyProblem, reduction: Reduction,
             ratio = np.where(saved > 0, (lc - here) / np.maximum(saved, 1), np.inf)
             k = int(np.argmin(ratio))
             if best is None or ratio[k] < best[0]:
-                best = (ratio[k], n, int(a[k]))
+                best = (ratio[k], int(n), int(a[k]))
         if best is None:
             return None
-        _, n, s = best
-        delta = int(problem.node_usages[n][s] - problem.node_usages[n][choice[n]])
-        for r in node_rows[n]:
-            usage[r] += delta
-        choice[n] = s
-    if rows and not (usage <= limit).all():
+        move(best[1], best[2])
+    if has_limit and not (prof <= limit).all():
         return None
     for _ in range(max_passes):
         improved = False
@@ -398,16 +449,13 @@ def local_search(problem: StrategyProblem, reduction: Reduction,
                 continue
             lc = local_cost(n)
             cur_k = list(a).index(choice[n])
-            delta = problem.node_usages[n][a] - problem.node_usages[n][choice[n]]
-            ok = np.ones(len(a), dtype=bool)
-            for r in node_rows[n]:
-                ok &= usage[r] + delta <= limit
-            lc = np.where(ok, lc, np.inf)
+            if has_limit and tl.end[n] > tl.start[n]:
+                delta = problem.node_usages[n][a] - problem.node_usages[n][choice[n]]
+                peak = prof[tl.start[n]:tl.end[n]].max()
+                lc = np.where(peak + delta <= limit, lc, np.inf)
             k = int(np.argmin(lc))
             if lc[k] < lc[cur_k]:
-                for r in node_rows[n]:
-                    usage[r] += int(delta[k])
-                choice[n] = int(a[k])
+                move(n, int(a[k]))
                 improved = True
         if not improved:
             break
@@ -475,6 +523,45 @@ class CoreModel:
         for u, v, residual, var in self._edge_cost_vars:
             self.model.AddHint(var, int(residual[mapped[u], mapped[v]]))
         return mapped
+
+
+def _memory_chain(problem: StrategyProblem, red: Reduction, model: cp_model.CpModel, pick) -> None:
+    """Usage limit as a running sum over compressed steps: U[t] = U[t-1] + (variable usage
+    of nodes starting at t) - (of nodes ending at t), U[t] <= limit - base[t] where the limit
+    may bind. Exact, with O(nodes x strategies) terms instead of one row per live set."""
+    tl, limit = red.timeline, problem.usage_limit
+    hot = np.concatenate([[0], np.cumsum(red.binding)])
+    var_use: dict[int, tuple[cp_model.IntVar, int]] = {}
+    for n, a in enumerate(red.alive):
+        if tl.end[n] <= tl.start[n] or hot[tl.end[n]] - hot[tl.start[n]] == 0:
+            continue
+        usage = problem.node_usages[n]
+        lo = int(usage[a].min())
+        terms = [(pick[n][int(s)], int(usage[s] - lo)) for s in a if usage[s] != lo]
+        if not terms:
+            continue
+        top = max(w for _, w in terms)
+        u = model.NewIntVar(0, top, f"use{n}")
+        model.Add(u == _weighted(terms))
+        var_use[n] = (u, top)
+    starts: dict[int, list] = {}
+    ends: dict[int, list] = {}
+    for n, (u, _) in var_use.items():
+        starts.setdefault(int(tl.start[n]), []).append(u)
+        ends.setdefault(int(tl.end[n]), []).append(u)
+    last = int(np.flatnonzero(red.binding).max())
+    prev = None
+    cap = int(sum(top for _, top in var_use.values()))
+    for t in range(last + 1):
+        delta = starts.get(t, []), ends.get(t, [])
+        if prev is None and not delta[0]:
+            continue
+        cur = model.NewIntVar(0, cap, f"U{t}")
+        expr = cp_model.LinearExpr.Sum(delta[0]) - cp_model.LinearExpr.Sum(delta[1])
+        model.Add(cur == (prev if prev is not None else 0) + expr)
+        prev = cur
+        if red.binding[t]:
+            model.Add(cur <= limit - int(red.base_usage[t]))
 
 
 def build_core(problem: StrategyProblem, options: SolveOptions | None = None,
@@ -558,6 +645,9 @@ def build_core(problem: StrategyProblem, options: SolveOptions | None = None,
         if terms:
             core.objective_terms.append(_weighted(terms))
     core.objective_offset = offset
+    if problem.usage_limit is not None and not red.memory_rows and red.binding is not None \
+            and red.binding.any():
+        _memory_chain(problem, red, model, pick)
     if problem.usage_limit is not None:
         for row in red.memory_rows:
             base = sum(int(problem.node_usages[n][red.alive[n]].min()) for n in row)
@@ -665,7 +755,7 @@ def solve(problem: StrategyProblem, options: SolveOptions | None = None,
     total = sum(len(c) for c in problem.node_costs)
     common = dict(presolve_seconds=presolve_s, deterministic_time=sol.deterministic_time,
                   strategies_kept=red.num_strategies, strategies_total=total,
-                  memory_rows=len(red.memory_rows))
+                  memory_rows=red.memory_terms)
     choice, cost = None, None
     if sol.solver is not None:
         choice = core.choice_value(sol.solver)

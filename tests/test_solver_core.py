@@ -125,3 +125,18 @@ def test_tree_dp_start_is_optimal_on_a_tree_without_memory_limit():
     start = tree_dp_start(p, presolve(p))
     assert evaluate(p, start).cost == _brute_force(p)
     assert evaluate(p, best_start(p, presolve(p))).cost == _brute_force(p)
+
+
+def test_running_sum_memory_chain_matches_explicit_rows(monkeypatch):
+    """Large instances use a running-sum chain instead of one row per live set: same optima."""
+    import solver.core as core
+    for seed in range(3):
+        p = _random_problem(seed, n=7, k=3, limit=25)
+        rows = solve(p, SolveOptions(time_limit_s=5))
+        monkeypatch.setattr(core, "ROW_MEMBERSHIP_LIMIT", 0)
+        red = presolve(p)
+        assert red.memory_rows == [] and (red.binding is not None)
+        chain = solve(p, SolveOptions(time_limit_s=5))
+        monkeypatch.setattr(core, "ROW_MEMBERSHIP_LIMIT", 2_000_000)
+        assert chain.status == rows.status
+        assert chain.cost == rows.cost == _brute_force(p)
