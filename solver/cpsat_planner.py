@@ -26,14 +26,20 @@ windows starts a bundle; the emitter cuts elsewhere at the external-tensor limit
 whose bundle still breaks the limit gets a no-good (not all of these together) and the
 model is solved again, warm-started.
 
-Always: the heuristic plan (H5b's torch-spyre baseline, or the naive plan) as a complete
-hint, a time limit, a deterministic mode (fixed seed, interleaved workers, deterministic
-time), the best feasible plan when time runs out, and the returned plan is never worse in
-predicted time than its hint (the hint is returned otherwise, with a note).
+Start: the heuristic plan (H5b's torch-spyre baseline; a stored program when re-optimizing;
+the naive plan if the hint is invalid), improved by best-single-move local search on the
+model's own objective (weight layouts, per-op strategies; residencies a move breaks are
+dropped and bundle windows repaired), given to CP-SAT as a complete hint. CP-SAT's presolve
+is off for this model (seconds of wall time for almost no reduction). A solution whose
+bundles break the limit is repaired (those residencies dropped) and kept if it is the best
+valid one so far. Always: a time limit that covers strategy pricing and the local search,
+a deterministic mode (local search bounded by passes, CP-SAT by deterministic time only,
+interleaved workers, fixed seed, canonical first-fit LX addresses), the best valid plan
+when time runs out, and the returned plan is never predicted slower than its hint (the
+hint is returned otherwise, with a note).
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Optional, Union
 
@@ -651,9 +657,8 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
         # complete hint and LNS do better with that time
         solver.parameters.cp_model_presolve = False
         st = solver.Solve(sm.m)
-        if os.environ.get("STICKSAT_DEBUG"):
-            print(f"round {round_}: build {build_s:.1f}s budget {budget:.1f}s -> {solver.StatusName(st)} "
-                  f"wall {solver.WallTime():.1f}s det {solver.deterministic_time:.2f}")
+        notes.append(f"round {round_}: {solver.StatusName(st)} after {solver.WallTime():.1f} s "
+                     f"(deterministic time {solver.deterministic_time:.2f})")
         status = solver.StatusName(st)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
