@@ -4,8 +4,9 @@ jointly in one model, objective = predicted total time (integer ns, `solver.cost
 Model (DESIGN.md "Solver"):
 - `pick[o][k]`: op o runs strategy k of `solver.strategies.op_strategies` (stick choice x
   core split, pruned); exactly one per op.
-- `lay[t][l]`: tensor t is produced sticked on dim l, fixed by its producer's pick (graph
-  inputs arrive in a fixed layout).
+- `lay[t][l]`: tensor t is sticked on dim l: fixed by its producer's pick; a weight
+  (parameter, buffer, constant) chooses freely (laid out once at load time); a user input
+  arrives sticked on its last dim.
 - `mat[t][l]`: t is also materialized sticked on l by ONE restickify through device memory,
   paid once however many consumers read it; every strategy that reads t on l needs
   `lay[t][l] or mat[t][l]`.
@@ -18,9 +19,10 @@ Model (DESIGN.md "Solver"):
 - LX addresses per core in whole sticks: an optional interval over op steps x an optional
   interval over [addr, addr + size) per resident tensor, `AddNoOverlap2D`, so capacity and
   fragmentation are both real. Size = the producer strategy's per-core box.
-- time[o] >= compute(pick), time[o] >= memory(pick) - savings of its resident operands
-  (a saving is bounded by `res` and by the picked strategy's saving), + ring combine.
-- objective = sum time[o] + restickify times.
+- time[o] >= the priced time (`solver.cost_model`: the timing model's own per-op analysis)
+  of the picked strategy under the residency combination of its operands that holds (one
+  enforced constraint per strategy x combination).
+- objective = sum time[o] + ring combine / loop overhead + restickify times.
 Bundles: chosen by a partition step after the solve: each group of overlapping resident
 windows starts a bundle; the emitter cuts elsewhere at the external-tensor limit. A group
 whose bundle still breaks the limit gets a no-good (not all of these together) and the
