@@ -102,7 +102,7 @@ def _registered_planners() -> tuple[str, ...]:
 
     # cpsat and heuristic register themselves when their modules are imported.
     for name in PLANNER_PREFERENCE:
-        planners._ensure_registered(name)
+        planners.ensure_registered(name)
     return tuple(sorted(planners.PLANNERS))
 
 

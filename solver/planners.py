@@ -23,6 +23,9 @@ PLANNERS: dict[str, PlannerFn] = {
     "naive": plan_naive,
 }
 
+# What a user gets without asking (CLI, service, torch backend): the joint CP-SAT planner.
+DEFAULT_PLANNER = "cpsat"
+
 
 class PlanInvalid(RuntimeError):
     """A planner produced a program the validator rejects."""
@@ -39,7 +42,7 @@ def register(name: str, fn: PlannerFn) -> None:
     PLANNERS[name] = fn
 
 
-def _ensure_registered(name: str) -> None:
+def ensure_registered(name: str) -> None:
     """Planners living in modules that register themselves on import (cpsat, heuristic)."""
     if name in PLANNERS:
         return
@@ -53,12 +56,12 @@ def _ensure_registered(name: str) -> None:
             return
 
 
-def plan(pg: PrimGraph, hw=None, planner: str = "naive", time_limit_s: Optional[float] = None,
+def plan(pg: PrimGraph, hw=None, planner: str = DEFAULT_PLANNER, time_limit_s: Optional[float] = None,
          deterministic: bool = False, hint: Optional[Union[PlanDecisions, Program]] = None) -> Program:
     if hw is None:
         from simulator.hardware import load_target
         hw = load_target()
-    _ensure_registered(planner)
+    ensure_registered(planner)
     if planner not in PLANNERS:
         raise KeyError(f"unknown planner {planner!r}; known: {sorted(PLANNERS)}")
     t0 = time.perf_counter()

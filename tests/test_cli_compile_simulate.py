@@ -54,7 +54,7 @@ def test_compile_then_simulate_with_numerics_and_trace(graph_file, tmp_path, cap
 
 def test_simulate_invalid_program_exits_nonzero(graph_file, tmp_path, capsys):
     prog_path = tmp_path / "program.json"
-    assert _run(["compile", str(graph_file), "-o", str(prog_path)], capsys)[0] == 0
+    assert _run(["compile", str(graph_file), "--planner", "naive", "-o", str(prog_path)], capsys)[0] == 0
     d = json.loads(prog_path.read_text())
     relu = next(o for o in d["ops"] if o["opfunc"] == "relu")
     relu["core_split"] = {relu["prim"]["iter_dims"][1]["name"]: 5}   # 96 elements: not 5 whole-stick slices
@@ -78,7 +78,7 @@ def test_compile_rejects_unsupported_graph(tmp_path, capsys):
 
 def test_simulate_with_unloadable_graph_reports_it(graph_file, tmp_path, capsys):
     prog_path = tmp_path / "program.json"
-    assert _run(["compile", str(graph_file), "-o", str(prog_path)], capsys)[0] == 0
+    assert _run(["compile", str(graph_file), "--planner", "naive", "-o", str(prog_path)], capsys)[0] == 0
     doc = json.loads(json.dumps(DOC))
     doc["nodes"][1]["target"] = "aten.not_an_op.default"
     g = tmp_path / "bad_graph.json"
@@ -86,3 +86,11 @@ def test_simulate_with_unloadable_graph_reports_it(graph_file, tmp_path, capsys)
     code, out = _run(["simulate", str(prog_path), "--graph", str(g), "--numerics", "--json"], capsys)
     res = json.loads(out)
     assert code == 2 and res["valid"] is False and res["errors"][0]["code"] == "unsupported_op"
+
+
+def test_compile_defaults_to_the_cpsat_planner(graph_file, tmp_path, capsys):
+    prog_path = tmp_path / "program.json"
+    code, _ = _run(["compile", str(graph_file), "--time-limit", "2", "--deterministic", "-o", str(prog_path)], capsys)
+    assert code == 0
+    stats = json.loads(prog_path.read_text())["stats"]
+    assert stats["planner"] == "cpsat" and stats["solver_status"] in ("OPTIMAL", "FEASIBLE")

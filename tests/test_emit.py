@@ -29,7 +29,7 @@ def _two_consumers():
 
 def test_one_restickify_shared_by_all_consumers():
     pg = _two_consumers()
-    prog = plan(pg, HW)
+    prog = plan(pg, HW, planner="naive")
     rest = [o for o in prog.ops if o.kind == "restickify"]
     assert len(rest) == 1 and rest[0].src == "k" and rest[0].dst == restick_id("k", 1)
     readers = [o.id for o in prog.ops if o.prim and any(a["tensor"] == restick_id("k", 1)
@@ -86,7 +86,7 @@ def test_bundles_respect_the_external_tensor_limit():
                           Access(f"t{i + 1}", (0, 1)), PointwiseBody(Call("exp", (In(0),)))))
     from lowering.primitives import PrimGraph
     pg = PrimGraph("chain", tensors, ops, ["t0"], [f"t{n}"])
-    prog = plan(pg, HW)
+    prog = plan(pg, HW, planner="naive")
     assert len(prog.bundles) > 1
     for b in prog.bundles:
         assert len(b.external_tensors) <= HW.bundle_tensor_limit
@@ -130,7 +130,7 @@ def test_explicit_core_slices_and_bundle_starts():
 
 def test_program_json_roundtrip():
     pg, _ = attention_scores()
-    prog = plan(pg, HW)
+    prog = plan(pg, HW, planner="naive")
     again = Program.from_json(prog.to_json())
     assert again == prog and validate_program(again, HW) == []
 

@@ -39,7 +39,7 @@ def _wrong_numbers_or_fault(prog, inp, refs) -> bool:
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_naive_matches_numpy_and_interpreter(name):
     pg, ref = ALL[name]()
-    prog = plan(pg, HW)
+    prog = plan(pg, HW, planner="naive")
     inp = inputs_for(pg)
     outs = run_program(prog, inp, HW)
     assert _err(outs, ref(inp)) < 2e-3           # independent numpy reference (fp16 storage)
@@ -84,7 +84,7 @@ def test_split_reduction_dims_combine_partials():
 
 def test_wrong_core_slice_map_gives_wrong_numbers():
     pg, ref = mlp()
-    prog = plan(pg, HW)
+    prog = plan(pg, HW, planner="naive")
     d = copy.deepcopy(prog.to_dict())
     relu = next(o for o in d["ops"] if o["id"] == "relu")
     relu["core_slices"][3]["slice"] = dict(relu["core_slices"][4]["slice"])  # slice 3 never computed
@@ -128,7 +128,7 @@ def test_overlapping_live_lx_buffers_clobber_values():
 
 def test_missing_input_and_out_of_bounds_raise():
     pg, _ = mlp()
-    prog = plan(pg, HW)
+    prog = plan(pg, HW, planner="naive")
     with pytest.raises(RunError):
         run_program(prog, {"x": np.zeros((64, 128), np.float16)}, HW)
     d = copy.deepcopy(prog.to_dict())
@@ -139,7 +139,7 @@ def test_missing_input_and_out_of_bounds_raise():
 
 def test_simulate_facade_reports_errors_and_numerics():
     pg, _ = mlp()
-    prog = plan(pg, HW)
+    prog = plan(pg, HW, planner="naive")
     res = simulate(prog, HW, graph=pg, numerics=True, trace=True)
     assert res.valid and res.errors == [] and res.max_rel_err < 1e-3
     assert res.simulated_us > 0 and any(e.get("ph") == "X" for e in res.trace["traceEvents"])
@@ -162,7 +162,7 @@ GRAPH_DOCS = sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "gr
 def test_tiny_graph_documents_through_the_simulator(path):
     from service.commands.compile import load_primgraph
     pg = load_primgraph(str(path))
-    res = simulate(plan(pg, HW), HW, graph=pg, numerics=True)
+    res = simulate(plan(pg, HW, planner="naive"), HW, graph=pg, numerics=True)
     assert res.valid, res.errors
     assert res.max_rel_err < 5e-3, (res.max_abs_err, res.max_rel_err)
 
@@ -182,7 +182,7 @@ def _lowered(name, dtype):
 def test_tiny_models_through_the_simulator_match_the_interpreter(name):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     pg = _lowered(name, "float32")
-    res = simulate(plan(pg, HW), HW, graph=pg, numerics=True)
+    res = simulate(plan(pg, HW, planner="naive"), HW, graph=pg, numerics=True)
     assert res.valid, res.errors
     assert res.max_rel_err < 1e-4, (res.max_abs_err, res.max_rel_err)
 
@@ -192,7 +192,7 @@ def test_tiny_models_through_the_simulator_match_the_interpreter(name):
 def test_tiny_models_fp16(name):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     pg = _lowered(name, "float16")
-    res = simulate(plan(pg, HW), HW, graph=pg, numerics=True)
+    res = simulate(plan(pg, HW, planner="naive"), HW, graph=pg, numerics=True)
     assert res.valid, res.errors
     assert res.max_rel_err < 2e-2, (res.max_abs_err, res.max_rel_err)
 

@@ -35,7 +35,7 @@ def _t(d, tid):
 @pytest.fixture(scope="module")
 def naive_mlp():
     pg, _ = mlp()
-    return plan(pg, HW)
+    return plan(pg, HW, planner="naive")
 
 
 def _lx_softmax(**resident):
@@ -142,7 +142,7 @@ def test_multi_reduction_split():
                 (Access("x", (0, 1)),), Access("s", (None, None)),
                 __import__("lowering.primitives", fromlist=["ReduceBody"]).ReduceBody("sum"))
     pg = PrimGraph("tot", {"x": x, "s": s}, [op], ["x"], ["s"])
-    d = _d(plan(pg, HW))
+    d = _d(plan(pg, HW, planner="naive"))
     o = d["ops"][0]
     o["core_split"] = {"a": 2, "b": 2}
     o["core_slices"] = [{"core": c, "slice": {"a": c // 2, "b": c % 2}} for c in range(4)]
@@ -183,11 +183,11 @@ def test_op_rule(naive_mlp):
 
 def test_restickify_invalid():
     pg, _ = attention_scores()
-    d = _d(plan(pg, HW))
+    d = _d(plan(pg, HW, planner="naive"))
     r = next(o for o in d["ops"] if o["kind"] == "restickify")
     r["kind"] = r["opfunc"] = "relayout"    # both tensors are in device memory
     assert codes(d) == {"restickify_invalid"}
-    d = _d(plan(pg, HW))
+    d = _d(plan(pg, HW, planner="naive"))
     r = next(o for o in d["ops"] if o["kind"] == "restickify")
     r["src"] = "q"
     assert "restickify_invalid" in codes(d)
@@ -314,10 +314,10 @@ def test_bundle_structure_and_limit(naive_mlp):
 
 def test_alias_illegal():
     pg, _ = copies()
-    d = _d(plan(pg, HW))
+    d = _d(plan(pg, HW, planner="naive"))
     _op(d, "transpose")["alias"] = True      # a transpose moves data: not a free alias
     assert "alias_illegal" in codes(d)
-    d = _d(plan(pg, HW))
+    d = _d(plan(pg, HW, planner="naive"))
     _t(d, "tr")["memory"]["alias_of"] = "r"   # claimed alias without an alias op
     assert "alias_illegal" in codes(d)
 

@@ -1,4 +1,4 @@
-"""`sticksat compile GRAPH.json --planner naive -o PROGRAM.json`: graph document -> validated
+"""`sticksat compile GRAPH.json [--planner cpsat] -o PROGRAM.json`: graph document -> validated
 SuperDSC program (parse + validate the document, lower to primitive ops, plan, validate)."""
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ from pathlib import Path
 def register(sub) -> None:
     p = sub.add_parser("compile", help="compile a graph document into a SuperDSC program")
     p.add_argument("graph", help="graph document (JSON)")
-    p.add_argument("--planner", default="naive", help="planner name (naive, heuristic, cpsat, ...)")
+    from solver.planners import DEFAULT_PLANNER
+
+    p.add_argument("--planner", default=DEFAULT_PLANNER,
+                   help=f"planner name: naive, heuristic (the torch-spyre baseline), cpsat (default: {DEFAULT_PLANNER})")
     p.add_argument("--hardware", default="spyre", help="hardware target name or JSON path")
-    p.add_argument("--time-limit", type=float, default=None, help="solver time limit in seconds")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="solver time limit in seconds (default: the planner's own, 10 s for cpsat)")
     p.add_argument("--deterministic", action="store_true", help="deterministic solver mode")
     p.add_argument("-o", "--output", default="-", help="program JSON path ('-': stdout)")
     p.set_defaults(func=run)
