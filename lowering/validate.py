@@ -88,13 +88,13 @@ def parse_document(raw: Union[bytes, str, dict]) -> GraphDocument:
 
 def _schema_error(err: ValidationError, data: dict) -> GraphError:
     first = err.errors(include_url=False)[0]
-    path, node_id = _json_path(first["loc"], data)
+    path, node_id = json_path(first["loc"], data)
     more = err.error_count() - 1
     suffix = f" (and {more} more schema error{'s' if more > 1 else ''})" if more else ""
     return GraphError("schema", f"{path or '<document>'}: {first['msg']}{suffix}", node_id)
 
 
-def _json_path(loc: tuple, data: Any) -> tuple[str, str | None]:
+def json_path(loc: tuple, data: Any) -> tuple[str, str | None]:
     """Render pydantic's error location as a JSON path, dropping discriminated-union tags
     (pydantic inserts the tag, e.g. 'tensor', as a path element that is not in the
     document), and find the id of the node or graph input the path lies in."""

@@ -400,7 +400,7 @@ def _request_validation_problem(exc: RequestValidationError, instance: str) -> R
 def _body_validation_problem(errors: list[dict], body: Any, instance: str) -> Response:
     """Pydantic errors of a request body → 422 problem naming the graph node (when the
     error lies inside the graph document) and the JSON path."""
-    from lowering.validate import _json_path  # one home for "error location → node id"
+    from lowering.validate import json_path  # one home for "error location -> node id"
 
     findings: list[dict[str, Any]] = []
     for err in errors[:20]:
@@ -408,7 +408,7 @@ def _body_validation_problem(errors: list[dict], body: Any, instance: str) -> Re
         node = None
         path = ".".join(str(p) for p in loc)
         if len(loc) >= 1 and loc[0] == "graph" and isinstance(body, dict) and isinstance(body.get("graph"), dict):
-            sub_path, node = _json_path(loc[1:], body["graph"])
+            sub_path, node = json_path(loc[1:], body["graph"])
             path = "graph" + ("." + sub_path if sub_path and not sub_path.startswith("[") else sub_path)
         findings.append({"code": "schema", "message": f"{path or '<body>'}: {err.get('msg')}", "path": path,
                          "node": node})
