@@ -28,7 +28,10 @@ slowest core is done):
   `loop_overhead_us`; a small per-core tile underfills the stream (`underfill_curve`); a
   per-tile working set past `lx_spill_knee_bytes` spills and runs slower. Consecutive ops
   of one bundle with the same temporal tiling form one coarse-tiled fused kernel: it reads
-  each external tensor once and pays the loop overhead once.
+  each external tensor once, a member's result is on chip for later members (each tile is
+  computed on chip, on its core: a later member whose every core reads inside the box that
+  core wrote reads nothing from device memory; a result stored in device memory is still
+  written there), and it pays the loop overhead once.
 - a split reduction dim combines partial sums over the ring.
 """
 from __future__ import annotations
@@ -39,7 +42,8 @@ from typing import Optional
 
 from lowering.primitives import (Call, Const, In, MatmulBody, PointwiseBody, PrimOp, ReduceBody,
                                  op_from_json)
-from simulator.geometry import box_lx_bytes, dim_chunk, op_granules
+from simulator.geometry import (box_contains, box_lx_bytes, core_ranges, dim_chunk, op_granules,
+                                operand_box)
 from simulator.hardware import Hardware, load_target
 from simulator.superdsc import LxMemory, OpDecl, Program, TensorDecl
 
@@ -250,6 +254,22 @@ class _Timer:
             acc += diff[k]
             self.resident_live.append(acc)
         self.clone_in_done: set[str] = set()
+        # tensors produced in the current fused group: per core, the box that core wrote
+        self.group_produced: dict[str, dict] = {}
+
+    def _core_boxes(self, prim: PrimOp, op: OpDecl, operand: int, td: TensorDecl) -> dict:
+        """Per core, the box of `td` the op's operand touches."""
+        gran = op_granules(prim, self.layouts, self.dtypes, self.hw.stick_bytes)
+        split = {n: f for n, f in op.core_split.items() if f > 1}
+        ranges = core_ranges(prim, split, op.core_slices or [], gran)
+        return {c: operand_box(prim, operand, r, td.shape) for c, r in ranges.items()}
+
+    def _served_on_chip(self, prim: PrimOp, op: OpDecl, operand: int, td: TensorDecl) -> bool:
+        """A fused-group member's read of a tensor an earlier member produced is served on
+        chip when every core reads only inside the box it produced itself."""
+        made = self.group_produced[td.id]
+        need = self._core_boxes(prim, op, operand, td)
+        return all(c in made and box_contains(made[c], b) for c, b in need.items())
 
     def dram_ns(self, r: float, w: float, cores: int, gbps: Optional[float] = None) -> float:
         return self.hw.dram_ns(r, w, gbps=gbps, cores=cores)
@@ -280,6 +300,7 @@ class _Timer:
 
         # operands
         operands: list[_Operand] = []
+        acc_idx: dict[int, int] = {}   # id(operand) -> input index, -1 for the output
         accesses = list(enumerate(prim.inputs)) + [(-1, prim.output)]
         for idx, acc in accesses:
             td = self.tensors[acc.tensor]
@@ -310,6 +331,7 @@ class _Timer:
                     per_core[ci] = box_lx_bytes(_box(prim, idx, cl.extents, td.shape), td.layout, td.dtype)
             operands.append(_Operand(td, idx < 0, isinstance(td.memory, LxMemory),
                                      repl == 1, repl, per_core))
+            acc_idx[id(operands[-1])] = idx
 
         # ---- bytes --------------------------------------------------------------------
         r_shared = 0.0      # read bytes over the shared bus (aggregate)
@@ -326,6 +348,11 @@ class _Timer:
             graph_input = o.tensor.role in _GRAPH_INPUT_ROLES
             total_core = sum(o.per_core[ci] * len(cl.cores) for ci, cl in enumerate(classes))
             if o.is_output:
+                if group_seen is not None and red_split == 1:
+                    # in a fused kernel each tile of a result is produced on chip, on the
+                    # core that computed it: a later member reads it there when it needs
+                    # no other core's part (whatever memory the result is stored in)
+                    self.group_produced[tid] = self._core_boxes(prim, op, -1, o.tensor)
                 unique = total_core / red_split
                 if o.in_lx:
                     lx_core_bytes = max(lx_core_bytes, max(o.per_core.values()))
@@ -352,6 +379,9 @@ class _Timer:
                     ot.effects.append(f"clone-in {tid}")
                 continue
             if group_seen is not None:
+                if tid in self.group_produced and self._served_on_chip(prim, op, acc_idx[id(o)], o.tensor):
+                    ot.effects.append(f"fused: {tid} produced on chip")
+                    continue
                 if tid in group_seen:
                     ot.effects.append(f"fused: {tid} already on chip")
                     continue
@@ -612,6 +642,7 @@ def time_program(program: Program, hw: Optional[Hardware] = None) -> TimingRepor
         if key is None or key != prev_key:
             close_group()
             group_seen = None
+            timer.group_produced = {}
             if key is not None:
                 group_id += 1
                 group_seen = set()

@@ -9,9 +9,9 @@ two-input op), so the CP-SAT model sees exact per-op times. What remains approxi
 the CP-SAT objective (and what `benchmarks/cost_model_fidelity.py` measures against the
 whole-program simulation): a restickify is priced before its source layout and split are
 known (the source's first layout option, the emitter's default split), and the sum over
-ops ignores the timing model's fused coarse-tiled groups (they need temporal tiles, which
-this planner never uses: in the timing model tiling only adds loop overhead and spill
-derates) and clone-in of resident graph inputs (never resident here).
+ops ignores the timing model's fused coarse-tiled groups (temporal tiles are chosen after
+the solve by `solver.fusion`, priced by whole-program simulation, not by this model) and
+clone-in of resident graph inputs (never resident here).
 """
 from __future__ import annotations
 
@@ -148,7 +148,8 @@ def op_cost_parts(v: OpView, hw, may_reside: Optional[Sequence[bool]] = None,
 # -- whole programs ----------------------------------------------------------------------
 def predict_program_ns(program: Program, hw) -> float:
     """The planner's prediction of a program: each op priced with its actual operand
-    residency, summed over ops (no fused coarse-tiled groups: the planner never tiles)."""
+    residency, summed over ops, untiled (fused coarse-tiled groups are not seen here:
+    `solver.fusion` prices them by simulation)."""
     tmap = program.tensor_map()
     shapes = {t.id: t.shape for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}

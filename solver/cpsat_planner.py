@@ -28,6 +28,12 @@ windows starts a bundle; the emitter cuts elsewhere at the external-tensor limit
 whose bundle still breaks the limit gets a no-good (not all of these together) and the
 model is solved again, warm-started.
 
+Fused coarse-tiled groups: after the solve, `solver.fusion` gives temporal tiles to runs of
+consecutive compute ops wherever the timing model runs them faster as one fused kernel
+(and drops planner bundle cuts inside such runs when that is faster still); it is priced by
+whole-program simulation and kept only when faster, so the returned plan's `predicted_us`
+is the cost-model sum minus that simulated gain.
+
 Start: the heuristic plan (H5b's torch-spyre baseline; a stored program when re-optimizing;
 the naive plan if the hint is invalid), improved by best-single-move local search on the
 model's own objective (weight layouts, per-op strategies; residencies a move breaks are
@@ -605,10 +611,13 @@ def _repair_bundles(pg: PrimGraph, hw, sm: "SpyreModel", d: PlanDecisions, max_s
     return d, None, groups, issues
 
 
-def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[float]) -> tuple[PlanDecisions, float]:
+def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[float],
+          enabled: bool = True) -> tuple[PlanDecisions, float]:
     """The final plan with fused coarse-tiled groups where the timing model finds them faster
     (`solver.fusion`), and the simulated gain in ns (the per-op cost model the objective sums
     does not see fused groups, so the gain is taken from the simulation)."""
+    if not enabled:
+        return d, 0.0
     res = fuse_tiled_groups(pg, hw, d, deadline=deadline)
     if res is None:
         return d, 0.0
@@ -619,7 +628,8 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
 # -- entry point ---------------------------------------------------------------------------------
 def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                hint: Union[PlanDecisions, Program, None] = None, num_workers: int = 2,
-               keep: int = 4, keep_resident: int = 2, max_rounds: int = 4, **_ignored) -> PlanDecisions:
+               keep: int = 4, keep_resident: int = 2, max_rounds: int = 4, fuse: bool = True,
+               **_ignored) -> PlanDecisions:
     t0 = time.perf_counter()
     limit_s = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
     hint_d, hint_name = _hint_decisions(pg, hw, hint)
@@ -627,9 +637,9 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     hint_prog, hint_issues = _program_or_none(pg, hw, hint_d)
     # time to keep for emitting and validating the result once the solver stops
     reserve_s = 1.5 * (time.perf_counter() - t_emit)
-    # and for the fusion pass after it: one emit + simulation per tile count tried, a final
-    # emit + validation (solver.fusion)
-    fusion_s = (len(TILE_COUNTS) + 2) * (time.perf_counter() - t_emit)
+    # and for the fusion pass after it: for the plan's bundles and for joined ones, one emit
+    # + simulation per tile count tried and a final emit + validation (solver.fusion)
+    fusion_s = 2 * (len(TILE_COUNTS) + 2) * (time.perf_counter() - t_emit) if fuse else 0.0
     if hint_prog is None:
         # an invalid hint is not a starting point: fall back to the naive plan
         from solver.naive import plan_naive
@@ -703,7 +713,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     if best_prog is not None:
         pred_ns = predict_program_ns(best_prog, hw)
         if pred_ns <= hint_ns:
-            best_d, gain_ns = _fuse(pg, hw, best_d, notes, None if deterministic else t0 + limit_s - reserve_s)
+            best_d, gain_ns = _fuse(pg, hw, best_d, notes, None if deterministic else t0 + limit_s - reserve_s, fuse)
             best_d.stats.update(
                 predicted_us=(pred_ns - gain_ns) / 1000.0, solver_status=status, objective=obj / 1000.0,
                 bound=bound / 1000.0, gap=gap_of(obj, bound), solve_seconds=time.perf_counter() - t0,
@@ -716,7 +726,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     hint_d = PlanDecisions(planner="cpsat", ops=hint_d.ops, input_sticks=hint_d.input_sticks,
                            restick_ops=hint_d.restick_ops, resident=hint_d.resident,
                            bundle_starts=hint_d.bundle_starts, stats={})
-    hint_d, gain_ns = _fuse(pg, hw, hint_d, notes, None if deterministic else t0 + limit_s - reserve_s)
+    hint_d, gain_ns = _fuse(pg, hw, hint_d, notes, None if deterministic else t0 + limit_s - reserve_s, fuse)
     solve_s = time.perf_counter() - t0
     hint_d.stats.update(predicted_us=(hint_ns - gain_ns) / 1000.0, solver_status=status,
                         objective=None if obj is None else obj / 1000.0,

@@ -133,19 +133,65 @@ def _run_us(rep_ops: dict, run: list[str]) -> float:
     return sum(rep_ops[o].end_us - rep_ops[o].start_us for o in run)
 
 
+def _joined_starts(program: Program, d: PlanDecisions, tileable: dict) -> Optional[list[str]]:
+    """The planner's bundle starts without those that cut between two tileable ops of one
+    core count (a fused kernel cannot span bundles); None when none is dropped. The emitter
+    still cuts wherever the external-tensor limit demands."""
+    prev = None
+    inside = set()
+    for o in program.ops:
+        if prev is not None and o.id in tileable and prev.id in tileable \
+                and o.num_cores_used == prev.num_cores_used:
+            inside.add(o.id)
+        prev = o
+    starts = [s for s in d.bundle_starts if s not in inside]
+    return starts if len(starts) < len(d.bundle_starts) else None
+
+
+def _valid_program(pg: PrimGraph, hw, d: PlanDecisions) -> Optional[Program]:
+    try:
+        prog = emit_program(pg, hw, d)
+    except ValueError:
+        return None
+    return None if validate_program(prog, hw) else prog
+
+
 def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[float] = None,
                       tile_counts=TILE_COUNTS) -> Optional[FusionResult]:
     """`d` with temporal tiles on the runs of ops where the timing model's fused
-    coarse-tiled kernel is faster; None when `d` does not emit to a valid program. Stops
-    trying tile counts at `deadline` (perf_counter seconds); the result is always a
-    validated program no slower (simulated) than `d`'s."""
-    try:
-        base_prog = emit_program(pg, hw, d)
-    except ValueError:
-        return None
-    if validate_program(base_prog, hw):
+    coarse-tiled kernel is faster (and, if that is faster still, fewer planner-forced bundle
+    cuts inside such runs); None when `d` does not emit to a valid program. Stops trying at
+    `deadline` (perf_counter seconds); the result is always a validated program no slower
+    (simulated) than `d`'s."""
+    base_prog = _valid_program(pg, hw, d)
+    if base_prog is None:
         return None
     base_rep = time_program(base_prog, hw)
+    result = FusionResult(d, base_prog, base_rep, base_rep.total_us, base_rep.total_us)
+    starts = _joined_starts(base_prog, d, _tile_dims(base_prog, hw))
+    if starts is not None:
+        joined_d = PlanDecisions(planner=d.planner, ops=d.ops, input_sticks=d.input_sticks,
+                                 restick_ops=d.restick_ops, resident=d.resident,
+                                 bundle_starts=starts, stats=d.stats)
+        joined_prog = _valid_program(pg, hw, joined_d)
+        if joined_prog is not None:
+            joined = _fuse_runs(pg, hw, joined_d, joined_prog, time_program(joined_prog, hw),
+                                deadline, tile_counts)
+            if joined.fused_us < result.fused_us:
+                result = joined
+    plain = _fuse_runs(pg, hw, d, base_prog, base_rep, deadline, tile_counts)
+    if plain.fused_us < result.fused_us:
+        result = plain
+    result.base_us = base_rep.total_us
+    if result.groups:
+        result.notes.append(f"fusion: {result.groups} runs tiled as fused coarse-tiled groups, "
+                            f"simulated {base_rep.total_us:.1f} -> {result.fused_us:.1f} us")
+    return result
+
+
+def _fuse_runs(pg: PrimGraph, hw, d: PlanDecisions, base_prog: Program, base_rep: TimingReport,
+               deadline: Optional[float], tile_counts) -> FusionResult:
+    """The tile-count search on the runs of one emitted program (module docstring)."""
     result = FusionResult(d, base_prog, base_rep, base_rep.total_us, base_rep.total_us)
     tileable = _tile_dims(base_prog, hw)
     runs = _runs(base_prog, tileable, {op.id for op in pg.ops})
@@ -187,9 +233,6 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     rep = time_program(prog, hw)
     if rep.total_us >= base_rep.total_us:
         return result
-    n_groups = sum(1 for _, t, _ in best if t > 1)
     result.decisions, result.program, result.report = fused_d, prog, rep
-    result.fused_us, result.groups = rep.total_us, n_groups
-    result.notes.append(f"fusion: {n_groups} of {len(runs)} candidate runs tiled as fused coarse-tiled "
-                        f"groups, simulated {base_rep.total_us:.1f} -> {rep.total_us:.1f} us")
+    result.fused_us, result.groups = rep.total_us, sum(1 for _, t, _ in best if t > 1)
     return result

@@ -50,3 +50,22 @@ def test_fusion_never_slows_a_plan_and_keeps_it_valid():
         assert res.fused_us <= res.base_us + 1e-9
         assert not validate_program(res.program, HW)
         assert res.report.total_us == time_program(res.program, HW).total_us
+
+
+def test_fused_group_reads_a_member_result_on_chip_only_from_the_same_core():
+    """In a coarse-tiled group each tile of a result is produced on the core that computed
+    it: a later member with the same work division reads it there; one that needs other
+    cores' parts (another split) still reads it from device memory."""
+    from tests.test_timing import _plan, _program, unary_chain
+    pg = unary_chain(2048, 2048, n_ops=2)
+    tiles = {"op1": {"r": 4}, "op2": {"r": 4}}
+    same = time_program(_program(pg, _plan({"op1": {"r": 32}, "op2": {"r": 32}}, tiles=tiles)), HW)
+    op2 = same.op("op2")
+    assert op2.fused_group is not None and op2.fused_group == same.op("op1").fused_group
+    assert op2.hbm_read_bytes == 0 and any("produced on chip" in e for e in op2.effects)
+    # the result still reaches device memory: the program stores it there
+    assert same.op("op1").hbm_write_bytes == 2048 * 2048 * 2
+    other = time_program(_program(pg, _plan({"op1": {"r": 32}, "op2": {"c": 32}}, tiles=tiles)), HW)
+    assert other.op("op2").fused_group == other.op("op1").fused_group is not None
+    assert other.op("op2").hbm_read_bytes == 2048 * 2048 * 2
+    assert other.total_us > same.total_us
