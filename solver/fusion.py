@@ -168,6 +168,10 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
         return None
     base_rep = time_program(base_prog, hw)
     result = FusionResult(d, base_prog, base_rep, base_rep.total_us, base_rep.total_us)
+    if deadline is not None and time.perf_counter() > deadline:
+        result.notes.append("fusion: skipped (time limit)")
+        return result
+    stopped: list[str] = []
     starts = _joined_starts(base_prog, d, _tile_dims(base_prog, hw))
     if starts is not None:
         joined_d = PlanDecisions(planner=d.planner, ops=d.ops, input_sticks=d.input_sticks,
@@ -177,12 +181,15 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
         if joined_prog is not None:
             joined = _fuse_runs(pg, hw, joined_d, joined_prog, time_program(joined_prog, hw),
                                 deadline, tile_counts)
+            stopped += joined.notes
             if joined.fused_us < result.fused_us:
                 result = joined
     plain = _fuse_runs(pg, hw, d, base_prog, base_rep, deadline, tile_counts)
+    stopped += plain.notes
     if plain.fused_us < result.fused_us:
         result = plain
     result.base_us = base_rep.total_us
+    result.notes = list(dict.fromkeys(stopped))
     if result.groups:
         result.notes.append(f"fusion: {result.groups} runs tiled as fused coarse-tiled groups, "
                             f"simulated {base_rep.total_us:.1f} -> {result.fused_us:.1f} us")
