@@ -674,6 +674,10 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
             break
         # the first round gets most of the budget; repair rounds (lazy no-goods) the rest
         budget = max(0.3, remaining * (0.7 if round_ + 1 < max_rounds else 1.0))
+        if deterministic:
+            # nothing measured on the wall clock may shape a deterministic solve: the
+            # deterministic time stops it; the wall limit is only a safety net
+            budget = limit_s
         opts = SolveOptions(time_limit_s=budget, num_workers=num_workers, deterministic=deterministic,
                             # deterministic: a fixed share of the limit, never the wall clock
                             deterministic_time=DETERMINISTIC_PER_SECOND * limit_s / (round_ + 2),
