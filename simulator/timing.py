@@ -231,7 +231,11 @@ def _matmul_layout_rate(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardwa
     return "batch_outer", extent
 
 
-class _Timer:
+class OpTimer:
+    """Prices one op of a program at a time (`analyse`). time_program walks a program with
+    it; the CP-SAT cost model (solver/cost_model.py) prices candidate strategies with it,
+    so planner and simulator share one timing of every op."""
+
     def __init__(self, program: Program, hw: Hardware):
         self.p = program
         self.hw = hw
@@ -603,7 +607,7 @@ def time_program(program: Program, hw: Optional[Hardware] = None) -> TimingRepor
     """Simulated time of a (validated) program on `hw` (default: the program's target)."""
     if hw is None:
         hw = load_target(program.hardware)
-    timer = _Timer(program, hw)
+    timer = OpTimer(program, hw)
     ops: list[OpTiming] = []
     core_busy = [0.0] * hw.cores
     clock = 0.0

@@ -22,7 +22,7 @@ from typing import Mapping, Optional, Sequence
 from lowering.primitives import PrimOp, op_from_json, op_to_json  # noqa: F401
 from simulator.geometry import default_core_slices
 from simulator.superdsc import CoreSlice, HbmMemory, Layout, LxMemory, Program
-from simulator.timing import _Timer
+from simulator.timing import OpTimer
 
 GRAPH_INPUT_ROLES = ("user_input", "parameter", "buffer", "constant")
 
@@ -113,7 +113,7 @@ def _one_op_program(v: OpView, in_lx: Sequence[bool], out_lx: bool, prim_json: d
 def op_time(v: OpView, in_lx: Sequence[bool], out_lx: bool, hw, prim_json: Optional[dict] = None) -> OpCost:
     """The simulator's time of one op with the given operands LX-resident."""
     prog, op = _one_op_program(v, in_lx, out_lx, prim_json or op_to_json(v.prim))
-    ot = _Timer(prog, hw).analyse(0, op, None)
+    ot = OpTimer(prog, hw).analyse(0, op, None)
     body = getattr(ot, "_body_ns", 0.0)
     return OpCost(ot.memory_us * 1e3, ot.compute_us * 1e3, (ot.ring_us + ot.overhead_us) * 1e3, body)
 
