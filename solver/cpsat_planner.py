@@ -635,8 +635,9 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     hint_d, hint_name = _hint_decisions(pg, hw, hint)
     t_emit = time.perf_counter()
     hint_prog, hint_issues = _program_or_none(pg, hw, hint_d)
-    # time to keep for emitting and validating the result once the solver stops
-    reserve_s = 1.5 * (time.perf_counter() - t_emit)
+    # time to keep once the solver stops: emitting and validating the result here, and
+    # planners.plan() emitting and validating it once more before it returns
+    reserve_s = 2.5 * (time.perf_counter() - t_emit)
     # and for the fusion pass after it: for the plan's bundles and for joined ones, one emit
     # + simulation per tile count tried and a final emit + validation (solver.fusion)
     fusion_s = 2 * (len(TILE_COUNTS) + 2) * (time.perf_counter() - t_emit) if fuse else 0.0
