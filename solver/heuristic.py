@@ -38,7 +38,6 @@ from simulator.geometry import (
 from solver.heuristic_layouts import BEAM_WIDTH, beam_search_layouts
 from solver.heuristic_lx import LxBuffer, greedy_place, lx_eligible_op
 from solver.heuristic_work import divide_work
-from solver.lower_bound import lower_bound
 from solver.plan import OpPlan, PlanDecisions, Residency, restick_id
 from solver.planners import register
 
@@ -124,7 +123,6 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
         notes.append(f"LX: {len(buffers)} eligible buffers, {len(placed)} placed first-fit, "
                      f"{dropped} dropped for bundle limits")
     decisions.stats["notes"] = notes
-    decisions.stats["lower_bound_us"] = lower_bound(pg, hw).lower_bound_us
     return decisions
 
 

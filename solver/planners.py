@@ -74,4 +74,9 @@ def plan(pg: PrimGraph, hw=None, planner: str = DEFAULT_PLANNER, time_limit_s: O
     issues = validate_program(program, hw)
     if issues:
         raise PlanInvalid(planner, issues)
+    if program.stats.lower_bound_us is None:
+        # every program says how far from the machine's limit it could at best be
+        from solver.lower_bound import lower_bound
+
+        program.stats.lower_bound_us = lower_bound(pg, hw).lower_bound_us
     return program

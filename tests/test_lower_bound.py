@@ -88,3 +88,11 @@ def test_bound_below_fused_tiled_plans(builder):
     program = emit_program(pg, HW, decisions)
     assert validate_program(program, HW) == []
     assert lower_bound(pg, HW).lower_bound_us <= time_program(program, HW).total_us
+
+
+@pytest.mark.parametrize("planner", ["naive", "heuristic"])
+def test_every_program_states_its_lower_bound(planner):
+    pg = _matmul(128, 1024, 2048)
+    program = plan(pg, HW, planner)
+    assert program.stats.lower_bound_us == pytest.approx(lower_bound(pg, HW).lower_bound_us)
+    assert program.stats.lower_bound_us <= time_program(program, HW).total_us
