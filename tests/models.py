@@ -66,3 +66,14 @@ def tiny_model(name: str, dtype: torch.dtype = torch.float32, seed: int = 0):
 def tiny_models(dtype: torch.dtype = torch.float32, names=TINY_MODEL_NAMES, seed: int = 0) -> dict:
     """name -> (model, example_inputs) for the five tiny test models."""
     return {n: tiny_model(n, dtype, seed) for n in names}
+
+
+def tiny_primgraph(name: str, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A tiny model captured (backend.capture) and lowered to primitive ops. Lowering covers
+    all five models: a GraphError here is a regression, never a reason to skip."""
+    from backend.capture import capture
+    from lowering import lower_document
+    from lowering.graph_format import GraphDocument
+
+    model, inputs = tiny_model(name, dtype, seed)
+    return lower_document(GraphDocument.model_validate(capture(model, inputs, name=name)))

@@ -72,20 +72,9 @@ def test_warm_start_from_a_stored_program_keeps_its_decisions():
                                               for n in ("gpt2", "bert", "vit")])
 def test_tiny_models_run_correctly(name):
     torch = pytest.importorskip("torch")
-    from backend.capture import capture
-    from lowering import lower_document
-    from lowering.errors import GraphError
-    from lowering.graph_format import GraphDocument
-    from tests.models import tiny_model
+    from tests.models import tiny_primgraph
 
-    model, inputs = tiny_model(name, dtype=torch.float16)
-    doc = GraphDocument.model_validate(capture(model, inputs, name=name))
-    try:
-        pg = lower_document(doc)
-    except GraphError as exc:
-        if exc.code == "unsupported_op":
-            pytest.skip(f"lowering does not cover {name} yet: {exc}")
-        raise
+    pg = tiny_primgraph(name, dtype=torch.float16)
     program = plan(pg, HW, "cpsat", time_limit_s=8, deterministic=True)
     res = simulate(program, HW, graph=pg, numerics=True)
     assert res.valid, res.errors

@@ -252,20 +252,9 @@ def test_heuristic_plans_run_correctly_on_committed_tiny_layers(name):
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit", "resnet"])
 def test_heuristic_plans_run_correctly_on_tiny_models(name):
     torch = pytest.importorskip("torch")
-    from backend.capture import capture
-    from lowering import lower_document
-    from lowering.errors import GraphError
-    from lowering.graph_format import GraphDocument
-    from tests.models import tiny_model
+    from tests.models import tiny_primgraph
 
-    model, inputs = tiny_model(name, dtype=torch.float16)
-    doc = GraphDocument.model_validate(capture(model, inputs, name=name))
-    try:
-        pg = lower_document(doc)
-    except GraphError as exc:
-        if exc.code == "unsupported_op":
-            pytest.skip(f"lowering does not cover {name} yet: {exc}")
-        raise
+    pg = tiny_primgraph(name, dtype=torch.float16)
     program = plan(pg, HW, "heuristic")
     res = simulate(program, HW, graph=pg, numerics=True)
     assert res.valid, res.errors

@@ -62,13 +62,19 @@ def emit_mean(ctx: Ctx, node: NodeArgs, x: View, dims, keepdim, out_dtype, out_i
                        out_dtype, out_id)
 
 
+def _reduction_args(node: NodeArgs, whole: bool, single_dim: bool = False):
+    """(dims, keepdim, dtype) of sum/prod/mean: the `.default` overloads reduce every dim
+    and take (self, dtype); the dim overloads take (self, dim, keepdim, dtype)."""
+    if whole:
+        return None, False, node.arg(1, "dtype")
+    dims = node.arg(1, "dim")
+    return ([dims] if single_dim else dims), node.arg(2, "keepdim", False), node.arg(3, "dtype")
+
+
 @register("aten.sum.dim_IntList", "aten.sum.default")
 def _sum(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
-    if node.target == "aten.sum.default":
-        dims, keepdim, dtype = None, False, node.arg(1, "dtype")
-    else:
-        dims, keepdim, dtype = node.arg(1, "dim"), node.arg(2, "keepdim", False), node.arg(3, "dtype")
+    dims, keepdim, dtype = _reduction_args(node, node.target == "aten.sum.default")
     if dtype is None:
         dtype = x.dtype if is_float(x.dtype) else "int64"
     return [emit_reduce(ctx, node, x, reduce_dims(node, x, dims), keepdim, "sum", None, dtype, node.id)]
@@ -77,10 +83,7 @@ def _sum(ctx: Ctx, node: NodeArgs):
 @register("aten.prod.dim_int", "aten.prod.default")
 def _prod(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
-    if node.target == "aten.prod.default":
-        dims, keepdim, dtype = None, False, node.arg(1, "dtype")
-    else:
-        dims, keepdim, dtype = [node.arg(1, "dim")], node.arg(2, "keepdim", False), node.arg(3, "dtype")
+    dims, keepdim, dtype = _reduction_args(node, node.target == "aten.prod.default", single_dim=True)
     if dtype is None:
         dtype = x.dtype if is_float(x.dtype) else "int64"
     return [emit_reduce(ctx, node, x, reduce_dims(node, x, dims), keepdim, "prod", None, dtype, node.id)]
@@ -89,10 +92,7 @@ def _prod(ctx: Ctx, node: NodeArgs):
 @register("aten.mean.dim", "aten.mean.default")
 def _mean(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
-    if node.target == "aten.mean.default":
-        dims, keepdim, dtype = None, False, node.arg(1, "dtype")
-    else:
-        dims, keepdim, dtype = node.arg(1, "dim"), node.arg(2, "keepdim", False), node.arg(3, "dtype")
+    dims, keepdim, dtype = _reduction_args(node, node.target == "aten.mean.default")
     dtype = dtype or x.dtype
     if not is_float(dtype):
         raise node.fail("dtype_mismatch", f"mean of {dtype}")
