@@ -237,6 +237,30 @@ def operand_box(op: PrimOp, operand: int, ranges: Sequence[Range], shape: Sequen
     return tuple(box)
 
 
+def tile_ranges(op: PrimOp, ranges: Sequence[Range], temporal_tiles: Mapping[str, int],
+                granules: Mapping[int, int]) -> list[list[Range]]:
+    """The iteration ranges of each temporal tile of one core's work slice `ranges`, in the
+    order the tile loop runs them (row-major over the tiled dims in iteration-dim order).
+    A dim of u whole split units tiled t ways gives tile j the units [j*u//t, (j+1)*u//t)
+    (balanced, never an empty tile while t <= u), cut at the slice's end."""
+    tiles: list[list[Range]] = [list(ranges)]
+    for i, d in enumerate(op.iter_dims):
+        t = int(temporal_tiles.get(d.name, 1))
+        if t <= 1:
+            continue
+        g = max(1, granules.get(i, 1))
+        a, b = ranges[i]
+        units = -(-(b - a) // g)
+        nxt = []
+        for cur in tiles:
+            for j in range(t):
+                lo = min(b, a + (j * units // t) * g)
+                hi = min(b, a + ((j + 1) * units // t) * g)
+                nxt.append(cur[:i] + [(lo, hi)] + cur[i + 1:])
+        tiles = nxt
+    return tiles
+
+
 def reduction_split(op: PrimOp, core_split: Mapping[str, int]) -> bool:
     return any(core_split.get(d.name, 1) > 1 for d in op.iter_dims if d.kind == "reduction")
 

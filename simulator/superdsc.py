@@ -57,13 +57,20 @@ class HbmMemory(_Model):
 class LxMemory(_Model):
     """Resident in scratchpad: each core holds its own slice at the same `lx_address`
     (bytes, stick aligned) from op index `live_from` (the producer) to `live_to` (the
-    last reader), inclusive. The slice a core holds is the one the producer wrote."""
+    last reader), inclusive. The slice a core holds is the one the producer wrote.
+
+    `per_tile`: a tile buffer of one fused coarse-tiled kernel (`fused_group_key`). The
+    producer and every reader belong to that one kernel, whose tile loop runs all members
+    on tile j before tile j+1; the buffer holds only the current tile's box of the core's
+    slice (`size_per_core` is per tile), so each reader's tile-j box on a core must lie
+    inside the box the producer wrote there in tile j. The tensor never exists whole."""
 
     kind: Literal["lx"] = "lx"
     lx_address: int
     size_per_core: int  # bytes reserved per core
     live_from: int
     live_to: int
+    per_tile: bool = False
 
 
 Memory = Annotated[Union[HbmMemory, LxMemory], Field(discriminator="kind")]
@@ -109,6 +116,26 @@ class OpDecl(_Model):
     # A copy op the planner declares free: its output aliases its input's bytes.
     alias: bool = False
     bundle: int = 0
+
+
+def tile_count(op: OpDecl) -> int:
+    """Temporal tiles each core of `op` loops over (the product over tiled dims)."""
+    n = 1
+    for v in op.temporal_tiles.values():
+        n *= max(1, int(v))
+    return n
+
+
+def fused_group_key(op: OpDecl) -> Optional[tuple]:
+    """Consecutive ops with equal non-None keys form one coarse-tiled fused kernel: compute
+    ops of one bundle with the same temporal tile count (> 1) on the same number of cores.
+    The kernel's tile loop runs every member on tile j before any member on tile j+1."""
+    if op.kind != "compute" or op.alias:
+        return None
+    tiles = tile_count(op)
+    if tiles <= 1:
+        return None
+    return (op.bundle, tiles, op.num_cores_used)
 
 
 class Bundle(_Model):

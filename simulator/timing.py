@@ -45,7 +45,7 @@ from lowering.primitives import (Call, Const, In, MatmulBody, PointwiseBody, Pri
 from simulator.geometry import (box_contains, box_lx_bytes, core_ranges, dim_chunk, op_granules,
                                 operand_box)
 from simulator.hardware import Hardware, load_target
-from simulator.superdsc import LxMemory, OpDecl, Program, TensorDecl
+from simulator.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, tile_count
 
 _GRAPH_INPUT_ROLES = ("user_input", "parameter", "buffer", "constant")
 _TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin",
@@ -283,9 +283,7 @@ class OpTimer:
         prim = op_from_json(op.prim) if op.prim is not None else None
         ot = OpTiming(op_id=op.id, opfunc=op.opfunc, ex_unit=op.ex_unit, kind=op.kind,
                       bundle=op.bundle, cores=max(1, op.num_cores_used))
-        tiles = 1
-        for v in op.temporal_tiles.values():
-            tiles *= max(1, int(v))
+        tiles = tile_count(op)
         ot.temporal_tiles = tiles
         if prim is None or op.alias:
             ot.bound_by = "none"
@@ -591,18 +589,6 @@ def _is_broadcast_op(prim: PrimOp, operands: list) -> bool:
     return full and bcast
 
 
-def _group_key(op: OpDecl) -> Optional[tuple]:
-    """Ops of one bundle with the same temporal tiling form one coarse-tiled fused kernel."""
-    if op.kind != "compute" or op.alias:
-        return None
-    tiles = 1
-    for v in op.temporal_tiles.values():
-        tiles *= max(1, int(v))
-    if tiles <= 1:
-        return None
-    return (op.bundle, tiles, op.num_cores_used)
-
-
 def time_program(program: Program, hw: Optional[Hardware] = None) -> TimingReport:
     """Simulated time of a (validated) program on `hw` (default: the program's target)."""
     if hw is None:
@@ -642,7 +628,7 @@ def time_program(program: Program, hw: Optional[Hardware] = None) -> TimingRepor
         group_members.clear()
 
     for k, op in enumerate(program.ops):
-        key = _group_key(op)
+        key = fused_group_key(op)
         if key is None or key != prev_key:
             close_group()
             group_seen = None

@@ -1,6 +1,6 @@
 """Fused coarse-tiled groups: temporal tiles for runs of consecutive compute ops.
 
-The timing model (`simulator.timing`, `_group_key` / `close_group`) runs consecutive compute
+The timing model (`simulator.superdsc.fused_group_key`, `simulator.timing` `close_group`) runs consecutive compute
 ops of one bundle with the same temporal tiling (T > 1) and the same core count as one
 coarse-tiled fused kernel, as torch-spyre's back end does: each external device-memory
 tensor is read once for the whole group (a later read of it is served on chip), the loads
