@@ -11,6 +11,17 @@ reference semantics (lowering.interpreter.run_op on the local loop nest: float32
 float32 matmul accumulation), and writes its output box back in the output's layout. A split
 reduction dim is combined across cores (partials kept in float32, rounded once).
 
+A fused coarse-tiled kernel (consecutive ops with equal `superdsc.fused_group_key`) that
+holds a tile buffer (an `LxMemory` with `per_tile`) runs tile-major, as its tile loop does
+on the device: for each tile j, each member in order, every core computes its tile-j ranges
+(`geometry.tile_ranges` of its work slice) and reads/writes the tile-j boxes of its operands.
+A tile buffer's bytes on a core hold the box the producer wrote there in its CURRENT tile
+(stored like any LX box, at `lx_address`), so a reader tiled or sliced unlike its producer
+reads another tile's or another slice's bytes. A member that tiles a reduction dim folds its
+tiles' partials in float32 (written after every tile: complete after the last one), on top of
+the cross-core combine of a split reduction dim. Every other op, in a kernel without a tile
+buffer or in none, runs op-major on its whole work slice (tiling there changes only timing).
+
 Nothing here consults the validator: a wrong core->slice map leaves slices unwritten or
 written twice, an LX reader sliced differently from its producer reads another slice's
 bytes, overlapping live LX buffers clobber each other — each shows up as wrong numbers.
@@ -26,9 +37,9 @@ from lowering.interpreter import InterpreterError, run_op as reference_op
 from lowering.primitives import DTYPE_BYTES, Access, IterDim, PrimOp, PrimTensor, op_from_json
 from simulator.geometry import (
     Box, box_storage_extents, core_ranges, element_strides, layout_nbytes, op_granules,
-    operand_box, reduction_split,
+    operand_box, reduction_split, tile_ranges,
 )
-from simulator.superdsc import HbmMemory, LxMemory, Program, TensorDecl
+from simulator.superdsc import HbmMemory, LxMemory, Program, TensorDecl, fused_group_key, tile_count
 
 _NP_DTYPES = {
     "float32": np.float32, "float16": np.float16, "float64": np.float64, "bfloat16": np.float32,
@@ -95,7 +106,10 @@ class Machine:
         self.lx: dict[int, np.ndarray] = {}
         self.op_index = {o.id: k for k, o in enumerate(program.ops)}
         self._held: dict[str, dict[int, Box]] = {}
+        # tile buffer -> core -> the box its producer wrote there in the current tile
+        self._tile_held: dict[str, dict[int, Box]] = {}
         self._prims: dict[str, PrimOp] = {}
+        self._geometry: dict[int, tuple[dict, dict]] = {}
 
     def prim(self, k: int) -> PrimOp:
         o = self.p.ops[k]
@@ -103,18 +117,27 @@ class Machine:
             self._prims[o.id] = op_from_json(o.prim)
         return self._prims[o.id]
 
+    def geometry(self, k: int) -> tuple[dict, dict]:
+        """(granules, per-core iteration ranges) of op k."""
+        if k not in self._geometry:
+            o = self.p.ops[k]
+            prim = self.prim(k)
+            names = [a.tensor for a in prim.inputs] + [prim.output.tensor]
+            layouts = {n: self.tmap[n].layout for n in names}
+            dtypes = {n: self.tmap[n].dtype for n in names}
+            gran = op_granules(prim, layouts, dtypes, self.hw.stick_bytes)
+            real = {n: f for n, f in o.core_split.items() if f > 1}
+            self._geometry[k] = (gran, core_ranges(prim, real, o.core_slices, gran))
+        return self._geometry[k]
+
     def ranges(self, k: int) -> dict[int, list]:
-        o = self.p.ops[k]
-        prim = self.prim(k)
-        names = [a.tensor for a in prim.inputs] + [prim.output.tensor]
-        layouts = {n: self.tmap[n].layout for n in names}
-        dtypes = {n: self.tmap[n].dtype for n in names}
-        gran = op_granules(prim, layouts, dtypes, self.hw.stick_bytes)
-        real = {n: f for n, f in o.core_split.items() if f > 1}
-        return core_ranges(prim, real, o.core_slices, gran)
+        return self.geometry(k)[1]
 
     def held_box(self, t: TensorDecl, core: int, fallback: Box) -> Box:
-        """The box of an LX tensor the producer wrote on `core` (what its bytes hold)."""
+        """The box of an LX tensor the producer wrote on `core` (what its bytes hold); for a
+        tile buffer, the box of the producer's latest tile there."""
+        if t.memory.per_tile:
+            return self._tile_held.get(t.id, {}).get(core, fallback)
         if t.id not in self._held:
             m = t.memory
             held: dict[int, Box] = {}
@@ -164,16 +187,49 @@ class Machine:
             full = tuple((0, s) for s in t.shape)
             self.view(t, None, full)[...] = to_storage(arr, t.dtype)
 
-    def run_op(self, k: int):
+    def touches(self, k: int, names: set[str]) -> bool:
+        """Whether op k reads or writes any of the tensors `names`."""
+        o = self.p.ops[k]
+        if o.prim is None:
+            return False
+        prim = self.prim(k)
+        return prim.output.tensor in names or any(a.tensor in names for a in prim.inputs)
+
+    def run_kernel(self, ks: Sequence[int]):
+        """Run the fused kernel of ops `ks` tile-major: tile j of every member before tile j+1."""
+        n_tiles = tile_count(self.p.ops[ks[0]])
+        folds: dict[int, dict] = {k: {} for k in ks}
+        for j in range(n_tiles):
+            for k in ks:
+                self.run_op(k, tile=j, fold=folds[k])
+
+    def run_op(self, k: int, tile: Optional[int] = None, fold: Optional[dict] = None):
+        """Run op k on every core: its whole work slice, or (`tile`) only that temporal tile of
+        it, folding a tiled reduction's partials into `fold` (output box -> float32 so far)."""
         o = self.p.ops[k]
         if o.alias:
             return  # the output shares its input's bytes: nothing moves
         prim = self.prim(k)
         tm = self.tmap
         out_t = tm[prim.output.tensor]
-        ranges = self.ranges(k)
+        gran, ranges = self.geometry(k)
         split = {n: f for n, f in o.core_split.items() if f > 1}
         partial = reduction_split(prim, split)
+        tiled_reduction = False
+        if tile is not None:
+            n_tiles = tile_count(o)
+            per_core = {}
+            for core, rng in ranges.items():
+                tiles = tile_ranges(prim, rng, o.temporal_tiles, gran)
+                if len(tiles) != n_tiles:
+                    raise RunError(f"{o.id}: temporal tiles {o.temporal_tiles} name dims its loop nest "
+                                   f"does not have")
+                per_core[core] = tiles[tile]
+            ranges = per_core
+            tiled_reduction = any(int(o.temporal_tiles.get(d.name, 1)) > 1
+                                  for d in prim.iter_dims if d.kind == "reduction")
+            if fold is None:
+                fold = {}
         results = []
         for core, rng in ranges.items():
             if any(b <= a for a, b in rng) and prim.iter_dims:
@@ -185,11 +241,11 @@ class Machine:
                 arrays.append(from_storage(raw, t.dtype))
             try:
                 out = compute_slice(prim, rng, arrays, [tm[a.tensor].dtype for a in prim.inputs],
-                                    out_t, partial)
+                                    out_t, partial or tiled_reduction)
             except (InterpreterError, ValueError, IndexError) as e:
                 raise RunError(f"{o.id}: {e}") from e
             results.append((core, operand_box(prim, -1, rng, out_t.shape), out))
-        if partial:
+        if partial or tiled_reduction:
             fn = "matmul" if prim.body.kind == "matmul" else prim.body.fn
             groups: dict[Box, list] = {}
             for core, box, out in results:
@@ -197,7 +253,17 @@ class Machine:
             results = []
             for box, members in groups.items():
                 total = combine_partials(fn, [m[1] for m in members])
+                if tiled_reduction:
+                    # this tile's partial over the reduction dim, folded into the earlier tiles'
+                    if box in fold:
+                        total = combine_partials(fn, [fold[box], total])
+                    fold[box] = total
                 results += [(core, box, total) for core, _ in members]
+        if isinstance(out_t.memory, LxMemory) and out_t.memory.per_tile:
+            # the tile buffer now holds this tile's box on each core that wrote one
+            held = self._tile_held.setdefault(out_t.id, {})
+            for core, box, _ in results:
+                held[core] = box
         for core, box, out in results:
             self.view(out_t, core, box)[...] = to_storage(out, out_t.dtype)
 
@@ -258,6 +324,28 @@ def run_program(program: Program, inputs: Mapping[str, np.ndarray], hw) -> list[
     `program.outputs` entry, in order, in the tensors' dtypes (bfloat16 returned as float32)."""
     m = Machine(program, hw)
     m.load_inputs(inputs)
-    for k in range(len(program.ops)):
-        m.run_op(k)
+    tile_buffers = {t.id for t in program.tensors if isinstance(t.memory, LxMemory) and t.memory.per_tile}
+    for ks in fused_kernels(program):
+        if tile_buffers and fused_group_key(program.ops[ks[0]]) is not None and any(
+                m.touches(k, tile_buffers) for k in ks):
+            m.run_kernel(ks)
+        else:
+            for k in ks:
+                m.run_op(k)
     return [m.read_output(name) for name in program.outputs]
+
+
+def fused_kernels(program: Program) -> list[list[int]]:
+    """The program's ops as consecutive runs: each fused coarse-tiled kernel (maximal run of
+    equal non-None `fused_group_key`) is one run, every other op a run of its own."""
+    runs: list[list[int]] = []
+    prev = None
+    for k, o in enumerate(program.ops):
+        key = fused_group_key(o)
+        if key is not None and key == prev:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+        prev = key
+    return runs
+

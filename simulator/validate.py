@@ -25,11 +25,15 @@ Codes (docs/simulator.md has the full table):
   io_memory           a program input or output is not in device memory
   lx_capacity         LX live bytes per core exceed the allocator capacity, or a buffer ends past it
   lx_overlap          two LX buffers live at the same time overlap in address
-  lx_size             an LX buffer is smaller than the slice a core writes into it
+  lx_size             an LX buffer is smaller than the slice (tile buffer: the tile) a core writes into it
   lx_live_range       an LX tensor written outside live_from or read outside its live range
   lx_cross_bundle     an LX value read in another bundle than the one that wrote it
-  lx_slice_mismatch   a core reads from its LX a slice it did not write (different slicing)
+  lx_slice_mismatch   a core reads from its LX a slice it did not write (different slicing; for a
+                      tile buffer: a tile-j box outside the producer's tile-j box on that core)
   lx_reduction_split  the output of an op with a split reduction dim (cross-core partial sums) in LX
+  lx_tile_scope       a tile buffer (LxMemory.per_tile) not confined to one fused coarse-tiled kernel:
+                      producer or a reader outside it, an op of another kernel inside its live range,
+                      a program input/output, live_to not a reader, or a producer tiling a reduction dim
   hbm_overlap         two device-memory tensors live at the same time overlap in bytes
   device_memory       a device-memory tensor ends past the usable device memory
   span_exceeded       a core's access to one tensor spans more than the per-core span
@@ -41,8 +45,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Optional, Union
+from typing import Mapping, Optional, Sequence, Union
 
+import numpy as np
 from pydantic import ValidationError
 
 from lowering.op_rules import check_split, copy_is_alias, ex_unit, matching_choice, opfunc, split_units
@@ -52,7 +57,7 @@ from simulator.geometry import (
     op_granules, operand_box, reduction_split,
 )
 from simulator.superdsc import (
-    PROGRAM_FORMAT, PROGRAM_VERSION, HbmMemory, LxMemory, Program, TensorDecl,
+    PROGRAM_FORMAT, PROGRAM_VERSION, HbmMemory, LxMemory, Program, TensorDecl, fused_group_key,
 )
 
 
@@ -111,6 +116,55 @@ def external_tensors(program: Program, op_ids: list[str], tmap: Optional[dict] =
     return out
 
 
+def tile_iteration_ranges(op: PrimOp, ranges_by_core: Mapping[int, Sequence[tuple[int, int]]],
+                          temporal_tiles: Mapping[str, int], granules: Mapping[int, int]):
+    """Vectorized `geometry.tile_ranges` over all cores: (cores, lo, hi) with lo/hi of shape
+    (cores, tiles, iteration dims), tile j of core cores[i] at [i, j]. Same tile order and
+    bounds as `tile_ranges` (row-major over the tiled dims in iteration-dim order)."""
+    cores = sorted(ranges_by_core)
+    n_it = len(op.iter_dims)
+    a = np.array([[r[0] for r in ranges_by_core[c]] for c in cores], dtype=np.int64).reshape(len(cores), n_it)
+    b = np.array([[r[1] for r in ranges_by_core[c]] for c in cores], dtype=np.int64).reshape(len(cores), n_it)
+    tiled = [(i, int(temporal_tiles.get(d.name, 1))) for i, d in enumerate(op.iter_dims)]
+    tiled = [(i, t) for i, t in tiled if t > 1]
+    n_tiles = 1
+    for _, t in tiled:
+        n_tiles *= t
+    lo = np.repeat(a[:, None, :], n_tiles, axis=1)
+    hi = np.repeat(b[:, None, :], n_tiles, axis=1)
+    j = np.arange(n_tiles, dtype=np.int64)
+    stride = n_tiles
+    for i, t in tiled:
+        stride //= t
+        digit = ((j // stride) % t)[None, :]
+        g = max(1, int(granules.get(i, 1)))
+        ai, bi = a[:, i:i + 1], b[:, i:i + 1]
+        units = -(-(bi - ai) // g)
+        lo[:, :, i] = np.minimum(bi, ai + (digit * units // t) * g)
+        hi[:, :, i] = np.minimum(bi, ai + ((digit + 1) * units // t) * g)
+    return cores, lo, hi
+
+
+def tile_operand_boxes(op: PrimOp, operand: int, lo: np.ndarray, hi: np.ndarray, shape: Sequence[int]):
+    """`geometry.operand_box` applied to every (core, tile) of `tile_iteration_ranges`:
+    (box_lo, box_hi) of shape (cores, tiles, tensor rank)."""
+    acc = op.output if operand < 0 else op.inputs[operand]
+    kind = op.body.kind
+    n_it = lo.shape[2]
+    out_shape = lo.shape[:2] + (len(acc.dims),)
+    blo = np.zeros(out_shape, dtype=np.int64)
+    bhi = np.zeros(out_shape, dtype=np.int64)
+    for j, d in enumerate(acc.dims):
+        whole = (operand >= 0 and kind == "copy") or d is None or d >= n_it \
+            or (operand == 0 and kind == "gather" and j in op.body.table_axes)
+        if whole:
+            bhi[:, :, j] = shape[j]
+        else:
+            blo[:, :, j] = lo[:, :, d]
+            bhi[:, :, j] = hi[:, :, d]
+    return blo, bhi
+
+
 class _Checker:
     def __init__(self, program: Program, hw):
         self.p = program
@@ -118,6 +172,9 @@ class _Checker:
         self.issues: list[ProgramIssue] = []
         self.tmap: dict[str, TensorDecl] = {}
         self.prims: dict[str, PrimOp] = {}
+        self.geometry_ok: set[str] = set()  # ops whose split and core slices passed their checks
+        self._ranges: dict[str, tuple] = {}
+        self._tile_iter: dict[str, tuple] = {}
 
     def add(self, code: str, message: str, op: Optional[str] = None, tensor: Optional[str] = None):
         self.issues.append(ProgramIssue(code, message, op, tensor))
@@ -345,6 +402,7 @@ class _Checker:
             seen.add(key)
         if not slices_ok:
             return
+        self.geometry_ok.add(o.id)
         span = hw.per_core_span_bytes
         names = [a.tensor for a in prim.inputs] + [prim.output.tensor]
         if not o.temporal_tiles and all(
@@ -352,6 +410,7 @@ class _Checker:
                 for n in names):
             return  # nothing below depends on the per-core slices of this op
         ranges = core_ranges(prim, real, o.core_slices, gran)
+        self._ranges[o.id] = (gran, ranges)
         # temporal tiles divide each core's slice (in whole granules)
         by_name = {d.name: i for i, d in enumerate(prim.iter_dims)}
         for n, f in o.temporal_tiles.items():
@@ -387,6 +446,8 @@ class _Checker:
                 if k != m.live_from:
                     self.add("lx_live_range", f"{o.id} (op {k}) writes LX tensor {tname} whose live range "
                                               f"starts at {m.live_from}", op=o.id, tensor=tname)
+                if m.per_tile:
+                    continue  # sized per tile: check_tile_buffers
                 need = max(box_lx_bytes(b, t.layout, t.dtype) for b in boxes.values())
                 if need > m.size_per_core:
                     self.add("lx_size", f"{o.id}: a core writes {need} bytes of {tname} into an LX buffer of "
@@ -398,6 +459,8 @@ class _Checker:
             if 0 <= m.live_from < len(self.p.ops) and self.p.ops[m.live_from].bundle != o.bundle:
                 self.add("lx_cross_bundle", f"{o.id} (bundle {o.bundle}) reads LX tensor {tname} written in "
                                             f"bundle {self.p.ops[m.live_from].bundle}", op=o.id, tensor=tname)
+            if m.per_tile:
+                continue  # contained tile by tile: check_tile_buffers
             held = self.lx_boxes(tname)
             for c, b in boxes.items():
                 if held is None or c not in held or not box_contains(held[c], b):
@@ -405,6 +468,17 @@ class _Checker:
                                                   f"hold (written with another per-core slicing)",
                              op=o.id, tensor=tname)
                     break
+
+    def op_ranges(self, o, prim: PrimOp) -> tuple[dict, dict]:
+        """(granules, per-core iteration ranges) of op `o`, computed once."""
+        if o.id not in self._ranges:
+            tm = self.tmap
+            layouts = {n: tm[n].layout for n in [a.tensor for a in prim.inputs] + [prim.output.tensor]}
+            dtypes = {n: tm[n].dtype for n in layouts}
+            gran = op_granules(prim, layouts, dtypes, self.hw.stick_bytes)
+            real = {n: f for n, f in o.core_split.items() if f > 1}
+            self._ranges[o.id] = (gran, core_ranges(prim, real, o.core_slices, gran))
+        return self._ranges[o.id]
 
     def lx_boxes(self, tname: str) -> Optional[dict]:
         """Per core, the box of an LX tensor its producer wrote into that core's LX."""
@@ -426,6 +500,120 @@ class _Checker:
                        for c, rng in core_ranges(prim, real, o.core_slices, gran).items()}
         cache[tname] = res
         return res
+
+    # -- tile buffers -------------------------------------------------------------------------------
+    def tile_boxes(self, k: int, operand: int, tname: str):
+        """(cores, box_lo, box_hi) per (core, tile) of op k's operand (-1: output), or None
+        when the op's split did not pass its own checks."""
+        o = self.p.ops[k]
+        prim = self.prims.get(o.id)
+        if prim is None or o.id not in self.geometry_ok:
+            return None
+        if o.id not in self._tile_iter:
+            gran, ranges = self.op_ranges(o, prim)
+            self._tile_iter[o.id] = tile_iteration_ranges(prim, ranges, o.temporal_tiles, gran)
+        cores, lo, hi = self._tile_iter[o.id]
+        blo, bhi = tile_operand_boxes(prim, operand, lo, hi, self.tmap[tname].shape)
+        return cores, blo, bhi
+
+    def check_tile_buffers(self):
+        """Every per-tile LX tensor lives inside one fused coarse-tiled kernel and every reader's
+        tile-j box on a core lies inside the box the producer wrote there in tile j."""
+        p = self.p
+        n_ops = len(p.ops)
+        tiled = [t for t in self.tmap.values() if isinstance(t.memory, LxMemory) and t.memory.per_tile]
+        if not tiled:
+            return
+        readers: dict[str, list[tuple[int, int]]] = {}  # tensor -> [(op index, input index)]
+        for k, o in enumerate(p.ops):
+            prim = self.prims.get(o.id)
+            if prim is not None:
+                for i, a in enumerate(prim.inputs):
+                    readers.setdefault(a.tensor, []).append((k, i))
+        keys = [fused_group_key(o) for o in p.ops]
+        io = set(p.inputs) | set(p.outputs)
+        for t in tiled:
+            m = t.memory
+            scope = lambda msg, op=None: self.add("lx_tile_scope", f"tile buffer {t.id}: {msg}", op=op, tensor=t.id)
+            if t.id in io or t.is_output or t.role != "intermediate":
+                scope("a program input or output is never a tile buffer (it exists whole in device memory)")
+                continue
+            if not (0 <= m.live_from <= m.live_to < n_ops):
+                continue  # lx_live_range
+            producer = p.ops[m.live_from]
+            pprim = self.prims.get(producer.id)
+            if pprim is None or pprim.output.tensor != t.id:
+                scope(f"op {m.live_from} ({producer.id}) at live_from does not produce it", op=producer.id)
+                continue
+            key = keys[m.live_from]
+            if key is None:
+                scope(f"its producer {producer.id} is not in a fused coarse-tiled kernel (compute op with "
+                      f"temporal tiles > 1)", op=producer.id)
+                continue
+            ok = True
+            for k in range(m.live_from, m.live_to + 1):
+                if keys[k] != key:
+                    scope(f"op {k} ({p.ops[k].id}) inside its live range [{m.live_from}, {m.live_to}] is not "
+                          f"in the producer's fused kernel {key}", op=p.ops[k].id)
+                    ok = False
+                    break
+            for k, _ in readers.get(t.id, []):
+                if keys[k] != key:
+                    scope(f"reader {p.ops[k].id} (op {k}, kernel {keys[k]}) is outside the producer's fused "
+                          f"kernel {key}", op=p.ops[k].id)
+                    ok = False
+            if m.live_to > m.live_from and all(k != m.live_to for k, _ in readers.get(t.id, [])):
+                scope(f"op {m.live_to} ({p.ops[m.live_to].id}) at live_to does not read it", op=p.ops[m.live_to].id)
+            red_tiled = [d.name for d in pprim.iter_dims
+                         if d.kind == "reduction" and int(producer.temporal_tiles.get(d.name, 1)) > 1]
+            if red_tiled:
+                scope(f"its producer {producer.id} tiles reduction dim {red_tiled[0]}: a tile's output is a "
+                      f"partial, complete only after the last tile", op=producer.id)
+                ok = False
+            pbox = self.tile_boxes(m.live_from, -1, t.id)
+            if pbox is None:
+                continue
+            pcores, plo, phi = pbox
+            # lx_size: the largest box the producer writes in one tile on one core
+            ext = phi - plo
+            stick = t.layout.stick_dim
+            if stick is not None:
+                se = t.layout.stick_elems
+                ext[:, :, stick] = -(-ext[:, :, stick] // se) * se if se > 1 else ext[:, :, stick]
+            elems = np.prod(ext, axis=2) if ext.shape[2] else np.full(ext.shape[:2], t.layout.stick_elems)
+            need = int(elems.max(initial=0)) * DTYPE_BYTES[t.dtype]
+            if need > m.size_per_core:
+                self.add("lx_size", f"{producer.id}: a core writes {need} bytes of tile buffer {t.id} per tile "
+                                    f"into an LX buffer of {m.size_per_core}", op=producer.id, tensor=t.id)
+            if not ok:
+                continue
+            prow = {c: i for i, c in enumerate(pcores)}
+            for k, idx in readers.get(t.id, []):
+                if not (m.live_from < k <= m.live_to):
+                    continue  # lx_live_range
+                rbox = self.tile_boxes(k, idx, t.id)
+                if rbox is None:
+                    continue
+                rcores, rlo, rhi = rbox
+                reader = p.ops[k]
+                bad = None
+                if rlo.shape[1] != plo.shape[1]:
+                    bad = f"runs {rlo.shape[1]} tiles, the producer {plo.shape[1]}"
+                elif any(c not in prow for c in rcores):
+                    bad = f"core {next(c for c in rcores if c not in prow)} reads a tile the producer never " \
+                          f"wrote on it"
+                else:
+                    rows = np.array([prow[c] for c in rcores], dtype=np.int64)
+                    olo, ohi = plo[rows], phi[rows]
+                    inside = (rhi <= rlo) | ((olo <= rlo) & (rhi <= ohi))
+                    fails = np.argwhere(~inside.all(axis=2))
+                    if len(fails):
+                        ci, j = int(fails[0][0]), int(fails[0][1])
+                        bad = f"core {rcores[ci]} reads in tile {j} a box outside the one the producer wrote " \
+                              f"there in that tile"
+                if bad:
+                    self.add("lx_slice_mismatch", f"{reader.id}: tile buffer {t.id}: {bad} (another tiling or "
+                                                  f"per-core slicing)", op=reader.id, tensor=t.id)
 
     # -- memory over time -----------------------------------------------------------------------
     def check_memory(self):
@@ -523,6 +711,7 @@ def validate_program(program: Union[Program, dict, str, bytes], hw) -> list[Prog
                                     f"hardware is {hw.name!r} digest {hw.digest[:12]}")
     ck.check_tensors()
     ck.check_ops()
+    ck.check_tile_buffers()
     ck.check_memory()
     ck.check_bundles()
     return ck.issues
