@@ -49,6 +49,7 @@ hint is returned otherwise, with a note).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Optional, Union
 
 from ortools.sat.python import cp_model
@@ -62,8 +63,10 @@ from solver.cost_model import OpView, op_time, predict_program_ns, to_units
 from solver.emit import emit_program
 from solver.fusion import TILE_COUNTS, fuse_tiled_groups
 from solver.plan import OpPlan, PlanDecisions, Residency
+from solver.schedule import chain_order
 from solver.planners import register
 from solver.strategies import GraphContext, Strategy, compatible_residency, op_strategies
+from solver.tile_buffers import assign_tile_buffers
 
 DEFAULT_TIME_LIMIT_S = 10.0
 # Deterministic mode stops on CP-SAT's deterministic clock; on the 2-core benchmark machine
@@ -605,9 +608,7 @@ def _repair_bundles(pg: PrimGraph, hw, sm: "SpyreModel", d: PlanDecisions, max_s
             return d, None, groups, issues
         groups.extend(bad)
         resident = {t: r for t, r in d.resident.items() if not any(t in ts for ts in bad)}
-        d = PlanDecisions(planner=d.planner, ops=d.ops, input_sticks=d.input_sticks,
-                          restick_ops=d.restick_ops, resident=resident,
-                          bundle_starts=sm.bundle_starts(set(resident)), stats=d.stats)
+        d = replace(d, resident=resident, bundle_starts=sm.bundle_starts(set(resident)))
     return d, None, groups, issues
 
 
@@ -622,7 +623,15 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     if res is None:
         return d, 0.0
     notes.extend(res.notes)
-    return res.decisions, max(0.0, (res.base_us - res.fused_us) * 1000.0)
+    fused_d, fused_us = res.decisions, res.fused_us
+    if res.groups:
+        buf = assign_tile_buffers(pg, hw, res.decisions, res.program, res.report)
+        if buf is not None:
+            notes.append(f"tile buffers: {len(buf.buffers)} fused-kernel results kept per tile in LX, "
+                         f"simulated {res.fused_us:.1f} -> {buf.report.total_us:.1f} us"
+                         + (f" ({len(buf.dropped)} candidates stayed in device memory)" if buf.dropped else ""))
+            fused_d, fused_us = buf.decisions, buf.report.total_us
+    return fused_d, max(0.0, (res.base_us - fused_us) * 1000.0)
 
 
 # -- entry point ---------------------------------------------------------------------------------
@@ -632,7 +641,12 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
                **_ignored) -> PlanDecisions:
     t0 = time.perf_counter()
     limit_s = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
+    # the op order is a decision too: each chain runs straight into its consumer, so
+    # chains can become fused kernels (solver.schedule)
+    pg = chain_order(pg)
+    order = [op.id for op in pg.ops]
     hint_d, hint_name = _hint_decisions(pg, hw, hint)
+    hint_d = replace(hint_d, op_order=[])  # the hint runs in this planner's order
     t_emit = time.perf_counter()
     hint_prog, hint_issues = _program_or_none(pg, hw, hint_d)
     # time to keep once the solver stops: emitting and validating the result here, and
@@ -723,14 +737,13 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
                 predicted_us=(pred_ns - gain_ns) / 1000.0, solver_status=status, objective=obj / 1000.0,
                 bound=bound / 1000.0, gap=gap_of(obj, bound), solve_seconds=time.perf_counter() - t0,
                 notes=notes)
+            best_d.op_order = order
             return best_d
         notes.append(f"cpsat plan predicted {pred_ns / 1000:.1f} us > hint {hint_ns / 1000:.1f} us: "
                      "returning the hint")
     else:
         notes.append(f"no valid cpsat plan (status {status}): returning the hint")
-    hint_d = PlanDecisions(planner="cpsat", ops=hint_d.ops, input_sticks=hint_d.input_sticks,
-                           restick_ops=hint_d.restick_ops, resident=hint_d.resident,
-                           bundle_starts=hint_d.bundle_starts, stats={})
+    hint_d = replace(hint_d, planner="cpsat", stats={})
     hint_d, gain_ns = _fuse(pg, hw, hint_d, notes, None if deterministic else t0 + limit_s - reserve_s, fuse)
     solve_s = time.perf_counter() - t0
     hint_d.stats.update(predicted_us=(hint_ns - gain_ns) / 1000.0, solver_status=status,
@@ -738,6 +751,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
                         bound=None if bound is None else bound / 1000.0,
                         gap=gap_of(hint_ns, bound) if bound is not None else None,
                         solve_seconds=solve_s, notes=notes)
+    hint_d.op_order = order
     return hint_d
 
 

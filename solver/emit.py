@@ -27,7 +27,7 @@ from lowering.primitives import PrimGraph, PrimOp, op_to_json
 from lowering.version import COMPILER_VERSION
 from simulator.geometry import (
     box_lx_bytes, core_ranges, default_core_slices, layout_nbytes, make_layout, op_granules,
-    operand_box, padded,
+    operand_box, padded, tile_ranges,
 )
 from simulator.superdsc import (
     Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
@@ -63,12 +63,31 @@ def _choice(op: PrimOp, plan: OpPlan) -> StickChoice:
     return plan.stick
 
 
+def _ordered_ops(pg: PrimGraph, order: list[str]) -> list[PrimOp]:
+    """The graph's ops in the planner's `op_order` (checked: every op once, producers first)."""
+    if not order:
+        return list(pg.ops)
+    by_id = {op.id: op for op in pg.ops}
+    if len(order) != len(by_id) or set(order) != set(by_id):
+        raise EmitError("op_order must list every op of the graph exactly once")
+    producer = {op.output.tensor: op.id for op in pg.ops}
+    seen: set[str] = set()
+    for oid in order:
+        for a in by_id[oid].inputs:
+            p = producer.get(a.tensor)
+            if p is not None and p not in seen:
+                raise EmitError(f"op_order runs {oid} before {p}, which produces its input {a.tensor}")
+        seen.add(oid)
+    return [by_id[oid] for oid in order]
+
+
 def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
     stick_bytes = hw.stick_bytes
     op_ids = {op.id for op in pg.ops}
     unknown = sorted(set(decisions.ops) - op_ids)
     if unknown:
         raise EmitError(f"decisions name ops the graph does not have: {unknown[:5]}")
+    ordered = _ordered_ops(pg, decisions.op_order)
     shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
     dtypes = {t.id: t.dtype for t in pg.tensors.values()}
     roles = {t.id: t.role for t in pg.tensors.values()}
@@ -92,7 +111,7 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
     items: list[_Item] = []
     restick_made: dict[str, str] = {}  # restick tensor id -> source tensor id
     consumers_of_restick: dict[str, list[tuple[PrimOp, int]]] = {}
-    for op in pg.ops:
+    for op in ordered:
         plan = decisions.ops.get(op.id, OpPlan())
         ch = choices[op.id]
         new_inputs = []
@@ -182,12 +201,15 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
             it = items[k]
             gran = op_granules(it.prim, layouts, dtypes, stick_bytes)
             need = 0
+            tiles = it.plan.temporal_tiles if (r.per_tile and it.plan is not None) else {}
             for rng in core_ranges(it.prim, splits[it.prim.id], slices[it.prim.id], gran).values():
-                box = operand_box(it.prim, -1, rng, shapes[t])
-                need = max(need, box_lx_bytes(box, layouts[t], dtypes[t]))
+                for tile in tile_ranges(it.prim, rng, tiles, gran):
+                    box = operand_box(it.prim, -1, tile, shapes[t])
+                    need = max(need, box_lx_bytes(box, layouts[t], dtypes[t]))
             size = r.size_per_core if r.size_per_core is not None else padded(need, stick_bytes)
             memories[t] = LxMemory(lx_address=r.lx_address, size_per_core=size,
-                                   live_from=k, live_to=max(last_reader.get(t, k), k))
+                                   live_from=k, live_to=max(last_reader.get(t, k), k),
+                                   per_tile=r.per_tile)
         elif t in alias_of:
             continue
         else:

@@ -108,9 +108,7 @@ def _with_tiles(d: PlanDecisions, tiles: dict[str, dict[str, int]]) -> PlanDecis
     ops = {}
     for oid, p in d.ops.items():
         ops[oid] = replace(p, temporal_tiles=dict(tiles[oid])) if oid in tiles else p
-    return PlanDecisions(planner=d.planner, ops=ops, input_sticks=d.input_sticks,
-                         restick_ops=d.restick_ops, resident=d.resident,
-                         bundle_starts=d.bundle_starts, stats=d.stats)
+    return replace(d, ops=ops)
 
 
 def _assign(run: list[str], tileable: dict[str, tuple[str, int]], t: int) -> dict[str, dict[str, int]]:
@@ -174,9 +172,7 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     stopped: list[str] = []
     starts = _joined_starts(base_prog, d, _tile_dims(base_prog, hw))
     if starts is not None:
-        joined_d = PlanDecisions(planner=d.planner, ops=d.ops, input_sticks=d.input_sticks,
-                                 restick_ops=d.restick_ops, resident=d.resident,
-                                 bundle_starts=starts, stats=d.stats)
+        joined_d = replace(d, bundle_starts=starts)
         joined_prog = _valid_program(pg, hw, joined_d)
         if joined_prog is not None:
             joined = _fuse_runs(pg, hw, joined_d, joined_prog, time_program(joined_prog, hw),

@@ -14,8 +14,10 @@ bundles, stats). Keys are primitive op ids and tensor ids of the PrimGraph.
   its core split can be set in `restick_ops` (default: the consumer's slicing when the copy
   is LX-resident, else the outermost dim evenly).
 - `resident[tensor_or_restick_id]` (`Residency`): kept in LX from its producer to its last
-  reader at `lx_address` (bytes, stick aligned, the same address on every core). Everything
-  else lives in device memory.
+  reader at `lx_address` (bytes, stick aligned, the same address on every core); with
+  `per_tile` only as a tile buffer inside one fused kernel. Everything else lives in device
+  memory.
+- `op_order`: the order ops run in (default: the graph's); only consecutive ops can fuse.
 - `bundle_starts`: prim-op ids that start a new bundle (optional; the emitter adds cuts where
   the external-tensor limit demands).
 """
@@ -46,6 +48,9 @@ class OpPlan:
 class Residency:
     lx_address: int                               # bytes, stick aligned, same on every core
     size_per_core: Optional[int] = None           # None: the largest per-core box, whole sticks
+    # A tile buffer of one fused coarse-tiled kernel (superdsc.LxMemory.per_tile): holds
+    # the current tile only; its default size is the largest per-tile box.
+    per_tile: bool = False
 
 
 @dataclass
@@ -56,6 +61,9 @@ class PlanDecisions:
     restick_ops: dict[str, OpPlan] = field(default_factory=dict)   # keyed by restick_id
     resident: dict[str, Residency] = field(default_factory=dict)
     bundle_starts: list[str] = field(default_factory=list)
+    # Execution order of the graph's ops (a topological order of all of them); empty: the
+    # graph's own order. Restickify ops go right before their first consumer either way.
+    op_order: list[str] = field(default_factory=list)
     # Plan stats the planner knows (predicted_us, solver_status, objective, bound, gap,
     # solve_seconds, lower_bound_us, notes); copied into PlanStats.
     stats: dict = field(default_factory=dict)

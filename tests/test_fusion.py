@@ -17,9 +17,9 @@ FAST = dict(time_limit_s=5, deterministic=True)
 
 
 def _untiled(d: PlanDecisions) -> PlanDecisions:
-    return PlanDecisions(planner=d.planner, ops={k: replace(p, temporal_tiles={}) for k, p in d.ops.items()},
-                         input_sticks=d.input_sticks, restick_ops=d.restick_ops, resident=d.resident,
-                         bundle_starts=d.bundle_starts, stats=d.stats)
+    """`d` without temporal tiles, and so without tile buffers (they exist only in a tiled kernel)."""
+    return replace(d, ops={k: replace(p, temporal_tiles={}) for k, p in d.ops.items()},
+                   resident={t: r for t, r in d.resident.items() if not r.per_tile})
 
 
 def test_softmax_too_big_for_lx_gets_a_faster_fused_tiled_group():
