@@ -206,6 +206,15 @@ def test_live_range_must_end_at_a_reader_inside_the_kernel():
     d = prog.to_dict()
     next(t for t in d["tensors"] if t["id"] == "t1")["memory"]["live_to"] = 2
     assert codes(d) == set()
+    # a reader past live_to, and a live_from that is not the producer
+    d = per_tile(prog, t2=TILE_BYTES).to_dict()
+    next(t for t in d["tensors"] if t["id"] == "t2")["memory"]["live_to"] = 1
+    assert codes(d) == {"lx_live_range"}   # op3 is still a member: only the range is wrong
+    d = per_tile(prog, t2=TILE_BYTES).to_dict()
+    next(t for t in d["tensors"] if t["id"] == "t2")["memory"]["live_from"] = 0
+    got = validate_program(d, HW)
+    assert {i.code for i in got} == {"lx_live_range", "lx_tile_scope"}
+    assert any(i.code == "lx_tile_scope" and "does not produce" in i.message for i in got)
 
 
 # -- (d) a buffer smaller than a tile ------------------------------------------------------------
