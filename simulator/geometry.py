@@ -261,6 +261,24 @@ def tile_ranges(op: PrimOp, ranges: Sequence[Range], temporal_tiles: Mapping[str
     return tiles
 
 
+def largest_tile_lx_bytes(op: PrimOp, operand: int, ranges_by_core: Mapping[int, Sequence[Range]],
+                          temporal_tiles: Mapping[str, int], granules: Mapping[int, int],
+                          shape: Sequence[int], layout: Layout, dtype: str) -> int:
+    """The most LX bytes any core needs to hold one temporal tile of an operand's box (no
+    tiles: its whole box). A tile's size depends only on its core's extents, so each distinct
+    extent is sized once."""
+    need = 0
+    seen: set = set()
+    for rng in ranges_by_core.values():
+        ext = tuple(b - a for a, b in rng)
+        if ext in seen:
+            continue
+        seen.add(ext)
+        for tile in tile_ranges(op, [(0, e) for e in ext], temporal_tiles, granules):
+            need = max(need, box_lx_bytes(operand_box(op, operand, tile, shape), layout, dtype))
+    return need
+
+
 def reduction_split(op: PrimOp, core_split: Mapping[str, int]) -> bool:
     return any(core_split.get(d.name, 1) > 1 for d in op.iter_dims if d.kind == "reduction")
 

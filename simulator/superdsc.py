@@ -126,16 +126,17 @@ def tile_count(op: OpDecl) -> int:
     return n
 
 
-def fused_group_key(op: OpDecl) -> Optional[tuple]:
+def fused_group_key(op: OpDecl, bundle: bool = True) -> Optional[tuple]:
     """Consecutive ops with equal non-None keys form one coarse-tiled fused kernel: compute
     ops of one bundle with the same temporal tile count (> 1) on the same number of cores.
-    The kernel's tile loop runs every member on tile j before any member on tile j+1."""
+    The kernel's tile loop runs every member on tile j before any member on tile j+1.
+    `bundle=False` leaves the bundle out (for a planner about to re-cut bundles)."""
     if op.kind != "compute" or op.alias:
         return None
     tiles = tile_count(op)
     if tiles <= 1:
         return None
-    return (op.bundle, tiles, op.num_cores_used)
+    return (op.bundle if bundle else None, tiles, op.num_cores_used)
 
 
 class Bundle(_Model):

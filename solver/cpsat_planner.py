@@ -66,7 +66,6 @@ from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.schedule import chain_order
 from solver.planners import register
 from solver.strategies import GraphContext, Strategy, compatible_residency, op_strategies
-from solver.tile_buffers import assign_tile_buffers
 
 DEFAULT_TIME_LIMIT_S = 10.0
 # Deterministic mode stops on CP-SAT's deterministic clock; on the 2-core benchmark machine
@@ -623,15 +622,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     if res is None:
         return d, 0.0
     notes.extend(res.notes)
-    fused_d, fused_us = res.decisions, res.fused_us
-    if res.groups:
-        buf = assign_tile_buffers(pg, hw, res.decisions, res.program, res.report)
-        if buf is not None:
-            notes.append(f"tile buffers: {len(buf.buffers)} fused-kernel results kept per tile in LX, "
-                         f"simulated {res.fused_us:.1f} -> {buf.report.total_us:.1f} us"
-                         + (f" ({len(buf.dropped)} candidates stayed in device memory)" if buf.dropped else ""))
-            fused_d, fused_us = buf.decisions, buf.report.total_us
-    return fused_d, max(0.0, (res.base_us - fused_us) * 1000.0)
+    return res.decisions, max(0.0, (res.base_us - res.fused_us) * 1000.0)
 
 
 # -- entry point ---------------------------------------------------------------------------------

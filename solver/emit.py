@@ -26,8 +26,8 @@ from lowering.op_rules import (
 from lowering.primitives import PrimGraph, PrimOp, op_to_json
 from lowering.version import COMPILER_VERSION
 from simulator.geometry import (
-    box_lx_bytes, core_ranges, default_core_slices, layout_nbytes, make_layout, op_granules,
-    operand_box, padded, tile_ranges,
+    core_ranges, default_core_slices, largest_tile_lx_bytes, layout_nbytes, make_layout,
+    op_granules, padded,
 )
 from simulator.superdsc import (
     Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
@@ -200,12 +200,9 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
             k = producer_index[t]
             it = items[k]
             gran = op_granules(it.prim, layouts, dtypes, stick_bytes)
-            need = 0
             tiles = it.plan.temporal_tiles if (r.per_tile and it.plan is not None) else {}
-            for rng in core_ranges(it.prim, splits[it.prim.id], slices[it.prim.id], gran).values():
-                for tile in tile_ranges(it.prim, rng, tiles, gran):
-                    box = operand_box(it.prim, -1, tile, shapes[t])
-                    need = max(need, box_lx_bytes(box, layouts[t], dtypes[t]))
+            need = largest_tile_lx_bytes(it.prim, -1, core_ranges(it.prim, splits[it.prim.id], slices[it.prim.id], gran),
+                                         tiles, gran, shapes[t], layouts[t], dtypes[t])
             size = r.size_per_core if r.size_per_core is not None else padded(need, stick_bytes)
             memories[t] = LxMemory(lx_address=r.lx_address, size_per_core=size,
                                    live_from=k, live_to=max(last_reader.get(t, k), k),

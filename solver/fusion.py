@@ -29,13 +29,14 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from lowering.primitives import PrimGraph, op_from_json
-from lowering.op_rules import split_units
-from simulator.geometry import core_ranges, op_granules
+from lowering.op_rules import legal_core_splits, split_units
+from simulator.geometry import core_ranges, layout_nbytes, op_granules, reduction_split
 from simulator.superdsc import Program
 from simulator.timing import TimingReport, time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import OpPlan, PlanDecisions
+from solver.tile_buffers import add_tile_buffers
 
 TILE_COUNTS = (2, 4, 8, 16, 32, 64)
 _FUSABLE_BODIES = frozenset({"pointwise", "reduce", "matmul"})
@@ -64,8 +65,10 @@ def _tile_dims(program: Program, hw) -> dict[str, tuple[str, int]]:
         prim = op_from_json(o.prim)
         if prim.body.kind not in _FUSABLE_BODIES:
             continue
-        gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
         split = {n: f for n, f in o.core_split.items() if f > 1}
+        if prim.body.kind == "matmul" and reduction_split(prim, split):
+            continue  # partial sums are combined after the tile loop: no epilogue can fuse
+        gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
         ranges = core_ranges(prim, split, o.core_slices, gran)
         # a coarse-tiled kernel walks row tiles: prefer a dim outside the output's stick dim,
         # so the members of a group tile the same rows
@@ -85,14 +88,18 @@ def _tile_dims(program: Program, hw) -> dict[str, tuple[str, int]]:
 
 
 def _runs(program: Program, tileable: dict[str, tuple[str, int]], graph_ops: set[str]) -> list[list[str]]:
-    """Maximal runs (length >= 2) of consecutive tileable graph ops with one bundle and one
-    core count: the only places a fused group can form."""
+    """Maximal runs (length >= 2) of consecutive tileable graph ops on one core count: the
+    only places a fused kernel can form. Bundle cuts inside a run are the planner's or the
+    emitter's (external-tensor limit), and tile buffers change the latter, so a run ignores
+    them; a trial removes the planner's cuts inside runs."""
     runs: list[list[str]] = []
     cur: list[str] = []
     key = None
     for o in program.ops:
-        k = (o.bundle, o.num_cores_used) if (o.id in tileable and o.id in graph_ops) else None
-        if k is None or k != key:
+        k = o.num_cores_used if (o.id in tileable and o.id in graph_ops) else None
+        # a matmul can only head a kernel (its elementwise epilogue overlaps the array's
+        # compute); one in the middle would force its split and tiling on the chain before it
+        if k is None or k != key or o.opfunc == "matmul":
             if len(cur) >= 2:
                 runs.append(cur)
             cur = []
@@ -108,6 +115,9 @@ def _with_tiles(d: PlanDecisions, tiles: dict[str, dict[str, int]]) -> PlanDecis
     ops = {}
     for oid, p in d.ops.items():
         ops[oid] = replace(p, temporal_tiles=dict(tiles[oid])) if oid in tiles else p
+    for oid in tiles:
+        if oid not in ops:
+            ops[oid] = OpPlan(temporal_tiles=dict(tiles[oid]))
     return replace(d, ops=ops)
 
 
@@ -117,7 +127,7 @@ def _assign(run: list[str], tileable: dict[str, tuple[str, int]], t: int) -> dic
     out: dict[str, dict[str, int]] = {}
     seg: list[str] = []
     for oid in run + [None]:  # type: ignore[list-item]
-        if oid is not None and tileable[oid][1] >= t:
+        if oid is not None and oid in tileable and tileable[oid][1] >= t:
             seg.append(oid)
             continue
         if len(seg) >= 2:
@@ -127,23 +137,12 @@ def _assign(run: list[str], tileable: dict[str, tuple[str, int]], t: int) -> dic
     return out
 
 
-def _run_us(rep_ops: dict, run: list[str]) -> float:
-    return sum(rep_ops[o].end_us - rep_ops[o].start_us for o in run)
-
-
-def _joined_starts(program: Program, d: PlanDecisions, tileable: dict) -> Optional[list[str]]:
-    """The planner's bundle starts without those that cut between two tileable ops of one
-    core count (a fused kernel cannot span bundles); None when none is dropped. The emitter
-    still cuts wherever the external-tensor limit demands."""
-    prev = None
-    inside = set()
-    for o in program.ops:
-        if prev is not None and o.id in tileable and prev.id in tileable \
-                and o.num_cores_used == prev.num_cores_used:
-            inside.add(o.id)
-        prev = o
-    starts = [s for s in d.bundle_starts if s not in inside]
-    return starts if len(starts) < len(d.bundle_starts) else None
+def _span_us(rep: TimingReport, run: list[str]) -> float:
+    """Simulated time from the start of the run's first op to the end of its last (what the
+    run costs, restickify ops the emitter put between its members included)."""
+    by_id = {o.op_id: o for o in rep.ops}
+    first, last = by_id[run[0]], by_id[run[-1]]
+    return last.end_us - first.start_us
 
 
 def _valid_program(pg: PrimGraph, hw, d: PlanDecisions) -> Optional[Program]:
@@ -154,88 +153,185 @@ def _valid_program(pg: PrimGraph, hw, d: PlanDecisions) -> Optional[Program]:
     return None if validate_program(prog, hw) else prog
 
 
+@dataclass
+class _Variant:
+    """The plan with each run's members on one core split (index `which` among the splits
+    the run's members have; 0 = as planned), with the residency it invalidates dropped."""
+    decisions: PlanDecisions
+    changed: dict[str, set[str]]        # run head -> ops whose split changed
+    dropped_resident: dict[str, set[str]]  # run head -> residencies dropped for it
+
+
+def _split_candidates(program: Program, run: list[str]) -> list[dict[str, int]]:
+    """The distinct core splits of the run's non-matmul members (a matmul heading the run
+    keeps its own), the one of the member moving the most bytes first (the op a common
+    split should suit)."""
+    ops = {o.id: o for o in program.ops}
+    sizes = {t.id: t for t in program.tensors}
+    def weight(oid: str) -> int:
+        prim = ops[oid].prim
+        names = [a["tensor"] for a in prim["inputs"]] + [prim["output"]["tensor"]]
+        return sum(layout_nbytes(sizes[n].layout, sizes[n].dtype) for n in names)
+    out: list[dict[str, int]] = []
+    for oid in sorted((o for o in run if ops[o].opfunc != "matmul"), key=lambda o: -weight(o)):
+        sp = {k: v for k, v in ops[oid].core_split.items() if v > 1}
+        if sp not in out:
+            out.append(sp)
+    return out
+
+
+def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[list[str]],
+             which: int) -> Optional[_Variant]:
+    prims = {o.id: op_from_json(o.prim) for o in program.ops if o.prim is not None}
+    layouts = {t.id: t.layout for t in program.tensors}
+    dtypes = {t.id: t.dtype for t in program.tensors}
+    ops = dict(d.ops)
+    changed: dict[str, set[str]] = {}
+    for run in runs:
+        cands = _split_candidates(program, run)
+        if which >= len(cands):
+            continue
+        want = cands[which]
+        for oid in run:
+            prim = prims[oid]
+            if prim.body.kind == "matmul":
+                continue
+            cur = {k: v for k, v in ops.get(oid, OpPlan()).core_split.items() if v > 1}
+            if cur == want or not all(n in {x.name for x in prim.iter_dims} for n in want):
+                continue
+            gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
+            if want not in legal_core_splits(prim, gran, hw.cores):
+                continue
+            ops[oid] = replace(ops.get(oid, OpPlan()), core_split=dict(want), core_slices=None)
+            changed.setdefault(run[0], set()).add(oid)
+    if not changed:
+        return None
+    touched: dict[str, set[str]] = {}
+    all_changed = set().union(*changed.values())
+    resident = dict(d.resident)
+    for t in list(resident):
+        users = {o.id for o in pg.ops if o.output.tensor == t or any(a.tensor == t for a in o.inputs)}
+        if users & all_changed:
+            del resident[t]
+            for head, ch in changed.items():
+                if users & ch:
+                    touched.setdefault(head, set()).add(t)
+    return _Variant(replace(d, ops=ops, resident=resident), changed, touched)
+
+
+def _without_run_cuts(d: PlanDecisions, runs: list[list[str]]) -> PlanDecisions:
+    inside = {oid for run in runs for oid in run[1:]}
+    starts = [s for s in d.bundle_starts if s not in inside]
+    return d if len(starts) == len(d.bundle_starts) else replace(d, bundle_starts=starts)
+
+
+def _trial(pg: PrimGraph, hw, d: PlanDecisions) -> Optional[tuple[PlanDecisions, Program, TimingReport]]:
+    """Emit `d`, add the tile buffers the validator accepts, time it. The program may be
+    invalid (a trial only ranks choices; the final combination is validated)."""
+    try:
+        prog = emit_program(pg, hw, d)
+    except ValueError:
+        return None
+    buf = add_tile_buffers(pg, hw, d, prog)
+    if buf is not None:
+        d, prog = buf.decisions, buf.program
+    return d, prog, time_program(prog, hw)
+
+
 def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[float] = None,
-                      tile_counts=TILE_COUNTS) -> Optional[FusionResult]:
-    """`d` with temporal tiles on the runs of ops where the timing model's fused
-    coarse-tiled kernel is faster (and, if that is faster still, fewer planner-forced bundle
-    cuts inside such runs); None when `d` does not emit to a valid program. Stops trying at
-    `deadline` (perf_counter seconds); the result is always a validated program no slower
-    (simulated) than `d`'s."""
+                      tile_counts=TILE_COUNTS, align: int = 2) -> Optional[FusionResult]:
+    """`d` with fused kernels on the runs of ops where the simulator times them faster: per
+    run a common core split (`align` alternatives to the planned splits), a tile count and
+    tile buffers for the kernel's own results. None when `d` does not emit to a valid
+    program. Stops trying at `deadline` (perf_counter seconds); the result is always a
+    validated program no slower (simulated) than `d`'s."""
     base_prog = _valid_program(pg, hw, d)
     if base_prog is None:
         return None
     base_rep = time_program(base_prog, hw)
     result = FusionResult(d, base_prog, base_rep, base_rep.total_us, base_rep.total_us)
-    if deadline is not None and time.perf_counter() > deadline:
-        result.notes.append("fusion: skipped (time limit)")
-        return result
-    stopped: list[str] = []
-    starts = _joined_starts(base_prog, d, _tile_dims(base_prog, hw))
-    if starts is not None:
-        joined_d = replace(d, bundle_starts=starts)
-        joined_prog = _valid_program(pg, hw, joined_d)
-        if joined_prog is not None:
-            joined = _fuse_runs(pg, hw, joined_d, joined_prog, time_program(joined_prog, hw),
-                                deadline, tile_counts)
-            stopped += joined.notes
-            if joined.fused_us < result.fused_us:
-                result = joined
-    plain = _fuse_runs(pg, hw, d, base_prog, base_rep, deadline, tile_counts)
-    stopped += plain.notes
-    if plain.fused_us < result.fused_us:
-        result = plain
-    result.base_us = base_rep.total_us
-    result.notes = list(dict.fromkeys(stopped))
-    if result.groups:
-        result.notes.append(f"fusion: {result.groups} runs tiled as fused coarse-tiled groups, "
-                            f"simulated {base_rep.total_us:.1f} -> {result.fused_us:.1f} us")
-    return result
-
-
-def _fuse_runs(pg: PrimGraph, hw, d: PlanDecisions, base_prog: Program, base_rep: TimingReport,
-               deadline: Optional[float], tile_counts) -> FusionResult:
-    """The tile-count search on the runs of one emitted program (module docstring)."""
-    result = FusionResult(d, base_prog, base_rep, base_rep.total_us, base_rep.total_us)
-    tileable = _tile_dims(base_prog, hw)
-    runs = _runs(base_prog, tileable, {op.id for op in pg.ops})
+    graph_ops = {op.id for op in pg.ops}
+    runs = _runs(base_prog, _tile_dims(base_prog, hw), graph_ops)
     if not runs:
         return result
-    base_ops = {o.op_id: o for o in base_rep.ops}
-    best = [(_run_us(base_ops, r), 1, {}) for r in runs]   # (us, tile count, tiles)
-    for t in tile_counts:
-        if deadline is not None and time.perf_counter() > deadline:
-            result.notes.append(f"fusion: stopped before T={t} (time limit)")
-            break
-        per_run = [_assign(r, tileable, t) for r in runs]
-        if not any(per_run):
-            continue
-        trial = {k: v for a in per_run for k, v in a.items()}
+    joined = _without_run_cuts(d, runs)
+    variants: list[_Variant] = [_Variant(joined, {}, {})]
+    for which in range(1, align + 1):
+        v = _variant(pg, hw, joined, base_prog, runs, which - 1)
+        if v is not None:
+            variants.append(v)
+    # per run: (simulated us, variant index, tiles of the run's ops); -1: as planned
+    best: list[tuple[float, int, dict]] = [(_span_us(base_rep, r), -1, {}) for r in runs]
+    out_of_time = False
+
+    def trials(v: PlanDecisions, counts, vi_of_run) -> None:
+        """One whole-program trial per tile count; each run keeps what is fastest for it."""
+        nonlocal out_of_time
         try:
-            prog = emit_program(pg, hw, _with_tiles(d, trial))
+            tileable = _tile_dims(emit_program(pg, hw, v), hw)
         except ValueError:
-            continue
-        rep_ops = {o.op_id: o for o in time_program(prog, hw).ops}
-        for i, (r, a) in enumerate(zip(runs, per_run)):
-            if a:
-                us = _run_us(rep_ops, r)
-                if us < best[i][0]:
-                    best[i] = (us, t, a)
-    chosen = {k: v for _, t, a in best if t > 1 for k, v in a.items()}
-    if not chosen:
+            return
+        for t in counts:
+            if deadline is not None and time.perf_counter() > deadline:
+                out_of_time = True
+                return
+            per_run = [_assign(r, tileable, t) for r in runs]
+            if not any(per_run):
+                continue
+            tr = _trial(pg, hw, _with_tiles(v, {k: x for a in per_run for k, x in a.items()}))
+            if tr is None:
+                continue
+            for i, (r, a) in enumerate(zip(runs, per_run)):
+                us = _span_us(tr[2], r)
+                if a and vi_of_run(i) is not None and us < best[i][0]:
+                    best[i] = (us, vi_of_run(i), a)
+
+    # stage 1: which split each run takes, judged at one middle tile count
+    t_mid = sorted(tile_counts)[(len(tile_counts) - 1) // 2]
+    for vi, v in enumerate(variants):
+        trials(v.decisions, (t_mid,), lambda i, vi=vi: vi)
+    # stage 2: the tile count of each run, on the split stage 1 chose for it
+    chosen = [max(0, vi) for _, vi, _ in best]
+    mixed = _combine(d, variants, runs, [(0.0, vi, {}) for vi in chosen], keep_untouched=False)
+    trials(mixed, [t for t in tile_counts if t != t_mid], lambda i: chosen[i])
+    if out_of_time:
+        result.notes.append("fusion: stopped early (time limit)")
+    combined = _combine(d, variants, runs, best)
+    if combined is None:
         return result
-    fused_d = _with_tiles(d, chosen)
-    try:
-        prog = emit_program(pg, hw, fused_d)
-    except ValueError as exc:
-        result.notes.append(f"fusion: tiled plan did not emit ({exc}); kept untiled")
+    tr = _trial(pg, hw, combined)
+    if tr is None or validate_program(tr[1], hw):
+        result.notes.append("fusion: the combined plan did not validate; kept the plan unfused")
         return result
-    issues = validate_program(prog, hw)
-    if issues:
-        result.notes.append(f"fusion: tiled plan failed validation ({issues[0].code}); kept untiled")
-        return result
-    rep = time_program(prog, hw)
+    fused_d, prog, rep = tr
     if rep.total_us >= base_rep.total_us:
         return result
+    groups = sum(1 for _, vi, a in best if vi >= 0 and a)
+    buffers = sum(1 for t in prog.tensors if getattr(t.memory, "per_tile", False))
     result.decisions, result.program, result.report = fused_d, prog, rep
-    result.fused_us, result.groups = rep.total_us, sum(1 for _, t, _ in best if t > 1)
+    result.fused_us, result.groups = rep.total_us, groups
+    result.notes.append(f"fusion: {groups} runs as fused kernels with {buffers} tile buffers, simulated "
+                        f"{base_rep.total_us:.1f} -> {rep.total_us:.1f} us")
     return result
+
+
+def _combine(d: PlanDecisions, variants: list[_Variant], runs: list[list[str]],
+             best: list[tuple[float, int, dict]], keep_untouched: bool = True) -> Optional[PlanDecisions]:
+    """The plan with each run's best choice; None when every run is best as planned."""
+    if keep_untouched and all(vi < 0 for _, vi, _ in best):
+        return None
+    ops = dict(d.ops)
+    resident = dict(d.resident)
+    tiles: dict[str, dict[str, int]] = {}
+    for run, (_, vi, a) in zip(runs, best):
+        if vi < 0:
+            continue
+        v = variants[vi]
+        for oid in v.changed.get(run[0], ()):
+            ops[oid] = v.decisions.ops[oid]
+        for t in v.dropped_resident.get(run[0], ()):
+            resident.pop(t, None)
+        tiles.update(a)
+    cut_runs = [r for r, (_, vi, _) in zip(runs, best) if vi >= 0]
+    out = replace(_without_run_cuts(d, cut_runs), ops=ops, resident=resident)
+    return _with_tiles(out, tiles)

@@ -8,14 +8,15 @@ there whole (and its write costs bus time, even though the readers take it on ch
 tile buffer (`LxMemory.per_tile`) it costs a tile's worth of LX and no device traffic.
 
 This step takes a validated program with fused kernels and, as a pipeline of small steps:
-1. `_candidates`: results in device memory whose producer and every reader are members of
-   one kernel, that are not program outputs and not shared with a free alias;
-2. emits them as tile buffers (the emitter sizes each at its largest per-tile box) and
-   places them first-fit in the LX the plan leaves free over their live ranges
-   (`_place`, in whole sticks, never over another live LX buffer);
+1. `_candidates`: results whose producer and every reader are members of one kernel, that
+   are not program outputs and not shared with a free alias — in device memory, or held
+   whole in LX (a tile of it frees the rest of that LX for others);
+2. sizes each at its producer's largest per-tile box and places it first-fit in the LX
+   the plan leaves free over its live range (`_place`, in whole sticks, never over another
+   live LX buffer);
 3. lets the validator judge: a candidate a reader does not take tile by tile from the same
    core (another split, another tiling) is named by an issue and stays in device memory;
-4. keeps the result only if the simulator times it faster.
+Whether the result is faster is the caller's question (solver.fusion times every trial).
 Nothing here is keyed on op names or shapes.
 """
 from __future__ import annotations
@@ -24,9 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from lowering.primitives import PrimGraph, op_from_json
-from simulator.geometry import padded
+from simulator.geometry import core_ranges, largest_tile_lx_bytes, op_granules, padded
 from simulator.superdsc import HbmMemory, LxMemory, Program, fused_group_key
-from simulator.timing import TimingReport, time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import PlanDecisions, Residency
@@ -38,17 +38,18 @@ _MAX_ROUNDS = 4
 class TileBufferResult:
     decisions: PlanDecisions
     program: Program
-    report: TimingReport
     buffers: list[str] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)  # tensor -> validator code
 
 
 def _kernel_of(program: Program) -> dict[int, int]:
-    """Op index -> fused kernel number, for ops inside a fused kernel."""
+    """Op index -> fused kernel number, for ops inside a fused kernel. Bundle cuts are left
+    out: the emitter made them for the external-tensor limit with every result in device
+    memory, and re-cuts them around the buffers (never inside a buffer's live range)."""
     out: dict[int, int] = {}
     prev, n = None, -1
     for k, op in enumerate(program.ops):
-        key = fused_group_key(op)
+        key = fused_group_key(op, bundle=False)
         if key is not None and key != prev:
             n += 1
         if key is not None:
@@ -57,54 +58,68 @@ def _kernel_of(program: Program) -> dict[int, int]:
     return out
 
 
-def _candidates(pg: PrimGraph, program: Program) -> list[str]:
+@dataclass
+class _Candidate:
+    live_from: int    # producer's op index
+    live_to: int      # last reader's op index
+    size: int         # largest per-tile box of the producer, whole sticks
+
+
+def _candidates(pg: PrimGraph, program: Program, hw) -> dict[str, _Candidate]:
     kernel = _kernel_of(program)
     tmap = program.tensor_map()
     producer: dict[str, int] = {}
     readers: dict[str, list[int]] = {}
+    prims = {}
     for k, op in enumerate(program.ops):
         if op.prim is None:
             continue
-        prim = op_from_json(op.prim)
+        prim = prims[k] = op_from_json(op.prim)
         producer[prim.output.tensor] = k
         for a in prim.inputs:
             readers.setdefault(a.tensor, []).append(k)
     aliased = {t.memory.alias_of for t in program.tensors
                if isinstance(t.memory, HbmMemory) and t.memory.alias_of}
     outputs = set(program.outputs)
-    out = []
+    out: dict[str, _Candidate] = {}
     for t, k in producer.items():
         decl = tmap[t]
+        m = decl.memory
         if (t not in pg.tensors or t in outputs or t in aliased or k not in kernel
-                or not isinstance(decl.memory, HbmMemory) or decl.memory.alias_of
-                or decl.role != "intermediate"):
+                or decl.role != "intermediate"
+                or (isinstance(m, HbmMemory) and m.alias_of) or (isinstance(m, LxMemory) and m.per_tile)):
             continue
         rs = readers.get(t, [])
-        if rs and all(kernel.get(r) == kernel[k] for r in rs):
-            out.append(t)
+        if not rs or any(kernel.get(r) != kernel[k] for r in rs):
+            continue
+        op, prim = program.ops[k], prims[k]
+        names = [a.tensor for a in prim.inputs] + [t]
+        gran = op_granules(prim, {n: tmap[n].layout for n in names}, {n: tmap[n].dtype for n in names},
+                           hw.stick_bytes)
+        split = {n: f for n, f in op.core_split.items() if f > 1}
+        size = largest_tile_lx_bytes(prim, -1, core_ranges(prim, split, op.core_slices, gran),
+                                     op.temporal_tiles, gran, decl.shape, decl.layout, decl.dtype)
+        out[t] = _Candidate(k, max(rs), padded(size, hw.stick_bytes))
     return out
 
 
-def _place(program: Program, new: list[str], capacity: int, stick: int) -> dict[str, int]:
-    """First-fit LX addresses for the tile buffers `new` (already emitted, so their sizes and
-    live ranges are in `program`), around every other live LX buffer; a buffer that finds
-    no room is left out."""
-    tmap = program.tensor_map()
+def _place(program: Program, cands: dict[str, _Candidate], capacity: int, stick: int) -> dict[str, int]:
+    """First-fit LX addresses for the tile buffers `cands` around every other live LX buffer
+    (in whole sticks); a buffer that finds no room is left out."""
     taken = [(m.live_from, m.live_to, m.lx_address, m.lx_address + m.size_per_core)
-             for t in program.tensors if isinstance(m := t.memory, LxMemory) and t.id not in new]
+             for t in program.tensors if isinstance(m := t.memory, LxMemory) and t.id not in cands]
     addresses: dict[str, int] = {}
-    for t in sorted(new, key=lambda x: (tmap[x].memory.live_from, -tmap[x].memory.size_per_core)):
-        m = tmap[t].memory
-        size = padded(m.size_per_core, stick)
-        busy = sorted((a, b) for lf, lt, a, b in taken if lf <= m.live_to and m.live_from <= lt)
+    for t in sorted(cands, key=lambda x: (cands[x].live_from, -cands[x].size)):
+        c = cands[t]
+        busy = sorted((a, b) for lf, lt, a, b in taken if lf <= c.live_to and c.live_from <= lt)
         addr = 0
         for a, b in busy:
-            if addr + size <= a:
+            if addr + c.size <= a:
                 break
             addr = max(addr, padded(b, stick))
-        if addr + size <= capacity:
+        if addr + c.size <= capacity:
             addresses[t] = addr
-            taken.append((m.live_from, m.live_to, addr, addr + size))
+            taken.append((c.live_from, c.live_to, addr, addr + c.size))
     return addresses
 
 
@@ -115,20 +130,16 @@ def _with_buffers(d: PlanDecisions, buffers: dict[str, int]) -> PlanDecisions:
     return replace(d, resident=resident)
 
 
-def assign_tile_buffers(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
-                        report: TimingReport) -> Optional[TileBufferResult]:
-    """`d` with tile buffers for the fused kernels' own results, or None when no candidate
-    survives validation or the result is not faster (simulated) than `program`."""
-    cands = _candidates(pg, program)
+def add_tile_buffers(pg: PrimGraph, hw, d: PlanDecisions, program: Program) -> Optional[TileBufferResult]:
+    """`d` (emitted as `program`) with tile buffers for its fused kernels' own results: the
+    candidates the validator accepts, in a program that passes it. None when no candidate
+    survives (or the program does not emit). Timing is the caller's question."""
+    cands = _candidates(pg, program, hw)
     dropped: dict[str, str] = {}
     for _ in range(_MAX_ROUNDS):
         if not cands:
             return None
-        try:
-            sized = emit_program(pg, hw, _with_buffers(d, {t: 0 for t in cands}))
-        except ValueError:
-            return None
-        addresses = _place(sized, cands, hw.lx_capacity_bytes, hw.stick_bytes)
+        addresses = _place(program, cands, hw.lx_capacity_bytes, hw.stick_bytes)
         dropped.update({t: "lx_capacity" for t in cands if t not in addresses})
         if not addresses:
             return None
@@ -139,13 +150,10 @@ def assign_tile_buffers(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
             return None
         issues = validate_program(prog, hw)
         if not issues:
-            rep = time_program(prog, hw)
-            if rep.total_us >= report.total_us:
-                return None
-            return TileBufferResult(trial_d, prog, rep, sorted(addresses), dropped)
+            return TileBufferResult(trial_d, prog, sorted(addresses), dropped)
         named = {i.tensor: i.code for i in issues if getattr(i, "tensor", None) in addresses}
         if not named:
             return None  # an issue not about one buffer: give up rather than guess
         dropped.update(named)
-        cands = [t for t in addresses if t not in named]
+        cands = {t: cands[t] for t in addresses if t not in named}
     return None
