@@ -190,6 +190,18 @@ class Hardware:
             t += self.dram_turnaround_ns_per_byte * min(read_bytes, write_bytes)
         return t
 
+    def replicated_read_ns(self, per_core_bytes: float) -> float:
+        """A matmul operand the core split does not index, loaded by every core of the split:
+        a fixed cost plus the per-core ceiling on `per_core_bytes`."""
+        return self.mm_replicated_read_fixed_us * 1e3 + per_core_bytes / self.mm_replicated_read_gbps_per_core
+
+    def ring_combine_ns(self, ways: int, part_bytes: float) -> float:
+        """Partial results of a reduction dim split `ways` across cores, summed over the ring:
+        (ways - 1) hops of one core's partial (`part_bytes`)."""
+        if ways <= 1:
+            return 0.0
+        return (ways - 1) * (part_bytes / self.ring_gbps_per_direction + self.ring_hop_latency_ns)
+
     def spill_derate(self, working_set_bytes_per_core: float) -> float:
         """Bandwidth multiplier (<= 1) when a per-core working set spills past the knee."""
         if working_set_bytes_per_core <= self.lx_spill_knee_bytes:

@@ -469,7 +469,7 @@ class OpTimer:
 
         repl_ns = 0.0
         if repl_core_bytes > 0:
-            repl_ns = hw.mm_replicated_read_fixed_us * 1e3 + repl_core_bytes / hw.mm_replicated_read_gbps_per_core
+            repl_ns = hw.replicated_read_ns(repl_core_bytes)
         # ---- compute time per class -------------------------------------------------------
         comp_ns = {}
         macs_total = 0
@@ -522,7 +522,7 @@ class OpTimer:
         if red_split > 1:
             out = operands[-1]
             part = max(out.per_core.values())
-            ring_ns = (red_split - 1) * (part / hw.ring_gbps_per_direction + hw.ring_hop_latency_ns)
+            ring_ns = hw.ring_combine_ns(red_split, part)
             ot.ring_bytes = int((red_split - 1) * part * (n_cores // red_split))
             ot.effects.append(f"ring combine x{red_split}")
 

@@ -61,7 +61,7 @@ from simulator.validate import validate_program
 from solver.core import SolveOptions, gap_of, solver_parameters
 from solver.cost_model import OpView, op_time, predict_program_ns, to_units
 from solver.emit import emit_program
-from solver.fusion import TILE_COUNTS, fuse_tiled_groups
+from solver.fusion import FUSION_TRIALS, fuse_tiled_groups
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.schedule import chain_order
 from solver.planners import register
@@ -643,9 +643,10 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     # time to keep once the solver stops: emitting and validating the result here, and
     # planners.plan() emitting and validating it once more before it returns
     reserve_s = 2.5 * (time.perf_counter() - t_emit)
-    # and for the fusion pass after it: for the plan's bundles and for joined ones, one emit
-    # + simulation per tile count tried and a final emit + validation (solver.fusion)
-    fusion_s = 2 * (len(TILE_COUNTS) + 2) * (time.perf_counter() - t_emit) if fuse else 0.0
+    # and for the fusion search after it (solver.fusion): one trial per split variant and per
+    # further tile count plus the final one, each an emit, a validation or two (tile
+    # buffers) and a simulation
+    fusion_s = 3 * (FUSION_TRIALS + 1) * (time.perf_counter() - t_emit) if fuse else 0.0
     if hint_prog is None:
         # an invalid hint is not a starting point: fall back to the naive plan
         from solver.naive import plan_naive

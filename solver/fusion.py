@@ -1,26 +1,32 @@
-"""Fused coarse-tiled groups: temporal tiles for runs of consecutive compute ops.
+"""Fused coarse-tiled kernels: core splits, temporal tiles and tile buffers for runs of
+consecutive compute ops.
 
-The timing model (`simulator.superdsc.fused_group_key`, `simulator.timing` `close_group`) runs consecutive compute
-ops of one bundle with the same temporal tiling (T > 1) and the same core count as one
-coarse-tiled fused kernel, as torch-spyre's back end does: each external device-memory
-tensor is read once for the whole group (a later read of it is served on chip), the loads
-and compute of all members overlap across the tile loop, and the loop overhead
-(`loop_overhead_us` per tile) is paid once. Against that stand the per-op costs of tiling:
-a small per-tile stream underfills, double buffering needs LX room, a working set past
-the spill knee derates. Whether a run of ops gains is therefore a question for the timing
-model itself, so this pass asks it: one whole-program simulation per candidate tile count,
-every candidate run tiled at once (runs are separated by an op outside any group, another
-bundle or another core count, so their times add up independently), then per run the tile
-count whose simulated time is lowest (T = 1, untiled, included), then one final
-emit/validate/simulate of the combination, kept only if it is faster than the plan it
-started from.
+The timing model (`simulator.superdsc.fused_group_key`, `simulator.timing` `close_group`)
+runs consecutive compute ops of one bundle with the same temporal tiling (T > 1) on the
+same core count as one coarse-tiled fused kernel, as torch-spyre's back end does: each
+external device-memory tensor is read once, a member's result is on chip for later members
+on the same core, loads and compute of all members overlap across the tile loop, and the
+loop overhead is paid once. A result only the kernel uses can then be a tile buffer
+(`solver.tile_buffers`): it is never written whole. Against that stand the costs of tiling:
+a small per-tile stream underfills, double buffering needs LX room, a working set past the
+spill knee derates. Whether a run gains is therefore a question for the simulator itself.
 
-Which ops may join a run: compute ops that are not free aliases, with a pointwise, reduce
-or matmul body (a matmul followed by its elementwise epilogue overlaps the epilogue's
-memory traffic with the array's compute). Each op is tiled along its parallel iteration dim
-with the most whole split units per core (the validator's `temporal_tiles` rule: T may not
-exceed the units a core has); an op that cannot take T tiles breaks the run at that T.
-Nothing here is keyed on op names or shapes.
+The search, over the runs of the emitted plan (`_runs`: consecutive tileable graph ops on
+one core count; a matmul only heads a run, and one whose reduction dim is split across
+cores joins none, since its partial sums are combined after the loop):
+1. split variants (`_variant`): the CP-SAT model prices ops one by one, so the ops of a
+   chain often take different core splits, and a member reads on chip only what its own
+   core wrote. Variant w gives every non-matmul member of each run the w-th most
+   byte-heavy split among the run's members (where that split is legal for it) and drops
+   the LX residencies the change invalidates. The planner's bundle cuts inside runs go.
+2. stage 1: one whole-program trial per variant at the middle tile count; each run keeps
+   the variant that is fastest for it (or the plan as it was).
+3. stage 2: on the chosen splits, one trial per other tile count; each run keeps its
+   fastest tile count.
+Every trial emits, adds the tile buffers the validator accepts and simulates; runs are
+separated by ops outside any kernel, so their times add up independently. The combination
+of the per-run choices is emitted, validated and simulated once more and kept only if it
+is faster than the plan the pass started from. Nothing here is keyed on op names or shapes.
 """
 from __future__ import annotations
 
@@ -39,6 +45,9 @@ from solver.plan import OpPlan, PlanDecisions
 from solver.tile_buffers import add_tile_buffers
 
 TILE_COUNTS = (2, 4, 8, 16, 32, 64)
+SPLIT_VARIANTS = 2   # alternatives to the planned splits tried per run
+# whole-program trials of one search: each variant at the middle tile count, then the rest
+FUSION_TRIALS = 1 + SPLIT_VARIANTS + len(TILE_COUNTS) - 1
 _FUSABLE_BODIES = frozenset({"pointwise", "reduce", "matmul"})
 
 
@@ -239,7 +248,7 @@ def _trial(pg: PrimGraph, hw, d: PlanDecisions) -> Optional[tuple[PlanDecisions,
 
 
 def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[float] = None,
-                      tile_counts=TILE_COUNTS, align: int = 2) -> Optional[FusionResult]:
+                      tile_counts=TILE_COUNTS, align: int = SPLIT_VARIANTS) -> Optional[FusionResult]:
     """`d` with fused kernels on the runs of ops where the simulator times them faster: per
     run a common core split (`align` alternatives to the planned splits), a tile count and
     tile buffers for the kernel's own results. None when `d` does not emit to a valid

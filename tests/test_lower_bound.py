@@ -59,14 +59,14 @@ def test_bound_below_simulated_time(builder, planner):
     pg, _ = getattr(primgraphs, builder)()
     lb = lower_bound(pg, HW)
     simulated = time_program(plan(pg, HW, planner), HW).total_us
-    assert 0 < lb.lower_bound_us <= simulated
+    assert 0 < lb.lower_bound_us <= lb.split_bound_us <= simulated
 
 
 @pytest.mark.parametrize("builder", ["softmax", "mlp", "attention_scores"])
 def test_bound_below_cpsat_plans(builder):
     pg, _ = getattr(primgraphs, builder)()
     program = plan(pg, HW, "cpsat", time_limit_s=2, deterministic=True)
-    assert lower_bound(pg, HW).lower_bound_us <= time_program(program, HW).total_us
+    assert lower_bound(pg, HW).split_bound_us <= time_program(program, HW).total_us
 
 
 @pytest.mark.parametrize("builder", ["softmax", "mlp"])
@@ -87,7 +87,7 @@ def test_bound_below_fused_tiled_plans(builder):
     from simulator.validate import validate_program
     program = emit_program(pg, HW, decisions)
     assert validate_program(program, HW) == []
-    assert lower_bound(pg, HW).lower_bound_us <= time_program(program, HW).total_us
+    assert lower_bound(pg, HW).split_bound_us <= time_program(program, HW).total_us
 
 
 @pytest.mark.parametrize("planner", ["naive", "heuristic"])
@@ -96,3 +96,30 @@ def test_every_program_states_its_lower_bound(planner):
     program = plan(pg, HW, planner)
     assert program.stats.lower_bound_us == pytest.approx(lower_bound(pg, HW).lower_bound_us)
     assert program.stats.lower_bound_us <= time_program(program, HW).total_us
+
+
+@pytest.mark.parametrize("shape,tighter", [((512, 768, 768), True), ((512, 4096, 14336), True),
+                                           ((32, 4096, 4096), False)])
+def test_split_bound_below_every_split_and_above_the_plain_bound(shape, tighter):
+    """Every legal core split of a lone matmul, emitted and simulated, takes at least the
+    split-aware bound. Where compute matters, that bound charges something the plain one
+    does not (no split avoids both replicated loads and a ring combine without idling
+    cores); a memory-bound matmul can idle cores for free (a few cores saturate the bus)."""
+    from lowering.op_rules import legal_core_splits, split_granules, stick_options
+    from simulator.validate import validate_program
+    pg = _matmul(*shape)
+    op = pg.ops[0]
+    lb = lower_bound(pg, HW)
+    assert lb.split_bound_us > 1.05 * lb.lower_bound_us if tighter else lb.split_bound_us >= lb.lower_bound_us
+    ch = stick_options(op)[0]
+    gran = split_granules(op, list(ch.inputs), ch.output, ["float16"] * 3, HW.stick_bytes)
+    fastest = float("inf")
+    for sp in legal_core_splits(op, gran, HW.cores):
+        d = plan_naive(pg, HW)
+        d.ops[op.id].stick, d.ops[op.id].core_split = ch, dict(sp)
+        program = emit_program(pg, HW, d)
+        assert validate_program(program, HW) == []
+        us = time_program(program, HW).total_us
+        assert us >= lb.split_bound_us - 1e-9, sp
+        fastest = min(fastest, us)
+    assert fastest < 3 * lb.split_bound_us  # and it is not vacuous
