@@ -446,13 +446,16 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
     key = program_key(graph_hash, COMPILER_VERSION, options.options_hash(), hw.digest)
     log_fields = {"graph_hash": graph_hash, "key": key, "planner": options.planner, "target": options.target}
 
+    def cache_hit(record: ProgramRecord) -> Response:
+        metrics.cache_hits.inc()
+        log_event("compile", cached=True, status=record.stats.get("solver_status"), gap=record.stats.get("gap"),
+                  seconds=round(time.time() - received_at, 6), **log_fields)
+        return Response(_response_text(record, cached=True, coalesced=False, hardware_name=hw.name),
+                        media_type="application/json")
+
     stored = store.get_program(key)
     if stored is not None and stored.complete:
-        metrics.cache_hits.inc()
-        log_event("compile", cached=True, status=stored.stats.get("solver_status"), gap=stored.stats.get("gap"),
-                  seconds=round(time.time() - received_at, 6), **log_fields)
-        return Response(_response_text(stored, cached=True, coalesced=False, hardware_name=hw.name),
-                        media_type="application/json")
+        return cache_hit(stored)
 
     # A miss: validate fully (a stored program proves an identical graph passed before).
     from lowering.validate import find_problems
@@ -461,7 +464,6 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
     if problems:
         metrics.rejected.labels(problems[0].code).inc()
         raise _graph_error_problem(problems[0], problems)
-    metrics.cache_misses.inc()
     document_json = doc.to_json()
     await asyncio.to_thread(store.put_graph, graph_hash, document_json, doc.name)
 
@@ -487,6 +489,13 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
         record = slot.record(outcome.program, outcome.stats, outcome.solution, outcome.complete)
         await asyncio.to_thread(store.put_program, record)
 
+    # An identical solve may have finished (and stored its program) while this request was
+    # awaiting above; it is no longer in flight, so look again before starting another.
+    # No await between this look and submit(): a job stores before it leaves the pool.
+    again = store.get_program(key)
+    if again is not None and again.complete:
+        return cache_hit(again)
+    metrics.cache_misses.inc()
     try:
         future, joined = state.pool.submit(key, pipeline.compile_job, job, on_done=persist)
     except PoolFull as exc:
