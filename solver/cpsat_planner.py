@@ -55,8 +55,9 @@ from typing import Optional, Union
 from ortools.sat.python import cp_model
 
 from lowering.op_rules import default_choice, matching_choice, outermost_split, restickify_prim, split_granules
-from lowering.primitives import PrimGraph
-from simulator.superdsc import LxMemory, Program
+from lowering.primitives import PrimGraph, op_from_json
+from simulator.superdsc import LxMemory, Program, fused_group_key
+from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.core import SolveOptions, gap_of, solver_parameters
 from solver.cost_model import OpView, op_time, predict_program_ns, to_units
@@ -612,17 +613,63 @@ def _repair_bundles(pg: PrimGraph, hw, sm: "SpyreModel", d: PlanDecisions, max_s
 
 
 def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[float],
-          enabled: bool = True) -> tuple[PlanDecisions, float]:
+          strategies: dict[str, list[Strategy]], enabled: bool = True) -> tuple[PlanDecisions, float]:
     """The final plan with fused coarse-tiled groups where the timing model finds them faster
-    (`solver.fusion`), and the simulated gain in ns (the per-op cost model the objective sums
-    does not see fused groups, so the gain is taken from the simulation)."""
+    (`solver.fusion`), then `_resplit_unfused`, and the simulated gain in ns (the per-op cost
+    model the objective sums does not see fused groups, so the gain is taken from the
+    simulation)."""
     if not enabled:
         return d, 0.0
     res = fuse_tiled_groups(pg, hw, d, deadline=deadline)
     if res is None:
         return d, 0.0
     notes.extend(res.notes)
-    return res.decisions, max(0.0, (res.base_us - res.fused_us) * 1000.0)
+    fused_d, fused_us = res.decisions, res.fused_us
+    if res.groups and (deadline is None or time.perf_counter() < deadline):
+        again = _resplit_unfused(pg, hw, fused_d, res.program, strategies)
+        if again is not None and again[1] < fused_us:
+            notes.append(f"resplit after fusion: {again[2]} ops, simulated {fused_us:.1f} -> {again[1]:.1f} us")
+            fused_d, fused_us = again[0], again[1]
+    return fused_d, max(0.0, (res.base_us - fused_us) * 1000.0)
+
+
+def _resplit_unfused(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
+                     strategies: dict[str, list[Strategy]]) -> Optional[tuple[PlanDecisions, float, int]]:
+    """Fusion gives a chain one core split and keeps its results on chip, so an LX residency
+    the solve chose a neighbour's split for may be gone. Each op outside a fused kernel whose
+    operands all live in device memory takes its cheapest strategy of the same stick choice
+    (cost model, everything in device memory); the simulator judges the result once.
+    Returns (decisions, simulated us, ops changed), or None when nothing changes or the
+    result does not validate."""
+    tmap = program.tensor_map()
+    producer_of = {op.id: op for op in pg.ops}
+    ops = dict(d.ops)
+    changed = 0
+    for o in program.ops:
+        if (o.kind != "compute" or o.alias or o.prim is None or o.id not in strategies
+                or fused_group_key(o) is not None):
+            continue
+        prim = op_from_json(o.prim)
+        if any(isinstance(tmap[n].memory, LxMemory) for n in [a.tensor for a in prim.inputs] + [prim.output.tensor]):
+            continue
+        cur = d.ops.get(o.id, OpPlan())
+        stick = cur.stick or default_choice(producer_of[o.id])
+        split = {k: v for k, v in cur.core_split.items() if v > 1}
+        cands = [s for s in strategies[o.id] if not s.alias and s.stick == stick]
+        now = next((s for s in cands if s.core_split == split), None)
+        if now is None or not cands:
+            continue
+        best = min(cands, key=lambda s: s.cost_ns(hw))
+        if best.cost_ns(hw) < now.cost_ns(hw):
+            ops[o.id] = replace(cur, core_split=dict(best.core_split), core_slices=None)
+            changed += 1
+    if not changed:
+        return None
+    out = replace(d, ops=ops)
+    prog, _ = _program_or_none(pg, hw, out)
+    if prog is None:
+        return None
+    return out, time_program(prog, hw).total_us, changed
 
 
 # -- entry point ---------------------------------------------------------------------------------
@@ -644,9 +691,10 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     # planners.plan() emitting and validating it once more before it returns
     reserve_s = 2.5 * (time.perf_counter() - t_emit)
     # and for the fusion search after it (solver.fusion): one trial per split variant and per
-    # further tile count plus the final one, each an emit, a validation or two (tile
-    # buffers) and a simulation
-    fusion_s = 3 * (FUSION_TRIALS + 1) * (time.perf_counter() - t_emit) if fuse else 0.0
+    # further tile count, the final one and the resplit after it, each about four times an
+    # emit + validation (two emits, a validation or two for the tile buffers, a simulation;
+    # measured on the layer graphs). Fusion gains more than the solver's last seconds do.
+    fusion_s = 4 * (FUSION_TRIALS + 2) * (time.perf_counter() - t_emit) if fuse else 0.0
     if hint_prog is None:
         # an invalid hint is not a starting point: fall back to the naive plan
         from solver.naive import plan_naive
@@ -724,7 +772,8 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     if best_prog is not None:
         pred_ns = predict_program_ns(best_prog, hw)
         if pred_ns <= hint_ns:
-            best_d, gain_ns = _fuse(pg, hw, best_d, notes, None if deterministic else t0 + limit_s - reserve_s, fuse)
+            best_d, gain_ns = _fuse(pg, hw, best_d, notes, None if deterministic else t0 + limit_s - reserve_s,
+                                    strategies, fuse)
             best_d.stats.update(
                 predicted_us=(pred_ns - gain_ns) / 1000.0, solver_status=status, objective=obj / 1000.0,
                 bound=bound / 1000.0, gap=gap_of(obj, bound), solve_seconds=time.perf_counter() - t0,
@@ -736,7 +785,8 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     else:
         notes.append(f"no valid cpsat plan (status {status}): returning the hint")
     hint_d = replace(hint_d, planner="cpsat", stats={})
-    hint_d, gain_ns = _fuse(pg, hw, hint_d, notes, None if deterministic else t0 + limit_s - reserve_s, fuse)
+    hint_d, gain_ns = _fuse(pg, hw, hint_d, notes, None if deterministic else t0 + limit_s - reserve_s,
+                            strategies, fuse)
     solve_s = time.perf_counter() - t0
     hint_d.stats.update(predicted_us=(hint_ns - gain_ns) / 1000.0, solver_status=status,
                         objective=None if obj is None else obj / 1000.0,
