@@ -272,6 +272,9 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     # per run: (simulated us, variant index, tiles of the run's ops); -1: as planned
     best: list[tuple[float, int, dict]] = [(_span_us(base_rep, r), -1, {}) for r in runs]
     out_of_time = False
+    # per-run choices interact (a changed split moves residencies and bundle cuts next to
+    # the run), so the fastest valid whole trial is kept too, in case it beats the combination
+    whole: list = [base_rep.total_us, None]
 
     def trials(v: PlanDecisions, counts, vi_of_run) -> None:
         """One whole-program trial per tile count; each run keeps what is fastest for it."""
@@ -290,6 +293,8 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
             tr = _trial(pg, hw, _with_tiles(v, {k: x for a in per_run for k, x in a.items()}))
             if tr is None:
                 continue
+            if tr[2].total_us < whole[0] and not validate_program(tr[1], hw):
+                whole[:] = [tr[2].total_us, tr]
             for i, (r, a) in enumerate(zip(runs, per_run)):
                 us = _span_us(tr[2], r)
                 if a and vi_of_run(i) is not None and us < best[i][0]:
@@ -305,21 +310,20 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     trials(mixed, [t for t in tile_counts if t != t_mid], lambda i: chosen[i])
     if out_of_time:
         result.notes.append("fusion: stopped early (time limit)")
+    chosen_tr = whole[1]
     combined = _combine(d, variants, runs, best)
-    if combined is None:
+    if combined is not None:
+        tr = _trial(pg, hw, combined)
+        if tr is not None and not validate_program(tr[1], hw) and tr[2].total_us < whole[0]:
+            chosen_tr = tr
+    if chosen_tr is None:
         return result
-    tr = _trial(pg, hw, combined)
-    if tr is None or validate_program(tr[1], hw):
-        result.notes.append("fusion: the combined plan did not validate; kept the plan unfused")
-        return result
-    fused_d, prog, rep = tr
-    if rep.total_us >= base_rep.total_us:
-        return result
-    groups = sum(1 for _, vi, a in best if vi >= 0 and a)
+    fused_d, prog, rep = chosen_tr
+    groups = len({o.fused_group for o in rep.ops if o.fused_group is not None})
     buffers = sum(1 for t in prog.tensors if getattr(t.memory, "per_tile", False))
     result.decisions, result.program, result.report = fused_d, prog, rep
     result.fused_us, result.groups = rep.total_us, groups
-    result.notes.append(f"fusion: {groups} runs as fused kernels with {buffers} tile buffers, simulated "
+    result.notes.append(f"fusion: {groups} fused kernels with {buffers} tile buffers, simulated "
                         f"{base_rep.total_us:.1f} -> {rep.total_us:.1f} us")
     return result
 
