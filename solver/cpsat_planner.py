@@ -693,9 +693,9 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     # and for the fusion search after it (solver.fusion): one trial per split variant and per
     # further tile count, the final one and the resplit after it, each about four times an
     # emit + validation (two emits, a validation or two for the tile buffers, a simulation;
-    # measured on the layer graphs), and at least a fifth of the limit: fusion gains more
+    # measured on the layer graphs), and at least a quarter of the limit: fusion gains more
     # than the solver's last seconds do (layer graphs: 10-20% vs a few %).
-    fusion_s = max(4 * (FUSION_TRIALS + 2) * (time.perf_counter() - t_emit), 0.2 * limit_s) if fuse else 0.0
+    fusion_s = max(4 * (FUSION_TRIALS + 2) * (time.perf_counter() - t_emit), 0.25 * limit_s) if fuse else 0.0
     if hint_prog is None:
         # an invalid hint is not a starting point: fall back to the naive plan
         from solver.naive import plan_naive

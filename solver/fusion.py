@@ -275,6 +275,7 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     # per-run choices interact (a changed split moves residencies and bundle cuts next to
     # the run), so the fastest valid whole trial is kept too, in case it beats the combination
     whole: list = [base_rep.total_us, None]
+    longest = [0.0]  # the slowest trial so far: the time the next one, the final and the resplit need
 
     def trials(v: PlanDecisions, counts, vi_of_run) -> None:
         """One whole-program trial per tile count; each run keeps what is fastest for it."""
@@ -284,13 +285,15 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
         except ValueError:
             return
         for t in counts:
-            if deadline is not None and time.perf_counter() > deadline:
+            if deadline is not None and time.perf_counter() + 3 * longest[0] > deadline:
                 out_of_time = True
                 return
             per_run = [_assign(r, tileable, t) for r in runs]
             if not any(per_run):
                 continue
+            started = time.perf_counter()
             tr = _trial(pg, hw, _with_tiles(v, {k: x for a in per_run for k, x in a.items()}))
+            longest[0] = max(longest[0], time.perf_counter() - started)
             if tr is None:
                 continue
             if tr[2].total_us < whole[0] and not validate_program(tr[1], hw):
