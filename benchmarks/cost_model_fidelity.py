@@ -8,7 +8,9 @@ tiny models. For every plan it compares with `simulator.timing.time_program`:
 - `model`: the CP-SAT objective of that assignment (`SpyreModel.objective_of`: per-op
   priced times + restickify estimates) — what the solver optimizes;
 - `predict`: `solver.cost_model.predict_program_ns` on the emitted program.
-Reports Spearman rank correlation and mean / max relative error, overall and per graph.
+Reports Spearman rank correlation and mean / max relative error, overall and per graph,
+and lists every plan the simulator times below `solver.lower_bound`'s split-aware bound
+(there must be none: the bound claims to hold for every validated plan).
 
 Usage: python benchmarks/cost_model_fidelity.py [--plans-per-graph 12] [--seed 0] [--no-models]
 Results go to docs/solver.md with date and machine (by hand).
@@ -36,6 +38,7 @@ from simulator.validate import validate_program  # noqa: E402
 from solver.cost_model import predict_program_ns  # noqa: E402
 from solver.cpsat_planner import build_model, decisions_from_program  # noqa: E402
 from solver.emit import emit_program  # noqa: E402
+from solver.lower_bound import lower_bound  # noqa: E402
 from solver.plan import Residency  # noqa: E402
 from solver.planners import plan  # noqa: E402
 from solver.strategies import compatible_residency  # noqa: E402
@@ -134,7 +137,9 @@ def main() -> None:
     hw = load_target()
     rng = random.Random(args.seed)
     rows = []
+    below_bound: list[str] = []  # plans the simulator times under a lower bound: a bound bug
     for name, pg in graphs(not args.no_models):
+        bound_ns = lower_bound(pg, hw).split_bound_us * 1e3
         heur = plan(pg, hw, "heuristic")
         _, _, sm = build_model(pg, hw, decisions_from_program(pg, heur))
         samples = []
@@ -159,6 +164,8 @@ def main() -> None:
             pred = predict_program_ns(prog, hw)
             rows.append({"graph": name, "kind": kind, "sim_ns": sim, "predict_ns": pred,
                          "model_ns": obj})
+            if sim < bound_ns * (1 - 1e-9):
+                below_bound.append(f"{name} {kind}: {sim / 1e3:.1f} us < split-aware bound {bound_ns / 1e3:.1f}")
         print(f"# {name}: {len(samples)} plans", file=sys.stderr, flush=True)
     sim = np.array([r["sim_ns"] for r in rows])
     pred = np.array([r["predict_ns"] for r in rows])
@@ -181,6 +188,8 @@ def main() -> None:
         "model_mean_rel_err": round(float(np.mean(np.abs(mobj - msim) / msim)), 4),
         "model_max_rel_err": round(float(np.max(np.abs(mobj - msim) / msim)), 4),
         "model_spearman_per_graph": per_graph,
+        # every plan checked against solver.lower_bound's split-aware bound
+        "plans_below_split_bound": below_bound,
     }
     print(json.dumps(report, indent=1))
 
