@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Mapping, Optional, Sequence, Union
+from typing import Optional, Union
 
 import numpy as np
 from pydantic import ValidationError
@@ -54,7 +54,7 @@ from lowering.op_rules import check_split, copy_is_alias, ex_unit, matching_choi
 from lowering.primitives import DTYPE_BYTES, PrimOp, op_from_json
 from simulator.geometry import (
     box_contains, box_lx_bytes, box_span_bytes, core_ranges, layout_nbytes, layout_problems,
-    op_granules, operand_box, reduction_split,
+    op_granules, operand_box, reduction_split, tile_iteration_ranges, tile_operand_boxes,
 )
 from simulator.superdsc import (
     PROGRAM_FORMAT, PROGRAM_VERSION, HbmMemory, LxMemory, Program, TensorDecl, fused_group_key,
@@ -114,55 +114,6 @@ def external_tensors(program: Program, op_ids: list[str], tmap: Optional[dict] =
             if t in tmap and isinstance(tmap[t].memory, HbmMemory):
                 out.add(resolve_alias(tmap, t))
     return out
-
-
-def tile_iteration_ranges(op: PrimOp, ranges_by_core: Mapping[int, Sequence[tuple[int, int]]],
-                          temporal_tiles: Mapping[str, int], granules: Mapping[int, int]):
-    """Vectorized `geometry.tile_ranges` over all cores: (cores, lo, hi) with lo/hi of shape
-    (cores, tiles, iteration dims), tile j of core cores[i] at [i, j]. Same tile order and
-    bounds as `tile_ranges` (row-major over the tiled dims in iteration-dim order)."""
-    cores = sorted(ranges_by_core)
-    n_it = len(op.iter_dims)
-    a = np.array([[r[0] for r in ranges_by_core[c]] for c in cores], dtype=np.int64).reshape(len(cores), n_it)
-    b = np.array([[r[1] for r in ranges_by_core[c]] for c in cores], dtype=np.int64).reshape(len(cores), n_it)
-    tiled = [(i, int(temporal_tiles.get(d.name, 1))) for i, d in enumerate(op.iter_dims)]
-    tiled = [(i, t) for i, t in tiled if t > 1]
-    n_tiles = 1
-    for _, t in tiled:
-        n_tiles *= t
-    lo = np.repeat(a[:, None, :], n_tiles, axis=1)
-    hi = np.repeat(b[:, None, :], n_tiles, axis=1)
-    j = np.arange(n_tiles, dtype=np.int64)
-    stride = n_tiles
-    for i, t in tiled:
-        stride //= t
-        digit = ((j // stride) % t)[None, :]
-        g = max(1, int(granules.get(i, 1)))
-        ai, bi = a[:, i:i + 1], b[:, i:i + 1]
-        units = -(-(bi - ai) // g)
-        lo[:, :, i] = np.minimum(bi, ai + (digit * units // t) * g)
-        hi[:, :, i] = np.minimum(bi, ai + ((digit + 1) * units // t) * g)
-    return cores, lo, hi
-
-
-def tile_operand_boxes(op: PrimOp, operand: int, lo: np.ndarray, hi: np.ndarray, shape: Sequence[int]):
-    """`geometry.operand_box` applied to every (core, tile) of `tile_iteration_ranges`:
-    (box_lo, box_hi) of shape (cores, tiles, tensor rank)."""
-    acc = op.output if operand < 0 else op.inputs[operand]
-    kind = op.body.kind
-    n_it = lo.shape[2]
-    out_shape = lo.shape[:2] + (len(acc.dims),)
-    blo = np.zeros(out_shape, dtype=np.int64)
-    bhi = np.zeros(out_shape, dtype=np.int64)
-    for j, d in enumerate(acc.dims):
-        whole = (operand >= 0 and kind == "copy") or d is None or d >= n_it \
-            or (operand == 0 and kind == "gather" and j in op.body.table_axes)
-        if whole:
-            bhi[:, :, j] = shape[j]
-        else:
-            blo[:, :, j] = lo[:, :, d]
-            bhi[:, :, j] = hi[:, :, d]
-    return blo, bhi
 
 
 class _Checker:

@@ -15,7 +15,8 @@ from simulator.hardware import load_target
 from simulator.run import RunError, fused_kernels, run_program
 from simulator.superdsc import Program
 from simulator.timing import time_program
-from simulator.validate import tile_iteration_ranges, tile_operand_boxes, validate_program
+from simulator.geometry import tile_iteration_ranges, tile_operand_boxes
+from simulator.validate import validate_program
 from solver.emit import emit_program
 from tests.primgraphs import inputs_for, mlp
 from tests.test_timing import _plan, unary_chain
