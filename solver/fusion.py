@@ -16,17 +16,23 @@ one core count; a matmul only heads a run, and one whose reduction dim is split 
 cores joins none, since its partial sums are combined after the loop):
 1. split variants (`_variant`): the CP-SAT model prices ops one by one, so the ops of a
    chain often take different core splits, and a member reads on chip only what its own
-   core wrote. Variant w gives every non-matmul member of each run the w-th most
-   byte-heavy split among the run's members (where that split is legal for it) and drops
-   the LX residencies the change invalidates. The planner's bundle cuts inside runs go.
+   core wrote. A variant gives every non-matmul member of each run the w-th most
+   byte-heavy split among the run's members (where that split is legal for it), in one
+   variant also to a heading matmul (the same split of its result, mapped through the
+   result's tensor dims: `_head_split`), and drops the LX residencies the change
+   invalidates (`SPLIT_VARIANTS`). The planner's bundle cuts inside runs go. The ops of a
+   kernel are tiled along one dim name where they can (`_assign`), so a reader's tile j
+   covers what its producer wrote in tile j.
 2. stage 1: one whole-program trial per variant at the middle tile count; each run keeps
    the variant that is fastest for it (or the plan as it was).
 3. stage 2: on the chosen splits, one trial per other tile count; each run keeps its
    fastest tile count.
 Every trial emits, adds the tile buffers the validator accepts and simulates; runs are
 separated by ops outside any kernel, so their times add up independently. The combination
-of the per-run choices is emitted, validated and simulated once more and kept only if it
-is faster than the plan the pass started from. Nothing here is keyed on op names or shapes.
+of the per-run choices is emitted, validated and simulated once more; per-run choices
+interact (a changed split moves residencies and bundle cuts next to the run), so the
+fastest valid whole trial is kept too, and the faster of the two is kept only if it is
+faster than the plan the pass started from. Nothing here is keyed on op names or shapes.
 """
 from __future__ import annotations
 
@@ -45,9 +51,11 @@ from solver.plan import OpPlan, PlanDecisions
 from solver.tile_buffers import add_tile_buffers
 
 TILE_COUNTS = (2, 4, 8, 16, 32, 64)
-SPLIT_VARIANTS = 2   # alternatives to the planned splits tried per run
+# Alternatives to the planned splits tried per run: (which of the run's splits, whether a
+# heading matmul takes it too).
+SPLIT_VARIANTS = ((0, False), (0, True), (1, False))
 # whole-program trials of one search: each variant at the middle tile count, then the rest
-FUSION_TRIALS = 1 + SPLIT_VARIANTS + len(TILE_COUNTS) - 1
+FUSION_TRIALS = 1 + len(SPLIT_VARIANTS) + len(TILE_COUNTS) - 1
 _FUSABLE_BODIES = frozenset({"pointwise", "reduce", "matmul"})
 
 
@@ -62,12 +70,13 @@ class FusionResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _tile_dims(program: Program, hw) -> dict[str, tuple[str, int]]:
-    """Per fusable op: (the parallel iteration dim it is tiled along, the most tiles it can
-    take there = the fewest whole split units any of its cores has on that dim)."""
+def _tile_dims(program: Program, hw) -> dict[str, list[tuple[str, int]]]:
+    """Per fusable op, the parallel iteration dims it can be tiled along, best first: (dim,
+    the most tiles it can take there = the fewest whole split units any of its cores has
+    on that dim)."""
     layouts = {t.id: t.layout for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}
-    out: dict[str, tuple[str, int]] = {}
+    out: dict[str, list[tuple[str, int]]] = {}
     for o in program.ops:
         if o.kind != "compute" or o.alias or o.prim is None:
             continue
@@ -83,20 +92,19 @@ def _tile_dims(program: Program, hw) -> dict[str, tuple[str, int]]:
         # so the members of a group tile the same rows
         st = layouts[prim.output.tensor].stick_dim
         stick_iter = prim.output.dims[st] if st is not None and st < len(prim.output.dims) else None
-        best: Optional[tuple[bool, int, str]] = None
+        cands = []
         for i, d in enumerate(prim.iter_dims):
             if d.kind != "parallel":
                 continue
             units = min(split_units(r[i][1] - r[i][0], gran.get(i, 1)) for r in ranges.values())
-            cand = (i != stick_iter, units, d.name)
-            if units >= 2 and (best is None or cand[:2] > best[:2]):
-                best = cand
-        if best is not None:
-            out[o.id] = (best[2], best[1])
+            if units >= 2:
+                cands.append((i != stick_iter, units, -i, d.name))
+        if cands:
+            out[o.id] = [(name, units) for _, units, _, name in sorted(cands, reverse=True)]
     return out
 
 
-def _runs(program: Program, tileable: dict[str, tuple[str, int]], graph_ops: set[str]) -> list[list[str]]:
+def _runs(program: Program, tileable: dict, graph_ops: set[str]) -> list[list[str]]:
     """Maximal runs (length >= 2) of consecutive tileable graph ops on one core count: the
     only places a fused kernel can form. Bundle cuts inside a run are the planner's or the
     emitter's (external-tensor limit), and tile buffers change the latter, so a run ignores
@@ -130,18 +138,30 @@ def _with_tiles(d: PlanDecisions, tiles: dict[str, dict[str, int]]) -> PlanDecis
     return replace(d, ops=ops)
 
 
-def _assign(run: list[str], tileable: dict[str, tuple[str, int]], t: int) -> dict[str, dict[str, int]]:
+def _assign(run: list[str], tileable: dict[str, list[tuple[str, int]]], t: int) -> dict[str, dict[str, int]]:
     """Tiles for the ops of `run` at tile count t: every maximal sub-run (>= 2 ops) of ops
-    that can take t tiles; a lone op gains nothing from tiling and stays untiled."""
+    that can take t tiles; a lone op gains nothing from tiling and stays untiled. The ops
+    of a sub-run are tiled along one dim name where they can (the name most of them can
+    take t tiles along, ties to the first op's preference), so a reader's tile j covers
+    what its producer wrote in tile j and results can be tile buffers."""
     out: dict[str, dict[str, int]] = {}
     seg: list[str] = []
+
+    def dims(oid: str) -> list[str]:
+        return [n for n, units in tileable.get(oid, []) if units >= t]
     for oid in run + [None]:  # type: ignore[list-item]
-        if oid is not None and oid in tileable and tileable[oid][1] >= t:
+        if oid is not None and dims(oid):
             seg.append(oid)
             continue
         if len(seg) >= 2:
+            counts: dict[str, int] = {}
             for s in seg:
-                out[s] = {tileable[s][0]: t}
+                for n in dims(s):
+                    counts[n] = counts.get(n, 0) + 1
+            first = dims(seg[0])
+            common = max(counts, key=lambda n: (counts[n], -first.index(n) if n in first else -len(first)))
+            for s in seg:
+                out[s] = {(common if common in dims(s) else dims(s)[0]): t}
         seg = []
     return out
 
@@ -190,7 +210,7 @@ def _split_candidates(program: Program, run: list[str]) -> list[dict[str, int]]:
 
 
 def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[list[str]],
-             which: int) -> Optional[_Variant]:
+             which: int, with_head: bool) -> Optional[_Variant]:
     prims = {o.id: op_from_json(o.prim) for o in program.ops if o.prim is not None}
     layouts = {t.id: t.layout for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}
@@ -213,6 +233,17 @@ def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[l
                 continue
             ops[oid] = replace(ops.get(oid, OpPlan()), core_split=dict(want), core_slices=None)
             changed.setdefault(run[0], set()).add(oid)
+        head = prims[run[0]]
+        if with_head and head.body.kind == "matmul":
+            # the heading matmul takes the same split of its result as the chain reading it,
+            # so the chain reads it on chip (mapped through the tensor's dims)
+            split = _head_split(head, [prims[o] for o in run[1:]], want)
+            if split is not None:
+                gran = op_granules(head, layouts, dtypes, hw.stick_bytes)
+                cur = {k: v for k, v in ops.get(head.id, OpPlan()).core_split.items() if v > 1}
+                if split != cur and split in legal_core_splits(head, gran, hw.cores):
+                    ops[head.id] = replace(ops.get(head.id, OpPlan()), core_split=split, core_slices=None)
+                    changed.setdefault(run[0], set()).add(head.id)
     if not changed:
         return None
     touched: dict[str, set[str]] = {}
@@ -226,6 +257,26 @@ def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[l
                 if users & ch:
                     touched.setdefault(head, set()).add(t)
     return _Variant(replace(d, ops=ops, resident=resident), changed, touched)
+
+
+def _head_split(head, members: list, want: dict[str, int]) -> Optional[dict[str, int]]:
+    """`want` (a split of the first member reading `head`'s result) as a split of `head`'s
+    iteration dims: each split dim mapped to the result's tensor dim it indexes, then to the
+    head's iteration dim writing that tensor dim. None when a split dim has no such image."""
+    out_t = head.output.tensor
+    reader = next((m for m in members if any(a.tensor == out_t for a in m.inputs)), None)
+    if reader is None or not want:
+        return None
+    acc = next(a for a in reader.inputs if a.tensor == out_t)
+    tensor_dim = {reader.iter_dims[d].name: j for j, d in enumerate(acc.dims) if d is not None}
+    head_dim = {j: head.iter_dims[d].name for j, d in enumerate(head.output.dims) if d is not None}
+    split: dict[str, int] = {}
+    for name, f in want.items():
+        j = tensor_dim.get(name)
+        if j is None or j not in head_dim:
+            return None
+        split[head_dim[j]] = f
+    return split
 
 
 def _without_run_cuts(d: PlanDecisions, runs: list[list[str]]) -> PlanDecisions:
@@ -248,7 +299,7 @@ def _trial(pg: PrimGraph, hw, d: PlanDecisions) -> Optional[tuple[PlanDecisions,
 
 
 def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[float] = None,
-                      tile_counts=TILE_COUNTS, align: int = SPLIT_VARIANTS) -> Optional[FusionResult]:
+                      tile_counts=TILE_COUNTS, align=SPLIT_VARIANTS) -> Optional[FusionResult]:
     """`d` with fused kernels on the runs of ops where the simulator times them faster: per
     run a common core split (`align` alternatives to the planned splits), a tile count and
     tile buffers for the kernel's own results. None when `d` does not emit to a valid
@@ -265,8 +316,8 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
         return result
     joined = _without_run_cuts(d, runs)
     variants: list[_Variant] = [_Variant(joined, {}, {})]
-    for which in range(1, align + 1):
-        v = _variant(pg, hw, joined, base_prog, runs, which - 1)
+    for which, with_head in align:
+        v = _variant(pg, hw, joined, base_prog, runs, which, with_head)
         if v is not None:
             variants.append(v)
     # per run: (simulated us, variant index, tiles of the run's ops); -1: as planned
