@@ -17,6 +17,7 @@ model, so every one of them sees the same bytes and the same slices.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -191,8 +192,14 @@ def slice_ranges(op: PrimOp, core_split: Mapping[str, int], slice_index: Mapping
 def default_core_slices(op: PrimOp, core_split: Mapping[str, int]) -> list[CoreSlice]:
     """coreIdToWkSlice_ in the natural order: cores 0..n-1 enumerate the slices row-major
     over the split dims in iteration-dim order (the last split dim fastest)."""
-    names = [d.name for d in op.iter_dims if core_split.get(d.name, 1) > 1]
-    factors = [core_split[n] for n in names]
+    names = tuple(d.name for d in op.iter_dims if core_split.get(d.name, 1) > 1)
+    return list(_natural_slices(names, tuple(core_split[n] for n in names)))
+
+
+@lru_cache(maxsize=4096)
+def _natural_slices(names: tuple[str, ...], factors: tuple[int, ...]) -> tuple[CoreSlice, ...]:
+    # planners price thousands of candidate splits over a few dim names: build each map once
+    # (the CoreSlice objects are shared, never modified)
     total = 1
     for f in factors:
         total *= f
@@ -204,7 +211,7 @@ def default_core_slices(op: PrimOp, core_split: Mapping[str, int]) -> list[CoreS
             pos[i] = rem % factors[i]
             rem //= factors[i]
         slices.append(CoreSlice.model_construct(core=c, slice=dict(zip(names, pos))))
-    return slices
+    return tuple(slices)
 
 
 def core_ranges(op: PrimOp, core_split: Mapping[str, int], core_slices: Iterable[CoreSlice],

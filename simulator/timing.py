@@ -168,19 +168,17 @@ def _tile_classes(prim: PrimOp, op: OpDecl, granules: dict[int, int]) -> list[_C
     slices = op.core_slices or []
     if not slices:
         return [_Class(tuple(chunks), [0])]
+    # per dim, the extent of each slice index (the last slices of a padded dim are short)
+    per_dim = []
+    for i, d in enumerate(prim.iter_dims):
+        f = split.get(d.name, 1)
+        per_dim.append((d.name, d.size, None if f <= 1 else
+                        [min((k + 1) * chunks[i], d.size) - min(k * chunks[i], d.size) for k in range(f)]))
     classes: dict[tuple[int, ...], list[int]] = {}
     for cs in slices:
-        ext = []
-        for i, d in enumerate(prim.iter_dims):
-            f = split.get(d.name, 1)
-            if f <= 1:
-                ext.append(d.size)
-                continue
-            k = cs.slice.get(d.name, 0)
-            lo = min(k * chunks[i], d.size)
-            hi = min((k + 1) * chunks[i], d.size)
-            ext.append(hi - lo)
-        classes.setdefault(tuple(ext), []).append(cs.core)
+        sl = cs.slice
+        ext = tuple(size if ks is None else ks[sl.get(name, 0)] for name, size, ks in per_dim)
+        classes.setdefault(ext, []).append(cs.core)
     return [_Class(e, c) for e, c in classes.items()]
 
 
