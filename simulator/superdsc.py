@@ -139,6 +139,37 @@ def fused_group_key(op: OpDecl, bundle: bool = True) -> Optional[tuple]:
     return (op.bundle if bundle else None, tiles, op.num_cores_used)
 
 
+def lx_live_spans(program: "Program") -> dict[str, tuple[int, int]]:
+    """Per LX tensor, the op-index span over which its bytes must stay intact (what the
+    capacity and overlap rules check). A tile buffer: [live_from, live_to], inside its one
+    kernel, where every tile runs the members in op order. Any other LX tensor: its live
+    range widened to every fused kernel the range touches, because a kernel's tile loop
+    runs all members on every tile: a whole-slice result written by a member in tile 0 is
+    still needed after the last tile, and one read by a member is read again in every
+    tile, so no buffer of another member may reuse its bytes in between."""
+    kernels: list[tuple[int, int]] = []
+    prev, start = None, 0
+    for k, op in enumerate(program.ops + [None]):  # type: ignore[operator]
+        key = fused_group_key(op) if op is not None else None
+        if key != prev:
+            if prev is not None:
+                kernels.append((start, k - 1))
+            start = k
+        prev = key
+    spans: dict[str, tuple[int, int]] = {}
+    for t in program.tensors:
+        m = t.memory
+        if not isinstance(m, LxMemory):
+            continue
+        a, b = m.live_from, m.live_to
+        if not m.per_tile:
+            for ka, kb in kernels:
+                if ka <= b and a <= kb:
+                    a, b = min(a, ka), max(b, kb)
+        spans[t.id] = (a, b)
+    return spans
+
+
 class Bundle(_Model):
     """A device program: LX contents persist between its ops, never across bundles.
     `external_tensors` are the tensors it references in device memory (counted against

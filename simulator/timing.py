@@ -45,7 +45,7 @@ from lowering.primitives import (Call, Const, In, MatmulBody, PointwiseBody, Pri
 from simulator.geometry import (box_contains, box_lx_bytes, core_ranges, dim_chunk, op_granules,
                                 operand_box)
 from simulator.hardware import Hardware, load_target
-from simulator.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, tile_count
+from simulator.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, lx_live_spans, tile_count
 
 _GRAPH_INPUT_ROLES = ("user_input", "parameter", "buffer", "constant")
 _TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin",
@@ -243,10 +243,11 @@ class OpTimer:
         n = len(program.ops)
         # LX bytes per core held by resident tensors at each op (difference array)
         diff = [0] * (n + 1)
+        spans = lx_live_spans(program)
         for t in program.tensors:
             m = t.memory
             if isinstance(m, LxMemory):
-                lo, hi = max(0, m.live_from), min(n - 1, m.live_to)
+                lo, hi = max(0, spans[t.id][0]), min(n - 1, spans[t.id][1])
                 if lo <= hi:
                     diff[lo] += m.size_per_core
                     diff[hi + 1] -= m.size_per_core

@@ -31,6 +31,8 @@ Codes (docs/simulator.md has the full table):
   lx_slice_mismatch   a core reads from its LX a slice it did not write (different slicing; for a
                       tile buffer: a tile-j box outside the producer's tile-j box on that core)
   lx_reduction_split  the output of an op with a split reduction dim (cross-core partial sums) in LX
+  kernel_tile_order   a fused kernel member reads an earlier member's result where its own core has not
+                      written it by the same tile (another core's part, or a later tile's)
   lx_tile_scope       a tile buffer (LxMemory.per_tile) not confined to one fused coarse-tiled kernel:
                       producer or a reader outside it, an op of another kernel inside its live range,
                       a program input/output, live_to not a reader, or a producer tiling a reduction dim
@@ -58,6 +60,7 @@ from simulator.geometry import (
 )
 from simulator.superdsc import (
     PROGRAM_FORMAT, PROGRAM_VERSION, HbmMemory, LxMemory, Program, TensorDecl, fused_group_key,
+    lx_live_spans,
 )
 
 
@@ -114,6 +117,32 @@ def external_tensors(program: Program, op_ids: list[str], tmap: Optional[dict] =
             if t in tmap and isinstance(tmap[t].memory, HbmMemory):
                 out.add(resolve_alias(tmap, t))
     return out
+
+
+def _tile_order_problem(pbox, rbox) -> Optional[str]:
+    """What is wrong when a reader's (core, tile j) boxes `rbox` are not each inside the
+    producer's box on the same core in some tile i <= j (`pbox`); None when all are."""
+    pcores, plo, phi = pbox
+    rcores, rlo, rhi = rbox
+    prow = {c: i for i, c in enumerate(pcores)}
+    for ci, c in enumerate(rcores):
+        lo, hi = rlo[ci], rhi[ci]  # (reader tiles, rank)
+        empty = (hi <= lo).any(axis=1)  # a tile that reads nothing
+        if c not in prow:
+            if not empty.all():
+                return f"core {c} reads it, but the producer runs no tile on that core"
+            continue
+        olo, ohi = plo[prow[c]], phi[prow[c]]  # (producer tiles, rank)
+        # inside[i, j]: reader tile j inside producer tile i
+        inside = ((olo[:, None, :] <= lo[None, :, :]) & (hi[None, :, :] <= ohi[:, None, :])).all(axis=2)
+        n_p = olo.shape[0]
+        for j in range(lo.shape[0]):
+            if empty[j]:
+                continue
+            if not inside[: min(j + 1, n_p), j].any():
+                return (f"core {c} needs in tile {j} a box its producer tiles do not cover by then "
+                        f"(another core's part, or a later tile's)")
+    return None
 
 
 class _Checker:
@@ -566,15 +595,45 @@ class _Checker:
                     self.add("lx_slice_mismatch", f"{reader.id}: tile buffer {t.id}: {bad} (another tiling or "
                                                   f"per-core slicing)", op=reader.id, tensor=t.id)
 
+    def check_kernel_order(self):
+        """Inside a fused kernel the tile loop runs every member on tile j before tile j+1,
+        on each core independently: a member may read an earlier member's result (in any
+        memory) only where its own core wrote it in the same or an earlier tile. (Tile
+        buffers: check_tile_buffers, which demands the same tile.)"""
+        p = self.p
+        keys = [fused_group_key(o) for o in p.ops]
+        producer_at: dict[str, int] = {}
+        for k, o in enumerate(p.ops):
+            prim = self.prims.get(o.id)
+            if prim is None or keys[k] is None:
+                continue
+            for idx, a in enumerate(prim.inputs):
+                t = self.tmap.get(a.tensor)
+                q = producer_at.get(a.tensor)
+                if t is None or q is None or keys[q] != keys[k] or any(keys[x] != keys[k] for x in range(q, k)):
+                    continue
+                if isinstance(t.memory, LxMemory) and t.memory.per_tile:
+                    continue
+                pbox, rbox = self.tile_boxes(q, -1, a.tensor), self.tile_boxes(k, idx, a.tensor)
+                if pbox is None or rbox is None:
+                    continue
+                bad = _tile_order_problem(pbox, rbox)
+                if bad:
+                    self.add("kernel_tile_order", f"{o.id} reads {a.tensor}, made by {p.ops[q].id} in the same "
+                                                  f"fused kernel: {bad}", op=o.id, tensor=a.tensor)
+            if prim.output.tensor in self.tmap:
+                producer_at[prim.output.tensor] = k
+
     # -- memory over time -----------------------------------------------------------------------
     def check_memory(self):
         hw = self.hw
         n_ops = len(self.p.ops)
         lx = [(t.id, t.memory) for t in self.tmap.values() if isinstance(t.memory, LxMemory)]
         if lx:
+            spans = lx_live_spans(self.p)  # live ranges widened over the fused kernels they touch
             delta = [0] * (n_ops + 2)
-            for _, m in lx:
-                a, b = max(0, m.live_from), min(n_ops, m.live_to)
+            for i, m in lx:
+                a, b = max(0, spans[i][0]), min(n_ops, spans[i][1])
                 if b >= a:
                     delta[a] += m.size_per_core
                     delta[b + 1] -= m.size_per_core
@@ -585,7 +644,7 @@ class _Checker:
                     self.add("lx_capacity", f"at op {k} ({self.p.ops[k].id}) {live} bytes per core are live "
                                             f"in LX > {hw.lx_capacity_bytes}", op=self.p.ops[k].id)
                     break
-            self._overlaps([(i, m.live_from, m.live_to, m.lx_address, m.lx_address + m.size_per_core)
+            self._overlaps([(i, spans[i][0], spans[i][1], m.lx_address, m.lx_address + m.size_per_core)
                             for i, m in lx], "lx_overlap", "LX")
         # device memory: live from producer (inputs: start) to last reader (outputs: end)
         last_read: dict[str, int] = {}
@@ -663,6 +722,7 @@ def validate_program(program: Union[Program, dict, str, bytes], hw) -> list[Prog
     ck.check_tensors()
     ck.check_ops()
     ck.check_tile_buffers()
+    ck.check_kernel_order()
     ck.check_memory()
     ck.check_bundles()
     return ck.issues

@@ -693,9 +693,9 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     # and for the fusion search after it (solver.fusion): one trial per split variant and per
     # further tile count, the final one and the resplit after it, each about four times an
     # emit + validation (two emits, a validation or two for the tile buffers, a simulation;
-    # measured on the layer graphs), and at least a quarter of the limit: fusion gains more
+    # measured on the layer graphs), and at least 30% of the limit: fusion gains more
     # than the solver's last seconds do (layer graphs: 10-20% vs a few %).
-    fusion_s = max(4 * (FUSION_TRIALS + 2) * (time.perf_counter() - t_emit), 0.25 * limit_s) if fuse else 0.0
+    fusion_s = max(4 * (FUSION_TRIALS + 2) * (time.perf_counter() - t_emit), 0.3 * limit_s) if fuse else 0.0
     if hint_prog is None:
         # an invalid hint is not a starting point: fall back to the naive plan
         from solver.naive import plan_naive
@@ -709,7 +709,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     if deterministic:  # a pass count, not the wall clock, bounds it
         start_d = sm.local_search(hint_d, None, max_passes=3)
     else:
-        start_d = sm.local_search(hint_d, t0 + elapsed + 0.3 * max(0.0, limit_s - elapsed))
+        start_d = sm.local_search(hint_d, t0 + elapsed + 0.15 * max(0.0, limit_s - elapsed))
     start_prog, _ = _program_or_none(pg, hw, start_d)
     if start_prog is not None and predict_program_ns(start_prog, hw) < hint_ns:
         hint_d, hint_prog, hint_ns = start_d, start_prog, predict_program_ns(start_prog, hw)

@@ -20,9 +20,10 @@ cores joins none, since its partial sums are combined after the loop):
    byte-heavy split among the run's members (where that split is legal for it), in one
    variant also to a heading matmul (the same split of its result, mapped through the
    result's tensor dims: `_head_split`), and drops the LX residencies the change
-   invalidates (`SPLIT_VARIANTS`). The planner's bundle cuts inside runs go. The ops of a
-   kernel are tiled along one dim name where they can (`_assign`), so a reader's tile j
-   covers what its producer wrote in tile j.
+   invalidates (`SPLIT_VARIANTS`). The planner's bundle cuts inside runs go. A member
+   reading an earlier member's result is tiled along the dim that walks the same tensor
+   dim as its producer's tiles (`_assign`), so its tile j needs what the producer wrote in
+   tile j.
 2. stage 1: one whole-program trial per variant at the middle tile count; each run keeps
    the variant that is fastest for it (or the plan as it was).
 3. stage 2: on the chosen splits, one trial per other tile count; each run keeps its
@@ -40,9 +41,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph, op_from_json
+from lowering.primitives import PrimGraph, PrimOp, op_from_json
 from lowering.op_rules import legal_core_splits, split_units
-from simulator.geometry import core_ranges, layout_nbytes, op_granules, reduction_split
+from simulator.geometry import box_contains, core_ranges, layout_nbytes, op_granules, operand_box, reduction_split
 from simulator.superdsc import Program
 from simulator.timing import TimingReport, time_program
 from simulator.validate import validate_program
@@ -138,30 +139,85 @@ def _with_tiles(d: PlanDecisions, tiles: dict[str, dict[str, int]]) -> PlanDecis
     return replace(d, ops=ops)
 
 
-def _assign(run: list[str], tileable: dict[str, list[tuple[str, int]]], t: int) -> dict[str, dict[str, int]]:
+class _OwnCores:
+    """Whether a reader takes an earlier op's result only from the boxes its own cores
+    wrote (a fused kernel's members may read nothing else: kernel_tile_order)."""
+
+    def __init__(self, program: Program, hw):
+        self.ops = {o.id: o for o in program.ops}
+        self.tmap = program.tensor_map()
+        self.hw = hw
+        self.prims = {o.id: op_from_json(o.prim) for o in program.ops if o.prim is not None}
+        self._ranges: dict[str, dict] = {}
+
+    def ranges(self, oid: str) -> dict:
+        if oid not in self._ranges:
+            o, prim = self.ops[oid], self.prims[oid]
+            names = [a.tensor for a in prim.inputs] + [prim.output.tensor]
+            gran = op_granules(prim, {n: self.tmap[n].layout for n in names},
+                               {n: self.tmap[n].dtype for n in names}, self.hw.stick_bytes)
+            self._ranges[oid] = core_ranges(prim, {n: f for n, f in o.core_split.items() if f > 1},
+                                            o.core_slices, gran)
+        return self._ranges[oid]
+
+    def reads_own(self, reader: str, producer: str) -> bool:
+        rp, pp = self.prims[reader], self.prims[producer]
+        t = pp.output.tensor
+        shape = self.tmap[t].shape
+        made = {c: operand_box(pp, -1, r, shape) for c, r in self.ranges(producer).items()}
+        for i, a in enumerate(rp.inputs):
+            if a.tensor != t:
+                continue
+            for c, r in self.ranges(reader).items():
+                box = operand_box(rp, i, r, shape)
+                if any(b <= a_ for a_, b in box):
+                    continue
+                if c not in made or not box_contains(made[c], box):
+                    return False
+        return True
+
+
+def _assign(run: list[str], tileable: dict[str, list[tuple[str, int]]], t: int,
+            prims: dict[str, PrimOp], own: Optional[_OwnCores] = None) -> dict[str, dict[str, int]]:
     """Tiles for the ops of `run` at tile count t: every maximal sub-run (>= 2 ops) of ops
-    that can take t tiles; a lone op gains nothing from tiling and stays untiled. The ops
-    of a sub-run are tiled along one dim name where they can (the name most of them can
-    take t tiles along, ties to the first op's preference), so a reader's tile j covers
-    what its producer wrote in tile j and results can be tile buffers."""
+    that can take t tiles; a lone op gains nothing from tiling and stays untiled. A member
+    reading an earlier member's result is tiled along its iteration dim that walks the
+    same dim of that tensor as the producer's tiles do, so its tile j needs what the
+    producer wrote in tile j (the validator's kernel_tile_order rule; and the result can
+    then be a tile buffer); otherwise along its own preferred dim."""
     out: dict[str, dict[str, int]] = {}
     seg: list[str] = []
 
     def dims(oid: str) -> list[str]:
         return [n for n, units in tileable.get(oid, []) if units >= t]
+
+    def fits(oid: str) -> bool:
+        # a member reads earlier members' results only where its own cores wrote them
+        made = {prims[s].output.tensor: s for s in seg}
+        return own is None or all(own.reads_own(oid, made[a.tensor]) for a in prims[oid].inputs
+                                  if a.tensor in made)
     for oid in run + [None]:  # type: ignore[list-item]
-        if oid is not None and dims(oid):
+        if oid is not None and dims(oid) and fits(oid):
             seg.append(oid)
             continue
         if len(seg) >= 2:
-            counts: dict[str, int] = {}
+            walked: dict[str, int] = {}  # result tensor -> the tensor dim its producer tiles
             for s in seg:
-                for n in dims(s):
-                    counts[n] = counts.get(n, 0) + 1
-            first = dims(seg[0])
-            common = max(counts, key=lambda n: (counts[n], -first.index(n) if n in first else -len(first)))
-            for s in seg:
-                out[s] = {(common if common in dims(s) else dims(s)[0]): t}
+                prim, opts = prims[s], dims(s)
+                pick = opts[0]
+                for a in prim.inputs:
+                    j = walked.get(a.tensor)
+                    if j is not None and j < len(a.dims) and a.dims[j] is not None \
+                            and prim.iter_dims[a.dims[j]].name in opts:
+                        pick = prim.iter_dims[a.dims[j]].name
+                        break
+                out[s] = {pick: t}
+                i = next(k for k, d in enumerate(prim.iter_dims) if d.name == pick)
+                j = next((jj for jj, d in enumerate(prim.output.dims) if d == i), None)
+                if j is not None:
+                    walked[prim.output.tensor] = j
+        # an op that does not fit stays untiled: it separates the kernels before and after
+        # it (adjacent ops with one tile count would otherwise run as one kernel)
         seg = []
     return out
 
@@ -332,14 +388,16 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
         """One whole-program trial per tile count; each run keeps what is fastest for it."""
         nonlocal out_of_time
         try:
-            tileable = _tile_dims(emit_program(pg, hw, v), hw)
+            vprog = emit_program(pg, hw, v)
         except ValueError:
             return
+        tileable = _tile_dims(vprog, hw)
+        own = _OwnCores(vprog, hw)
         for t in counts:
             if deadline is not None and time.perf_counter() + 3 * longest[0] > deadline:
                 out_of_time = True
                 return
-            per_run = [_assign(r, tileable, t) for r in runs]
+            per_run = [_assign(r, tileable, t, own.prims, own) for r in runs]
             if not any(per_run):
                 continue
             started = time.perf_counter()

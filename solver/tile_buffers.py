@@ -26,7 +26,7 @@ from typing import Optional
 
 from lowering.primitives import PrimGraph, op_from_json
 from simulator.geometry import core_ranges, largest_tile_lx_bytes, op_granules, padded
-from simulator.superdsc import HbmMemory, LxMemory, Program, fused_group_key
+from simulator.superdsc import HbmMemory, LxMemory, Program, fused_group_key, lx_live_spans
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import PlanDecisions, Residency
@@ -106,7 +106,8 @@ def _candidates(pg: PrimGraph, program: Program, hw) -> dict[str, _Candidate]:
 def _place(program: Program, cands: dict[str, _Candidate], capacity: int, stick: int) -> dict[str, int]:
     """First-fit LX addresses for the tile buffers `cands` around every other live LX buffer
     (in whole sticks); a buffer that finds no room is left out."""
-    taken = [(m.live_from, m.live_to, m.lx_address, m.lx_address + m.size_per_core)
+    spans = lx_live_spans(program)  # a whole-slice LX tensor is live across the kernels it touches
+    taken = [(*spans[t.id], m.lx_address, m.lx_address + m.size_per_core)
              for t in program.tensors if isinstance(m := t.memory, LxMemory) and t.id not in cands]
     addresses: dict[str, int] = {}
     for t in sorted(cands, key=lambda x: (cands[x].live_from, -cands[x].size)):

@@ -131,7 +131,9 @@ def test_member_tiling_its_reduction_dim_folds_tile_partials():
     inp = inputs_for(pg)
     assert _err(run_program(tb, inp, HW), interpret(pg, inp)) < 2e-3
     # the reader tiled along its rows instead reads column tiles it was never given
-    bad = _emit(pg, {"op1": SPLIT, "sum": SPLIT}, {"op1": {"c": 4}, "sum": {"r": 4}}, {"t1": 4096})
+    bad = _emit(pg, {"op1": SPLIT, "sum": SPLIT}, {"op1": {"c": 4}, "sum": {"r": 4}}, {"t1": 4096}, valid=False)
+    # held whole in LX it is no better: in tile 0 the reader needs columns written in tiles 1-3
+    assert codes(bad) == {"kernel_tile_order"}
     bad = per_tile(bad, t1=(ROWS // 32) * 64 * 2)
     assert codes(bad) == {"lx_slice_mismatch"}
     assert _wrong_numbers_or_fault(bad, inp, interpret(pg, inp))
@@ -159,7 +161,7 @@ def test_split_k_matmul_reads_a_tile_buffer_and_combines_partials_per_tile():
 @pytest.mark.parametrize("variant", ["tiled_on_columns", "split_differently"])
 def test_reader_tiled_or_split_otherwise_is_a_slice_mismatch_and_reads_wrong_bytes(variant):
     if variant == "tiled_on_columns":
-        pg, prog = _chain3(op2_tiles={"c": 4})
+        pg, prog = _chain3(op2_tiles={"c": 4}, valid=False)
     else:
         pg, prog = _chain3(op2_split={"r": 16, "c": 2}, valid=False)
     tb = per_tile(prog, t1=TILE_BYTES, t2=TILE_BYTES)
@@ -168,9 +170,10 @@ def test_reader_tiled_or_split_otherwise_is_a_slice_mismatch_and_reads_wrong_byt
     assert any(i.op == "op2" and i.tensor == "t1" and "tile" in i.message for i in got)
     inp = inputs_for(pg)
     assert _wrong_numbers_or_fault(tb, inp, interpret(pg, inp))
-    # the same tilings with t1 a whole-slice LX buffer are fine: each core holds its rows
-    if variant == "tiled_on_columns":
-        assert codes(prog) == set()
+    # with t1 a whole-slice LX buffer the kernel is still wrong: the tile loop runs op2's
+    # tile 0 (all rows of the core, a quarter of the columns) before op1 wrote those rows;
+    # split otherwise, op2's cores also read rows other cores wrote
+    assert "kernel_tile_order" in codes(prog)
 
 
 # -- (c) a reader outside the kernel -----------------------------------------------------------
