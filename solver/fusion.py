@@ -52,9 +52,9 @@ from solver.plan import OpPlan, PlanDecisions
 from solver.tile_buffers import add_tile_buffers
 
 TILE_COUNTS = (2, 4, 8, 16, 32, 64)
-# Alternatives to the planned splits tried per run: (which of the run's splits, whether a
-# heading matmul takes it too).
-SPLIT_VARIANTS = ((0, False), (0, True), (1, False))
+# Alternatives to the plan tried per run: (which of the run's splits, None: the planned
+# splits without the residencies inside the run; whether a heading matmul takes it too).
+SPLIT_VARIANTS = ((None, False), (0, False), (0, True), (1, False))
 # whole-program trials of one search: each variant at the middle tile count, then the rest
 FUSION_TRIALS = 1 + len(SPLIT_VARIANTS) + len(TILE_COUNTS) - 1
 _FUSABLE_BODIES = frozenset({"pointwise", "reduce", "matmul"})
@@ -266,7 +266,10 @@ def _split_candidates(program: Program, run: list[str]) -> list[dict[str, int]]:
 
 
 def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[list[str]],
-             which: int, with_head: bool) -> Optional[_Variant]:
+             which: Optional[int], with_head: bool) -> Optional[_Variant]:
+    """`which` None: the planned splits, with the LX residencies the solve gave results made
+    and used up inside a run dropped (whole-slice buffers crowd a kernel's LX: as tile
+    buffers they take a tile's worth)."""
     prims = {o.id: op_from_json(o.prim) for o in program.ops if o.prim is not None}
     layouts = {t.id: t.layout for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}
@@ -274,7 +277,7 @@ def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[l
     changed: dict[str, set[str]] = {}
     for run in runs:
         cands = _split_candidates(program, run)
-        if which >= len(cands):
+        if which is None or which >= len(cands):
             continue
         want = cands[which]
         for oid in run:
@@ -300,18 +303,23 @@ def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[l
                 if split != cur and split in legal_core_splits(head, gran, hw.cores):
                     ops[head.id] = replace(ops.get(head.id, OpPlan()), core_split=split, core_slices=None)
                     changed.setdefault(run[0], set()).add(head.id)
-    if not changed:
-        return None
     touched: dict[str, set[str]] = {}
-    all_changed = set().union(*changed.values())
+    all_changed = set().union(*changed.values()) if changed else set()
     resident = dict(d.resident)
+    run_of = {oid: run[0] for run in runs for oid in run}
     for t in list(resident):
         users = {o.id for o in pg.ops if o.output.tensor == t or any(a.tensor == t for a in o.inputs)}
-        if users & all_changed:
+        heads = {run_of.get(u) for u in users}
+        if which is None and len(heads) == 1 and None not in heads:
+            del resident[t]   # made and used up inside one run
+            touched.setdefault(heads.pop(), set()).add(t)
+        elif users & all_changed:
             del resident[t]
             for head, ch in changed.items():
                 if users & ch:
                     touched.setdefault(head, set()).add(t)
+    if not changed and not touched:
+        return None
     return _Variant(replace(d, ops=ops, resident=resident), changed, touched)
 
 
