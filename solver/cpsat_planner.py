@@ -379,7 +379,7 @@ class SpyreModel:
             for stick, lv in self.lay[op.output.tensor].items():
                 m.AddHint(lv, self.S[op.id][k].out_stick == stick)
         out_stick = {op.output.tensor: self.S[op.id][chosen[op.id]].out_stick for op in self.pg.ops}
-        for t in self.ctx.free_inputs:
+        for t in sorted(self.ctx.free_inputs):  # hint order steers the search: keep it fixed
             have = d.input_sticks.get(t, self.ctx.input_sticks.get(t))
             out_stick[t] = have
             for s, v in self.lay[t].items():
@@ -460,7 +460,7 @@ class SpyreModel:
         are dropped; the bundle-window constraints must keep holding). The result is a
         better complete hint for CP-SAT."""
         picks = {op.id: (self.strategy_index(op.id, d.ops.get(op.id, OpPlan())) or 0) for op in self.pg.ops}
-        inputs = {t: d.input_sticks.get(t, self.ctx.input_sticks.get(t)) for t in self.ctx.free_inputs}
+        inputs = {t: d.input_sticks.get(t, self.ctx.input_sticks.get(t)) for t in sorted(self.ctx.free_inputs)}
         resident = {t: r for t, r in d.resident.items() if t in self.res}
         touching: dict[str, list[str]] = {}
         for op in self.pg.ops:
@@ -514,7 +514,7 @@ class SpyreModel:
     def decisions(self, solver: cp_model.CpSolver, input_sticks: dict) -> PlanDecisions:
         hw = self.hw
         d = PlanDecisions(planner="cpsat", input_sticks=dict(input_sticks))
-        for t in self.ctx.free_inputs:
+        for t in sorted(self.ctx.free_inputs):
             d.input_sticks[t] = next(s for s, v in self.lay[t].items() if solver.BooleanValue(v))
         for op in self.pg.ops:
             k = next(j for j, v in enumerate(self.pick[op.id]) if solver.BooleanValue(v))
