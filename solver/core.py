@@ -683,9 +683,13 @@ def solver_parameters(options: SolveOptions) -> cp_model.CpSolver:
     p.log_search_progress = bool(options.log)
     p.cp_model_presolve = bool(options.presolve)
     if options.deterministic:
-        # interleaved workers make the parallel search reproducible; the deterministic clock
-        # (not the wall clock) decides when to stop.
-        p.interleave_search = True
+        # One sequential worker; the deterministic clock (not the wall clock) decides when to
+        # stop. CP-SAT's interleaved mode (`interleave_search`, meant to make parallel search
+        # reproducible) returned different solutions and bounds for one model proto in fresh
+        # processes, with 1 or 2 workers (ortools 9.15, bert layer, 2026-11-29); the
+        # sequential search repeated exactly.
+        p.num_workers = 1
+        p.interleave_search = False
         p.max_deterministic_time = float(options.deterministic_time or options.time_limit_s)
         p.max_time_in_seconds = float(options.time_limit_s * options.deterministic_wall_factor)
     else:
