@@ -470,9 +470,9 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
     deadline_s = opts.deadline_s if opts.deadline_s is not None else max(
         config.default_deadline_s, options.time_limit_s + 60.0)
     deadline_at = received_at + deadline_s
-    slot = pipeline.StoreSlot(store_path=str(config.store_path), key=key, graph_hash=graph_hash,
-                              compiler_version=COMPILER_VERSION, options_hash=options.options_hash(),
-                              options=options.solve_dict(), hardware=hw.name, hardware_digest=hw.digest)
+    slot = pipeline.StoreSlot(str(config.store_path), ProgramRecord.empty(
+        key=key, graph_hash=graph_hash, compiler_version=COMPILER_VERSION, options_hash=options.options_hash(),
+        options=options.solve_dict(), hardware=hw.name, hardware_digest=hw.digest))
     job = pipeline.CompileJob(document=document_json, options=options, deadline_at=deadline_at,
                               hint=stored.program if stored is not None else None, slot=slot)
 

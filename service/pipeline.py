@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Optional, Union
 
 from lowering.errors import GraphError
 from lowering.graph_format import GraphDocument, SymSize
+from service.store import ProgramRecord
 
 # Planners in the order the service prefers them when a request names none.
 PLANNER_PREFERENCE = ("cpsat", "heuristic", "naive")
@@ -183,26 +184,17 @@ class CompileFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class StoreSlot:
-    """Where a compile's program goes in the store: the key and what the row records
-    besides the program. The worker writes its early fallback plan here itself."""
+    """Where a compile's program goes in the store: the store and the row it fills (`row`:
+    its key fields; `record()` adds the program). The worker writes its early fallback plan
+    here itself."""
 
     store_path: str
-    key: str
-    graph_hash: str
-    compiler_version: str
-    options_hash: str
-    options: dict[str, Any]
-    hardware: str
-    hardware_digest: str
+    row: ProgramRecord
 
     def record(self, program: str, stats: dict[str, Any], solution: Optional[str], complete: bool):
-        from service.store import ProgramRecord
-
         now = time.time()
-        return ProgramRecord(key=self.key, graph_hash=self.graph_hash, compiler_version=self.compiler_version,
-                             options_hash=self.options_hash, options=self.options, hardware=self.hardware,
-                             hardware_digest=self.hardware_digest, program=program, stats=stats,
-                             solution=solution, complete=complete, created_at=now, updated_at=now)
+        return replace(self.row, program=program, stats=stats, solution=solution, complete=complete,
+                       created_at=now, updated_at=now)
 
 
 @dataclass(frozen=True)

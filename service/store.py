@@ -91,6 +91,13 @@ class ProgramRecord:
     created_at: float
     updated_at: float
 
+    @classmethod
+    def empty(cls, *, key: str, graph_hash: str, compiler_version: str, options_hash: str,
+              options: dict[str, Any], hardware: str, hardware_digest: str) -> "ProgramRecord":
+        """A row's key fields, no program yet (`StoreSlot.record` fills it in)."""
+        return cls(key, graph_hash, compiler_version, options_hash, options, hardware, hardware_digest,
+                   program="", stats={}, solution=None, complete=False, created_at=0.0, updated_at=0.0)
+
     def summary(self, current_version: str) -> dict[str, Any]:
         return {
             "key": self.key,

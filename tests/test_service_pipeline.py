@@ -8,7 +8,7 @@ from lowering.errors import GraphError
 from lowering.graph_format import GraphDocument
 from lowering.version import COMPILER_VERSION
 from service import pipeline
-from service.store import ProgramStore, program_key
+from service.store import ProgramRecord, ProgramStore, program_key
 from service_helpers import chain_graph
 
 
@@ -44,8 +44,9 @@ def test_anytime_planner_stores_a_fallback_plan_first(tmp_path):
     options = pipeline.resolve_options("cpsat", 2, True)
     hw = pipeline.load_hardware("spyre")
     key = program_key(doc.graph_hash(), COMPILER_VERSION, options.options_hash(), hw.digest)
-    slot = pipeline.StoreSlot(str(tmp_path / "s.sqlite"), key, doc.graph_hash(), COMPILER_VERSION,
-                              options.options_hash(), options.solve_dict(), hw.name, hw.digest)
+    slot = pipeline.StoreSlot(str(tmp_path / "s.sqlite"), ProgramRecord.empty(
+        key=key, graph_hash=doc.graph_hash(), compiler_version=COMPILER_VERSION, options_hash=options.options_hash(),
+        options=options.solve_dict(), hardware=hw.name, hardware_digest=hw.digest))
     outcome = pipeline.compile_job(pipeline.CompileJob(document=doc.to_json(), options=options, slot=slot))
     assert outcome.status == "ok" and outcome.stats["planner"] == "cpsat"
     # The job returns its final plan; what it stored itself is the fallback.
