@@ -99,13 +99,19 @@ def _convolution(ctx: Ctx, node: NodeArgs):
     return [out.with_([out.shape[d] for d in order], [out.strides[d] for d in order], name=nid)]
 
 
-def _max_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, dilation, ceil_mode) -> View:
+def _batched(node: NodeArgs, x: View, kernel, what: str) -> tuple[View, bool]:
+    """A pooling input with its batch dim: (x, whether it arrived without one)."""
     ns = len(kernel)
     if x.rank not in (ns + 1, ns + 2):
-        raise node.fail("shape_mismatch", f"max pool of {list(x.shape)} with kernel {kernel}")
-    unbatched = x.rank == ns + 1
-    if unbatched:
-        x = x.with_((1,) + x.shape, (0,) + x.strides)
+        raise node.fail("shape_mismatch", f"{what} of {list(x.shape)} with kernel {kernel}")
+    if x.rank == ns + 1:
+        return x.with_((1,) + x.shape, (0,) + x.strides), True
+    return x, False
+
+
+def _max_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, dilation, ceil_mode) -> View:
+    ns = len(kernel)
+    x, unbatched = _batched(node, x, kernel, "max pool")
     stride = stride or kernel
     sizes = x.shape[2:]
     out_sizes = [_out_size(sizes[i], kernel[i], stride[i], padding[i], dilation[i], ceil_mode) for i in range(ns)]
@@ -140,11 +146,7 @@ def _avg_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, ceil_m
               count_include_pad: bool, divisor_override) -> View:
     """Average pooling: zero-pad copy, window copy, one sum reduction of x / divisor."""
     ns = len(kernel)
-    if x.rank not in (ns + 1, ns + 2):
-        raise node.fail("shape_mismatch", f"avg pool of {list(x.shape)} with kernel {kernel}")
-    unbatched = x.rank == ns + 1
-    if unbatched:
-        x = x.with_((1,) + x.shape, (0,) + x.strides)
+    x, unbatched = _batched(node, x, kernel, "avg pool")
     sizes = x.shape[2:]
     out_sizes = [_out_size(sizes[i], kernel[i], stride[i], padding[i], 1, ceil_mode) for i in range(ns)]
     overhang = any((out_sizes[i] - 1) * stride[i] + kernel[i] > sizes[i] + 2 * padding[i] for i in range(ns))
