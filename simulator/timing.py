@@ -19,7 +19,8 @@ slowest core is done):
   a reduction along the stick dim reads at the rows-dependent `reduction_read_curve`, one
   across rows at `cross_row_reduction_gbps`.
 - matmul operands the core split does not index are loaded by every core of that split,
-  at the per-core ceiling `mm_replicated_read_gbps_per_core` (plus a fixed cost).
+  at the per-core ceiling `mm_replicated_read_gbps_per_core` (plus a fixed cost per
+  replicated operand; the bytes of two replicated operands add).
 - compute: matmul on the PT array at the sustained rate, or the default-layout /
   batch-outer bmm rate, derated for short per-core M slices; pointwise/reduce on the SFP
   at whole sticks per cycle.
@@ -27,8 +28,8 @@ slowest core is done):
   working reserve plus the LX the plan leaves free); each tile iteration costs
   `loop_overhead_us`; a small per-core tile underfills the stream (`underfill_curve`); a
   per-tile working set past `lx_spill_knee_bytes` spills and runs slower. Consecutive ops
-  of one bundle with the same temporal tiling form one coarse-tiled fused kernel: it reads
-  each external tensor once, a member's result is on chip for later members (each tile is
+  of one bundle with the same temporal tiling form one coarse-tiled fused kernel: each
+  core loads each box of an external tensor once, a member's result is on chip for later members (each tile is
   computed on chip, on its core: a later member whose every core reads inside the box that
   core wrote reads nothing from device memory; a result stored in device memory is still
   written there), and it pays the loop overhead once.
@@ -274,10 +275,30 @@ class OpTimer:
         need = self._core_boxes(prim, op, operand, td)
         return all(c in made and box_contains(made[c], b) for c, b in need.items())
 
+    def _loaded_on_chip(self, prim: PrimOp, op: OpDecl, operand: int, td: TensorDecl,
+                        group_loaded: dict[str, dict]) -> bool:
+        """A fused-group member's read of an external tensor is served on chip when every
+        core reads only inside a box that core itself loaded earlier in the kernel; either
+        way the boxes this read needs are on its cores afterwards. (A core never sees what
+        another core loaded: data reaches a core's LX from device memory or from its own
+        compute.) Copies and gathers read scattered pieces, not a box: never served."""
+        if prim.body.kind in ("copy", "gather"):
+            return False
+        need = self._core_boxes(prim, op, operand, td)
+        loaded = group_loaded.setdefault(td.id, {})
+        served = bool(loaded) and all(any(box_contains(b, nb) for b in loaded.get(c, ()))
+                                      for c, nb in need.items())
+        if not served:
+            for c, nb in need.items():
+                loaded.setdefault(c, []).append(nb)
+        return served
+
     def dram_ns(self, r: float, w: float, cores: int, gbps: Optional[float] = None) -> float:
         return self.hw.dram_ns(r, w, gbps=gbps, cores=cores)
 
-    def analyse(self, k: int, op: OpDecl, group_seen: Optional[set[str]]) -> OpTiming:
+    def analyse(self, k: int, op: OpDecl, group_loaded: Optional[dict[str, dict]]) -> OpTiming:
+        """Times op `k`. `group_loaded` is None outside a fused kernel; inside one it maps each
+        external tensor the kernel has read to the boxes each core loaded (updated here)."""
         hw = self.hw
         prim = op_from_json(op.prim) if op.prim is not None else None
         ot = OpTiming(op_id=op.id, opfunc=op.opfunc, ex_unit=op.ex_unit, kind=op.kind,
@@ -337,7 +358,7 @@ class OpTimer:
         # ---- bytes --------------------------------------------------------------------
         r_shared = 0.0      # read bytes over the shared bus (aggregate)
         w_shared = 0.0
-        repl_core_bytes = 0.0  # replicated matmul loads, per core (worst class)
+        repl_core_bytes: list[float] = []  # per replicated matmul operand: its per-core box (worst class)
         lx_core_bytes = 0.0    # per core bytes read/written in LX (worst class)
         core_bytes = {ci: 0.0 for ci in range(len(classes))}  # per-core device bytes per class
         red_split = 1
@@ -349,7 +370,7 @@ class OpTimer:
             graph_input = o.tensor.role in _GRAPH_INPUT_ROLES
             total_core = sum(o.per_core[ci] * len(cl.cores) for ci, cl in enumerate(classes))
             if o.is_output:
-                if group_seen is not None and red_split == 1:
+                if group_loaded is not None and red_split == 1:
                     # in a fused kernel each tile of a result is produced on chip, on the
                     # core that computed it: a later member reads it there when it needs
                     # no other core's part (whatever memory the result is stored in)
@@ -379,16 +400,15 @@ class OpTimer:
                     r_shared += whole
                     ot.effects.append(f"clone-in {tid}")
                 continue
-            if group_seen is not None:
+            if group_loaded is not None:
                 if tid in self.group_produced and self._served_on_chip(prim, op, acc_idx[id(o)], o.tensor):
                     ot.effects.append(f"fused: {tid} produced on chip")
                     continue
-                if tid in group_seen:
+                if self._loaded_on_chip(prim, op, acc_idx[id(o)], o.tensor, group_loaded):
                     ot.effects.append(f"fused: {tid} already on chip")
                     continue
-                group_seen.add(tid)
             if is_matmul and o.replication > 1:
-                repl_core_bytes = max(repl_core_bytes, max(o.per_core.values()))
+                repl_core_bytes.append(max(o.per_core.values()))
                 ot.effects.append(f"replicated x{o.replication}: {tid}")
                 ot.hbm_read_bytes += int(total_core)
                 continue
@@ -467,8 +487,9 @@ class OpTimer:
                 ot.effects.append(f"spill x{derate:.3f}")
 
         repl_ns = 0.0
-        if repl_core_bytes > 0:
-            repl_ns = hw.replicated_read_ns(repl_core_bytes)
+        # the ceiling is a per-core rate: a core loading two replicated operands loads both
+        for b in repl_core_bytes:
+            repl_ns += hw.replicated_read_ns(b)
         # ---- compute time per class -------------------------------------------------------
         comp_ns = {}
         macs_total = 0
@@ -598,7 +619,7 @@ def time_program(program: Program, hw: Optional[Hardware] = None) -> TimingRepor
     clock = 0.0
     group_id = -1
     prev_key = None
-    group_seen: Optional[set[str]] = None
+    group_loaded: Optional[dict[str, dict]] = None   # per external tensor, per core: boxes loaded
     group_members: list[OpTiming] = []
 
     def close_group() -> None:
@@ -630,13 +651,13 @@ def time_program(program: Program, hw: Optional[Hardware] = None) -> TimingRepor
         key = fused_group_key(op)
         if key is None or key != prev_key:
             close_group()
-            group_seen = None
+            group_loaded = None
             timer.group_produced = {}
             if key is not None:
                 group_id += 1
-                group_seen = set()
+                group_loaded = {}
         prev_key = key
-        ot = timer.analyse(k, op, group_seen)
+        ot = timer.analyse(k, op, group_loaded)
         ops.append(ot)
         for core, (m, c) in ot.per_core.items():
             if 0 <= core < hw.cores:

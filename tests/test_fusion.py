@@ -70,3 +70,31 @@ def test_fused_group_member_reads_a_result_on_chip_only_from_its_own_core():
     from solver.emit import emit_program
     other = emit_program(pg, HW, _plan({"op1": {"r": 32}, "op2": {"c": 32}}, tiles=tiles))
     assert {i.code for i in validate_program(other, HW)} == {"kernel_tile_order"}
+
+
+def _two_readers_of_x(rows, cols):
+    """x -> neg -> t1 and x -> exp -> t2: two members of one kernel read the same input."""
+    from lowering.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+    t = {"x": PrimTensor("x", (rows, cols), "float16", "user_input"),
+         "t1": PrimTensor("t1", (rows, cols), "float16"), "t2": PrimTensor("t2", (rows, cols), "float16")}
+    dims = (IterDim("r", rows), IterDim("c", cols))
+    ops = [PrimOp(f"op{i}", dims, (Access("x", (0, 1)),), Access(out, (0, 1)), PointwiseBody(Call(fn, (In(0),))))
+           for i, (out, fn) in enumerate((("t1", "neg"), ("t2", "exp")), start=1)]
+    return PrimGraph("two_readers", t, ops, ["x"], ["t1", "t2"])
+
+
+def test_fused_member_rereads_an_input_its_cores_did_not_load():
+    """Inside one kernel a later read of an input is free only where each core already
+    holds the box it needs: with another work division its cores load their own boxes."""
+    from tests.test_timing import _plan, _program
+    pg = _two_readers_of_x(2048, 2048)
+    tiles = {"op1": {"r": 4}, "op2": {"r": 4}}
+    x_bytes = 2048 * 2048 * 2
+    same = time_program(_program(pg, _plan({"op1": {"r": 32}, "op2": {"r": 32}}, tiles=tiles)), HW)
+    assert same.op("op2").fused_group == same.op("op1").fused_group is not None
+    assert same.op("op2").hbm_read_bytes == 0
+    assert any("already on chip" in e for e in same.op("op2").effects)
+    crossed = time_program(_program(pg, _plan({"op1": {"r": 32}, "op2": {"c": 32}}, tiles=tiles)), HW)
+    assert crossed.op("op2").fused_group == crossed.op("op1").fused_group is not None
+    assert crossed.op("op2").hbm_read_bytes == x_bytes
+    assert crossed.total_us > same.total_us

@@ -132,6 +132,13 @@ def test_replicated_matmul_operand_loads_at_per_core_ceiling():
     # M split 2: the whole weight is replicated to 2 cores, each loading 64 MB at 2.3 GB/s
     assert by_m.total_us > 10 * by_n.total_us
     assert by_m.op("mm").bound_by == "replicated_load"
+    # M and N split: every core loads its box of both operands at its own ceiling, so the
+    # two loads add
+    both = time_program(_program(matmul(m, k, n), _plan({"mm": {"m": 2, "n": 16}})), HW).op("mm")
+    assert {e.split(":")[0] for e in both.effects if e.startswith("replicated")} == {"replicated x16", "replicated x2"}
+    w_ns = HW.replicated_read_ns(k * (n // 16) * 2)
+    x_ns = HW.replicated_read_ns((m // 2) * k * 2)
+    assert both.memory_us * 1e3 >= w_ns + x_ns
 
 
 def test_reduction_read_rate_follows_rows_curve():
