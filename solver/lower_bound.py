@@ -20,19 +20,30 @@ Both are given at the simulated machine's best rates (sustained PT, fitted one-w
 bandwidth) and at the datasheet's (PT peak, peak bandwidth): the physical limit.
 
 `split_bound_us` (`split_bound`) is tighter and also holds for every plan the validator
-accepts: it charges what every core split of a matmul costs in this machine model. A
-split either leaves an operand unindexed, and every core of that split loads its box
-(`hw.replicated_read_ns`, from device memory: a replicated box cannot be LX-resident, since a
-producer writes each element on one core only), or splits the reduction dim, and the
-partials are combined over the ring (`hw.ring_combine_ns`), or uses fewer cores, and the
-array takes longer. With R (ring), P (replicated loads beyond the operand's compulsory
-bytes) and C (MACs over the split's cores at the sustained rate) of the split each matmul
-takes, the simulator's total is at least  sum R + max(M + sum P, C_other + sum C)  (M the
-compulsory bytes' time, C_other the other ops' compute), and for every lam in [0, 1] at least
-lam*M + (1-lam)*C_other + sum over matmuls of min over splits (R + lam*P + (1-lam)*C):
-separable per op. The bound is the best lam on a grid. An operand tensor read more than
-once is charged no P (a fused kernel reads it once), and splits are enumerated over every
-stick choice with the least restrictive granules, so nothing is over-charged.
+accepts: it charges what every core split of a matmul costs in this machine model.
+- Replicated operands. A split leaves an operand unindexed and every core of that split
+  needs its box: a replicated box cannot be LX-resident (a producer writes each element on
+  one core only), so the cores load it. An operand only this matmul reads is loaded at the
+  replicated-read ceiling (`hw.replicated_read_ns`, P). An operand several ops read may be
+  loaded by another of its readers in the same fused kernel, but a core only ever holds
+  what it loaded itself or computed: its cores need (sum of the boxes - one copy) bytes
+  beyond one copy, which reach them at best at the faster of the shared bus and every core
+  at its replicated ceiling. Those bytes are charged to one of its matmul readers (any one
+  is a bound; the one where they raise it most). Not when a non-matmul op could read the
+  tensor broadcast (loaded once for all cores of a split).
+- Split reductions combine partials over the ring (`hw.ring_combine_ns`, R) into device
+  memory (the validator's lx_reduction_split), so the output is written there, and the
+  kernel that reads its streamed weights and writes pays the read/write turnaround (W).
+- A split on fewer cores leaves the array idle (C: MACs over the split's cores at the
+  sustained rate).
+Every byte above is moved in some op's memory time and counted once (M: graph inputs'
+first copy and graph outputs; P, W and the copies: bytes beyond those). The simulator's
+total is at least sum R + max(M + sum(P + W + copies), C_other + sum C) (C_other the other
+ops' compute: a fused kernel overlaps one member's loads with another's compute), and for
+every lam in [0, 1] at least lam*M + (1-lam)*C_other + sum over matmuls of min over splits
+(R + lam*(P + W + copies) + (1-lam)*C): separable per op. The bound is the best lam on a
+grid. Splits are enumerated over every stick choice with the least restrictive granules,
+and bytes are logical (no stick padding), so nothing is over-charged.
 """
 from __future__ import annotations
 
@@ -40,7 +51,7 @@ from dataclasses import dataclass, field
 
 from lowering.op_rules import ANY, legal_core_splits, split_granules, stick_elems, stick_options
 from lowering.primitives import DTYPE_BYTES, PrimGraph, PrimOp
-from simulator.geometry import operand_box, slice_ranges
+from simulator.geometry import core_ranges, default_core_slices, operand_box
 
 _LAMBDAS = tuple(i / 20 for i in range(21))
 
@@ -126,13 +137,25 @@ def lower_bound(pg: PrimGraph, hw) -> LowerBound:
                       ops=ops)
 
 
-def _split_terms(op: PrimOp, pg: PrimGraph, hw, read_once: set[str]) -> list[tuple[float, float, float]]:
-    """(R, P, C) in ns for every core split any stick choice of matmul `op` allows (module
-    docstring). Logical bytes (no stick padding) and the largest work slice (slice 0)."""
+@dataclass(frozen=True)
+class _SplitTerm:
+    """What one core split of a matmul costs beyond the compulsory bytes (module docstring), ns."""
+    ring: float          # R
+    extra_mem: float     # P: single-reader replicated loads, plus W: the forced output write
+    compute: float       # C
+    excess: dict         # shared operand tensor -> bytes it needs on cores beyond one copy
+
+
+def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int]) -> list[_SplitTerm]:
+    """Every core split any stick choice of matmul `op` allows. Logical bytes (no stick
+    padding); replicated boxes from the largest work slice (slice 0), excess copies summed
+    over every core."""
     dts = [pg.tensors[a.tensor].dtype for a in op.inputs] + [pg.tensors[op.output.tensor].dtype]
     rate = hw.pt_mac_per_ns(dts[0], "sustained")
     macs = _points(op)
     red = {d.name for d in op.iter_dims if d.kind == "reduction"}
+    produced = {o.output.tensor for o in pg.ops}
+    out_t = op.output.tensor
     splits: dict[tuple, tuple[dict, dict]] = {}
     for ch in stick_options(op):
         ins = [ANY if (s is None or s == ANY) else s for s in ch.inputs]
@@ -141,11 +164,12 @@ def _split_terms(op: PrimOp, pg: PrimGraph, hw, read_once: set[str]) -> list[tup
             splits.setdefault(tuple(sorted(sp.items())), (sp, gran))
     out = []
     for sp, gran in splits.values():
-        cores = 1
-        for f in sp.values():
-            cores *= f
-        ranges = slice_ranges(op, sp, {}, gran)
-        def box_bytes(operand: int) -> int:
+        per_core = core_ranges(op, sp, default_core_slices(op, sp), gran)
+        per_core = {c: r for c, r in per_core.items() if all(b > a for a, b in r)}
+        cores = len(per_core)
+        first = next(iter(per_core.values()))
+
+        def box_bytes(operand: int, ranges) -> int:
             acc = op.output if operand < 0 else op.inputs[operand]
             t = pg.tensors[acc.tensor]
             n = 1
@@ -156,17 +180,50 @@ def _split_terms(op: PrimOp, pg: PrimGraph, hw, read_once: set[str]) -> list[tup
         for n, f in sp.items():
             if n in red:
                 ways *= f
-        ring = hw.ring_combine_ns(ways, box_bytes(-1))
-        repl = 0.0
+        ring = hw.ring_combine_ns(ways, box_bytes(-1, first))
+        single_p = 0.0
+        streamed_inputs = 0      # single-reader graph inputs this op reads over the shared bus
+        excess: dict[str, int] = {}
         for i, acc in enumerate(op.inputs):
+            t = acc.tensor
             indexed = {op.iter_dims[d].name for d in acc.dims if d is not None}
-            if acc.tensor in read_once and any(f > 1 and n not in indexed for n, f in sp.items()):
-                t = acc.tensor
-                # its compulsory bytes (charged in M when it is a graph input) move here instead
-                compulsory = 0.0 if t in {o.output.tensor for o in pg.ops} else _logical_bytes(pg, t) / hw.dram_oneway_gbps
-                repl = max(repl, hw.replicated_read_ns(box_bytes(i)) - compulsory)
-        out.append((ring, max(0.0, repl), macs / (cores * rate)))
+            replicated = any(f > 1 and n not in indexed for n, f in sp.items())
+            graph_input = t not in produced
+            if reads[t] > 1:
+                if replicated:
+                    excess[t] = excess.get(t, 0) + sum(box_bytes(i, r) for r in per_core.values()) \
+                        - _logical_bytes(pg, t)
+            elif replicated:
+                # its compulsory bytes (in M when it is a graph input) move here instead
+                compulsory = _logical_bytes(pg, t) / hw.dram_oneway_gbps if graph_input else 0.0
+                single_p += max(0.0, hw.replicated_read_ns(box_bytes(i, first)) - compulsory)
+            elif graph_input:
+                streamed_inputs += _logical_bytes(pg, t)
+        write = 0.0
+        if ways > 1 or out_t in pg.outputs:
+            # a split reduction's partials are combined into device memory (the validator's
+            # lx_reduction_split), and a graph output reaches it anyway: this op's kernel
+            # both reads its streamed weights and writes, and pays the turnaround
+            w = _logical_bytes(pg, out_t)
+            write = (0.0 if out_t in pg.outputs else w / hw.dram_oneway_gbps)
+            if cores >= hw.dram_turnaround_min_cores:
+                write += hw.dram_turnaround_ns_per_byte * min(streamed_inputs, w)
+        out.append(_SplitTerm(ring, single_p + write, macs / (cores * rate), excess))
     return out
+
+
+def _broadcast_free(pg: PrimGraph) -> set[str]:
+    """Tensors some non-matmul op could read broadcast (its access leaves an iteration dim
+    unindexed): such an op loads one copy for every core of the split, so the copies a
+    matmul needs may come free."""
+    free = set()
+    for op in pg.ops:
+        if op.body.kind == "matmul":
+            continue
+        for acc in op.inputs:
+            if len({d for d in acc.dims if d is not None}) < len(op.iter_dims):
+                free.add(acc.tensor)
+    return free
 
 
 def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> float:
@@ -175,18 +232,32 @@ def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> floa
     for op in pg.ops:
         for a in op.inputs:
             reads[a.tensor] = reads.get(a.tensor, 0) + 1
-    read_once = {t for t, n in reads.items() if n == 1}
-    terms = {}
+    terms: dict[str, list[_SplitTerm]] = {}
     compute_other = 0.0
     for op, ob in zip(pg.ops, ops):
         if op.body.kind == "matmul":
-            terms[op.id] = _split_terms(op, pg, hw, read_once)
+            terms[op.id] = _split_terms(op, pg, hw, reads)
         else:
             compute_other += ob.compute_ns
+    # the fastest any byte reaches a core from device memory: the shared bus, or every core
+    # loading at its replicated-read ceiling at once
+    copy_gbps = max(hw.dram_oneway_gbps, hw.cores * hw.mm_replicated_read_gbps_per_core)
+    broadcast_free = _broadcast_free(pg)
+    shared = sorted({t for ts in terms.values() for term in ts for t in term.excess} - broadcast_free)
     best = 0.0
     for lam in _LAMBDAS:
-        total = lam * memory_ns + (1 - lam) * compute_other
-        for ts in terms.values():
-            total += min((r + lam * p + (1 - lam) * c for r, p, c in ts), default=0.0)
+        def op_min(op_id: str, charged: frozenset) -> float:
+            return min((t.ring + lam * (t.extra_mem + sum(t.excess.get(x, 0) for x in charged) / copy_gbps)
+                        + (1 - lam) * t.compute for t in terms[op_id]), default=0.0)
+        # each shared tensor's extra copies are charged to one of its matmul readers, the
+        # one where they raise the bound most (any choice is a bound)
+        charged: dict[str, frozenset] = {o: frozenset() for o in terms}
+        for t in shared:
+            gains = [(op_min(o, charged[o] | {t}) - op_min(o, charged[o]), o)
+                     for o in terms if any(t in term.excess for term in terms[o])]
+            if gains:
+                _, o = max(gains)
+                charged[o] = charged[o] | {t}
+        total = lam * memory_ns + (1 - lam) * compute_other + sum(op_min(o, charged[o]) for o in terms)
         best = max(best, total)
     return best
