@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from lowering.primitives import (Call, Const, In, MatmulBody, PointwiseBody, PrimOp, ReduceBody,
+from lowering.primitives import (Const, In, MatmulBody, PointwiseBody, PrimOp, ReduceBody,
                                  op_from_json)
 from simulator.geometry import (box_contains, box_lx_bytes, core_ranges, dim_chunk, op_granules,
                                 operand_box)
@@ -139,6 +139,15 @@ class _Operand:
     replication: int            # cores of the split that load their own copy
     per_core: dict[int, int]  # tile class -> bytes one core moves (whole sticks)
     first_read: bool = True     # graph-input clone-in / fused-group first read
+
+
+@dataclass
+class _OpGeometry:
+    prim: PrimOp
+    classes: list
+    split: dict[str, int]
+    n_cores: int
+    operands: list      # per input, then the output: (index, tensor id, replication, per-class bytes)
 
 
 @dataclass
@@ -260,6 +269,7 @@ class OpTimer:
         self.clone_in_done: set[str] = set()
         # tensors produced in the current fused group: per core, the box that core wrote
         self.group_produced: dict[str, dict] = {}
+        self._geom: dict[str, _OpGeometry] = {}
 
     def _core_boxes(self, prim: PrimOp, op: OpDecl, operand: int, td: TensorDecl) -> dict:
         """Per core, the box of `td` the op's operand touches."""
@@ -296,35 +306,22 @@ class OpTimer:
     def dram_ns(self, r: float, w: float, cores: int, gbps: Optional[float] = None) -> float:
         return self.hw.dram_ns(r, w, gbps=gbps, cores=cores)
 
-    def analyse(self, k: int, op: OpDecl, group_loaded: Optional[dict[str, dict]]) -> OpTiming:
-        """Times op `k`. `group_loaded` is None outside a fused kernel; inside one it maps each
-        external tensor the kernel has read to the boxes each core loaded (updated here)."""
+    def _geometry(self, op: OpDecl) -> "_OpGeometry":
+        """What of an op's timing does not depend on where its operands live: its loop nest,
+        tile classes and per-core operand boxes. Memoized per op: the cost model prices one
+        op under several residency combinations with one timer."""
+        g = self._geom.get(op.id)
+        if g is not None:
+            return g
         hw = self.hw
-        prim = op_from_json(op.prim) if op.prim is not None else None
-        ot = OpTiming(op_id=op.id, opfunc=op.opfunc, ex_unit=op.ex_unit, kind=op.kind,
-                      bundle=op.bundle, cores=max(1, op.num_cores_used))
-        tiles = tile_count(op)
-        ot.temporal_tiles = tiles
-        if prim is None or op.alias:
-            ot.bound_by = "none"
-            if op.alias:
-                ot.effects.append("alias: no data moves")
-            return ot
-
+        prim = op_from_json(op.prim)
         granules = op_granules(prim, self.layouts, self.dtypes, hw.stick_bytes)
         classes = _tile_classes(prim, op, granules)
         split = {n: f for n, f in op.core_split.items() if f > 1}
         name_of = {i: d.name for i, d in enumerate(prim.iter_dims)}
-        n_cores = sum(len(c.cores) for c in classes)
-        ot.cores = n_cores
         body = prim.body
-        is_matmul = isinstance(body, MatmulBody)
-
-        # operands
-        operands: list[_Operand] = []
-        acc_idx: dict[int, int] = {}   # id(operand) -> input index, -1 for the output
-        accesses = list(enumerate(prim.inputs)) + [(-1, prim.output)]
-        for idx, acc in accesses:
+        operands = []
+        for idx, acc in list(enumerate(prim.inputs)) + [(-1, prim.output)]:
             td = self.tensors[acc.tensor]
             indexed = {name_of[d] for d in acc.dims if d is not None}
             repl = 1
@@ -339,8 +336,8 @@ class OpTimer:
                     # strided map takes from this input) that its output slice needs
                     oshape = self.tensors[prim.output.tensor].shape
                     frac = 1.0
-                    for (a, b), s in zip(_box(prim, -1, cl.extents, oshape), oshape):
-                        frac *= (b - a) / max(1, s)
+                    for (a, b), sz in zip(_box(prim, -1, cl.extents, oshape), oshape):
+                        frac *= (b - a) / max(1, sz)
                     piece = body.maps[idx] if idx < len(body.maps) else None
                     elems = math.prod(piece.shape) if piece is not None else math.prod(td.shape)
                     per_core[ci] = int(math.ceil(elems * frac)) * hw.dtype_size(td.dtype)
@@ -351,6 +348,37 @@ class OpTimer:
                                                 out_td.layout, td.dtype)
                 else:
                     per_core[ci] = box_lx_bytes(_box(prim, idx, cl.extents, td.shape), td.layout, td.dtype)
+            operands.append((idx, acc.tensor, repl, per_core))
+        g = _OpGeometry(prim, classes, split, sum(len(c.cores) for c in classes), operands)
+        self._geom[op.id] = g
+        return g
+
+    def analyse(self, k: int, op: OpDecl, group_loaded: Optional[dict[str, dict]]) -> OpTiming:
+        """Times op `k`. `group_loaded` is None outside a fused kernel; inside one it maps each
+        external tensor the kernel has read to the boxes each core loaded (updated here)."""
+        hw = self.hw
+        ot = OpTiming(op_id=op.id, opfunc=op.opfunc, ex_unit=op.ex_unit, kind=op.kind,
+                      bundle=op.bundle, cores=max(1, op.num_cores_used))
+        tiles = tile_count(op)
+        ot.temporal_tiles = tiles
+        if op.prim is None or op.alias:
+            ot.bound_by = "none"
+            if op.alias:
+                ot.effects.append("alias: no data moves")
+            return ot
+
+        g = self._geometry(op)
+        prim, classes, split, n_cores = g.prim, g.classes, g.split, g.n_cores
+        ot.cores = n_cores
+        body = prim.body
+        is_matmul = isinstance(body, MatmulBody)
+
+        # operands
+        operands: list[_Operand] = []
+        acc_idx: dict[int, int] = {}   # id(operand) -> input index, -1 for the output
+        accesses = list(enumerate(prim.inputs)) + [(-1, prim.output)]
+        for idx, tid, repl, per_core in g.operands:
+            td = self.tensors[tid]
             operands.append(_Operand(td, idx < 0, isinstance(td.memory, LxMemory),
                                      repl == 1, repl, per_core))
             acc_idx[id(operands[-1])] = idx

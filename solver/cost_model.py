@@ -113,7 +113,10 @@ def _one_op_program(v: OpView, in_lx: Sequence[bool], out_lx: bool, prim_json: d
 def op_time(v: OpView, in_lx: Sequence[bool], out_lx: bool, hw, prim_json: Optional[dict] = None) -> OpCost:
     """The simulator's time of one op with the given operands LX-resident."""
     prog, op = _one_op_program(v, in_lx, out_lx, prim_json or op_to_json(v.prim))
-    ot = OpTimer(prog, hw).analyse(0, op, None)
+    return _cost_of(OpTimer(prog, hw).analyse(0, op, None))
+
+
+def _cost_of(ot) -> OpCost:
     body = getattr(ot, "_body_ns", 0.0)
     return OpCost(ot.memory_us * 1e3, ot.compute_us * 1e3, (ot.ring_us + ot.overhead_us) * 1e3, body)
 
@@ -138,10 +141,18 @@ def op_cost_parts(v: OpView, hw, may_reside: Optional[Sequence[bool]] = None,
     masks = range(1 << len(free))
     if extremes_only:
         masks = sorted({0, (1 << len(free)) - 1})
+    # one program and one timer for every combination: only the operands' memory differs,
+    # and the timer keeps the op's geometry between them
+    prog, op = _one_op_program(v, [False] * n_in, False, pj)
+    tensors = prog.tensor_map()
+    timer = OpTimer(prog, hw)
     for mask in masks:
         on = {t for j, t in enumerate(free) if mask >> j & 1}
         key = tuple(t in on for t in names)
-        combos[key] = op_time(v, key[:-1], key[-1], hw, pj)
+        for t in names:
+            tensors[t].memory = _IN_LX if t in on else _IN_HBM
+        timer.clone_in_done = set()
+        combos[key] = _cost_of(timer.analyse(0, op, None))
     return OpCostParts(combos)
 
 
