@@ -66,7 +66,7 @@ from solver.fusion import FUSION_TRIALS, fuse_tiled_groups
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.schedule import chain_order
 from solver.planners import register
-from solver.strategies import GraphContext, Strategy, compatible_residency, op_strategies
+from solver.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
 
 DEFAULT_TIME_LIMIT_S = 10.0
 # Deterministic mode stops on CP-SAT's deterministic clock; on the 2-core benchmark machine
@@ -580,6 +580,7 @@ def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 4,
             req.append((p.stick or default_choice(op), {k: v for k, v in p.core_split.items() if v > 1},
                         {}, p.alias))
         strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident, required=req)
+    strategies = align_strategies(pg, ctx, strategies)
     return ctx, strategies, SpyreModel(pg, hw, ctx, strategies)
 
 

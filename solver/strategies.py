@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from lowering.op_rules import (
-    ANY, StickChoice, copy_is_alias, legal_core_splits, split_granules, stick_options,
+    ANY, StickChoice, check_split, copy_is_alias, legal_core_splits, split_granules, stick_options,
 )
 from lowering.primitives import PrimGraph, PrimOp
 from simulator.geometry import (
-    box_lx_bytes, core_ranges, default_core_slices, make_layout, operand_box, padded,
+    box_lx_bytes, core_ranges, default_core_slices, dim_chunk, make_layout, operand_box, padded,
     reduction_split,
 )
 from solver.cost_model import OpCostParts, OpView, op_cost_parts
@@ -48,14 +48,35 @@ class Strategy:
     alias: bool
     input_sticks: tuple[Optional[int], ...]  # layout each input is read in; None: whatever it has
     out_stick: Optional[int]
-    out_boxes: dict[int, Box]               # core -> output box
-    in_boxes: tuple[dict[int, Box], ...]     # per input: core -> box read
     out_lx_bytes: int                        # per-core LX bytes of the output (whole sticks)
     reduction_split: bool
     parts: OpCostParts
     any_forbidden: dict[int, frozenset] = field(default_factory=dict)  # input -> stick dims not allowed
     view: Optional[OpView] = field(default=None, repr=False, compare=False)  # what `parts` priced
     may_reside: tuple = ()
+    # per core, the iteration ranges of its work slice: the operand boxes follow from them,
+    # computed when a residency question first needs them (most candidates are pruned first)
+    core_ranges: dict = field(default_factory=dict, repr=False, compare=False)
+    _boxes: Optional[tuple] = field(default=None, repr=False, compare=False)
+
+    def _operand_boxes(self) -> tuple:
+        if self._boxes is None:
+            op, shapes = self.view.prim, self.view.shapes
+            out = {c: operand_box(op, -1, r, shapes[op.output.tensor]) for c, r in self.core_ranges.items()}
+            ins = tuple({c: operand_box(op, i, r, shapes[a.tensor]) for c, r in self.core_ranges.items()}
+                        for i, a in enumerate(op.inputs))
+            self._boxes = (out, ins)
+        return self._boxes
+
+    @property
+    def out_boxes(self) -> dict[int, Box]:
+        """Core -> the output box it writes."""
+        return self._operand_boxes()[0]
+
+    @property
+    def in_boxes(self) -> tuple[dict[int, Box], ...]:
+        """Per input: core -> the box it reads."""
+        return self._operand_boxes()[1]
 
     def key(self) -> tuple:
         return (self.stick, tuple(sorted(self.core_split.items())), self.alias)
@@ -152,7 +173,13 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
             trial = [ANY if x is None else x for x in in_sticks]
             trial[i] = cand
             g = _granules(op, ctx, trial, ch.output)
-            if any(g.get(d, 1) != base.get(d, 1) for d in split_dims):
+            # a coarser granule is harmless where the split stays legal and cuts the same
+            # slices (the emitter and the validator derive both from the actual layouts)
+            if any(g.get(d, 1) != base.get(d, 1) for d in split_dims) and (
+                    check_split(op, split, g, hw.cores) or any(
+                        dim_chunk(op.iter_dims[d].size, split[op.iter_dims[d].name], g.get(d, 1))
+                        != dim_chunk(op.iter_dims[d].size, split[op.iter_dims[d].name], base.get(d, 1))
+                        for d in split_dims)):
                 bad.add(cand)
         if bad:
             if set(ctx.possible_sticks[acc.tensor]) <= bad:
@@ -163,17 +190,15 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
     slices = default_core_slices(op, split) if split else []
     ranges = core_ranges(op, split, slices, base)
     out_t = op.output.tensor
-    out_boxes = {c: operand_box(op, -1, r, ctx.shapes[out_t]) for c, r in ranges.items()}
-    in_boxes = tuple({c: operand_box(op, i, r, ctx.shapes[a.tensor]) for c, r in ranges.items()}
-                     for i, a in enumerate(op.inputs))
-    out_layout = layouts[out_t]
-    out_lx = max(box_lx_bytes(b, out_layout, ctx.dtypes[out_t]) for b in out_boxes.values())
+    # slices of one extent write boxes of one size: the largest is the first slice's
+    out_lx = box_lx_bytes(operand_box(op, -1, next(iter(ranges.values())), ctx.shapes[out_t]),
+                          layouts[out_t], ctx.dtypes[out_t])
     view = OpView(op, "compute", ctx.shapes, ctx.dtypes, layouts, split, slices, alias, ctx.roles)
     may = [a.tensor in ctx.candidates for a in op.inputs] + [out_t in ctx.candidates]
     parts = op_cost_parts(view, hw, may if full_pricing else None)
-    return Strategy(ch, split, dict(tiles or {}), alias, in_sticks, ch.output, out_boxes, in_boxes,
+    return Strategy(ch, split, dict(tiles or {}), alias, in_sticks, ch.output,
                     padded(out_lx, hw.stick_bytes), reduction_split(op, split), parts, any_forbidden,
-                    view, tuple(may))
+                    view, tuple(may), ranges)
 
 
 def alias_strategy(op: PrimOp, ctx: GraphContext) -> Optional[Strategy]:
@@ -293,3 +318,131 @@ def compatible_residency(producer: Strategy, consumer: Strategy, slot: int) -> b
             if b > a and not (ha <= a and b <= hb):
                 return False
     return True
+
+
+# -- aligned strategies: residency needs neighbours that slice a tensor alike ---------------
+def _tensor_split(acc, op: PrimOp, split: Mapping[str, int]) -> Optional[dict[int, int]]:
+    """Tensor dim -> factor that `split` cuts the tensor `acc` reads or writes into; None
+    when the split also runs along an iteration dim the tensor does not index (every core
+    of it needs the same slice: a replicated read, which LX residency cannot serve)."""
+    indexed = {}
+    for j, d in enumerate(acc.dims):
+        if d is not None:
+            indexed[op.iter_dims[d].name] = j
+    out = {}
+    for name, f in split.items():
+        if f <= 1:
+            continue
+        if name not in indexed:
+            return None
+        out[indexed[name]] = f
+    return out
+
+
+def _split_from_tensor(acc, op: PrimOp, tsplit: Mapping[int, int]) -> Optional[dict[str, int]]:
+    """The split of `op` that cuts the tensor `acc` like `tsplit` and nothing else."""
+    out = {}
+    for j, f in tsplit.items():
+        d = acc.dims[j] if j < len(acc.dims) else None
+        if d is None:
+            return None
+        out[op.iter_dims[d].name] = f
+    return out
+
+
+def align_strategies(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, list[Strategy]],
+                     seeds: int = 2, per_round: int = 12, max_added: int = 32,
+                     max_rounds: int = 12) -> dict[str, list[Strategy]]:
+    """Each op's pruned list holds its cheapest splits in isolation, and a tensor can stay in
+    LX only where its producer and a reader slice it alike: a chain whose ops each kept
+    other (equally cheap) splits could never be resident. For every residency candidate,
+    add the reader strategy that reads exactly the slices a kept producer strategy writes,
+    and the producer strategy that writes what a kept reader strategy reads (same layout,
+    legal split, `compatible_residency`), spreading along chains from the strategies added
+    in the round before, starting from each op's `seeds` cheapest; per op at most `per_round`
+    a round (so a chain reaching an op late still gets in) and `max_added` in all, the
+    cheapest in device memory first."""
+    hw = ctx.hw
+    by_id = {op.id: op for op in pg.ops}
+    out = {k: list(v) for k, v in strategies.items()}
+    keys = {k: {s.key() for s in v} for k, v in out.items()}
+    added = {k: 0 for k in out}
+    producer = {op.output.tensor: op for op in pg.ops}
+    readers: dict[str, list[tuple[PrimOp, int]]] = {}
+    for op in pg.ops:
+        for slot, a in enumerate(op.inputs):
+            if a.tensor in ctx.candidates and op.body.kind != "copy":
+                readers.setdefault(a.tensor, []).append((op, slot))
+    legal_cache: dict[tuple, set] = {}
+
+    def legal(op: PrimOp, ch: StickChoice, split: dict[str, int]) -> bool:
+        key = (op.id, ch)
+        if key not in legal_cache:
+            in_sticks = [ANY if (s is None or s == ANY) else s for s in ch.inputs]
+            legal_cache[key] = {tuple(sorted(sp.items())) for sp in
+                                legal_core_splits(op, _granules(op, ctx, in_sticks, ch.output), hw.cores)}
+        return tuple(sorted(split.items())) in legal_cache[key]
+
+    made: dict[tuple, Optional[Strategy]] = {}
+
+    def offer(op: PrimOp, ch: StickChoice, split: dict[str, int], fits) -> Optional[Strategy]:
+        key = (op.id, ch, tuple(sorted(split.items())))
+        if key not in made:
+            # priced in full only once accepted (below)
+            made[key] = (make_strategy(op, ctx, ch, split, full_pricing=False)
+                         if split and legal(op, ch, split) else None)
+        s = made[key]
+        return s if s is not None and s.key() not in keys[op.id] and fits(s) else None
+
+    # chains grow from each op's cheapest strategies (growing them from all would fill the
+    # per-op allowance with aligned copies of strategies no plan wants)
+    frontier = {k: sorted(v, key=lambda s: s.cost_ns(hw))[:seeds] for k, v in out.items()}
+    for _ in range(max_rounds):
+        offers: dict[str, list[Strategy]] = {}
+        for t, rs in readers.items():
+            p = producer[t]
+            if p.body.kind == "copy":
+                continue
+            for c, slot in rs:
+                acc_in = c.inputs[slot]
+                for sp in frontier[p.id]:
+                    if sp.alias or sp.reduction_split:
+                        continue
+                    ts = _tensor_split(p.output, p, sp.core_split)
+                    split = _split_from_tensor(acc_in, c, ts) if ts is not None else None
+                    if split is None:
+                        continue
+                    for ch in stick_options(c):
+                        if ch.inputs[slot] not in (None, ANY, sp.out_stick):
+                            continue
+                        s = offer(c, ch, split, lambda s, sp=sp: compatible_residency(sp, s, slot))
+                        if s is not None:
+                            offers.setdefault(c.id, []).append(s)
+                for sc in frontier[c.id]:
+                    if sc.alias:
+                        continue
+                    ts = _tensor_split(acc_in, c, sc.core_split)
+                    split = _split_from_tensor(p.output, p, ts) if ts is not None else None
+                    if split is None:
+                        continue
+                    for ch in stick_options(p):
+                        if sc.input_sticks[slot] not in (None, ch.output):
+                            continue
+                        s = offer(p, ch, split, lambda s, sc=sc: compatible_residency(s, sc, slot))
+                        if s is not None:
+                            offers.setdefault(p.id, []).append(s)
+        frontier = {k: [] for k in out}
+        for op_id, cands in offers.items():
+            this_round = 0
+            for s in sorted(cands, key=lambda s: s.cost_ns(hw)):
+                if added[op_id] >= max_added or this_round >= per_round or s.key() in keys[op_id]:
+                    continue
+                this_round += 1
+                s = dataclasses.replace(s, parts=op_cost_parts(s.view, hw, s.may_reside))
+                keys[op_id].add(s.key())
+                out[op_id].append(s)
+                frontier[op_id].append(s)
+                added[op_id] += 1
+        if not any(frontier.values()):
+            break
+    return out
