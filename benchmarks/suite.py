@@ -47,6 +47,7 @@ class BenchRow:
     cpsat_status: Optional[str] = None
     solve_s: Optional[float] = None
     heuristic_solve_s: Optional[float] = None
+    cpsat_notes: list[str] = field(default_factory=list)   # the plan's own account (stats.notes)
     # with numerics: per planner, max relative error of the functional run vs the reference
     max_rel_err: dict[str, float] = field(default_factory=dict)
     valid: bool = False
@@ -189,6 +190,7 @@ def run_graph(name: str, doc, hw, time_limit_s: float = 10.0, deterministic: boo
             row.cpsat_gap = program.stats.gap
             row.cpsat_bound_us = program.stats.bound
             row.cpsat_status = program.stats.solver_status
+            row.cpsat_notes = list(program.stats.notes)
     row.valid = ok
     return row
 
