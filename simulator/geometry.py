@@ -218,13 +218,20 @@ def core_ranges(op: PrimOp, core_split: Mapping[str, int], core_slices: Iterable
                 granules: Mapping[int, int]) -> dict[int, list[Range]]:
     """Iteration ranges per core (cores not in core_slices do not run the op). An op with no
     split runs on core 0 when core_slices is empty."""
-    out: dict[int, list[Range]] = {}
     slices = list(core_slices)
     if not slices:
         return {0: slice_ranges(op, core_split, {}, granules)}
-    for cs in slices:
-        out[cs.core] = slice_ranges(op, core_split, cs.slice, granules)
-    return out
+    # per dim, the range of every slice index (as slice_ranges cuts them), computed once
+    per_dim: list[tuple[Optional[str], list[Range]]] = []
+    for i, d in enumerate(op.iter_dims):
+        f = core_split.get(d.name, 1)
+        if f <= 1:
+            per_dim.append((None, [(0, d.size)]))
+            continue
+        chunk = dim_chunk(d.size, f, granules.get(i, 1))
+        per_dim.append((d.name, [(min(k * chunk, d.size), min((k + 1) * chunk, d.size)) for k in range(f)]))
+    return {cs.core: [rs[0] if name is None else rs[cs.slice.get(name, 0)] for name, rs in per_dim]
+            for cs in slices}
 
 
 def operand_box(op: PrimOp, operand: int, ranges: Sequence[Range], shape: Sequence[int]) -> Box:
