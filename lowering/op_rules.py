@@ -328,11 +328,14 @@ def copy_is_reshape(op: PrimOp, in_shape: Sequence[int], out_shape: Sequence[int
 
 def copy_is_alias(op: PrimOp, in_shape: Sequence[int], in_dim_order: Sequence[int],
                   out_shape: Sequence[int], out_dim_order: Sequence[int],
-                  in_dtype: str, out_dtype: str) -> bool:
+                  in_dtype: str, out_dtype: str, stick_bytes: int) -> bool:
     """A copy is a free alias when the input's bytes in its layout are exactly the output in
     its layout: a reshape (row-major order kept) between two layouts that keep the natural
-    dim order (stick on the last dim) with the same last-dim size, so every row of sticks
-    (padding included) is the same bytes; only the non-stick outer dims are regrouped."""
+    dim order (stick on the last dim), so bytes are row-major over the shape with the last
+    dim padded to whole sticks. Either the last-dim size is the same (every row of sticks,
+    padding included, is the same bytes; only the outer dims are regrouped) or neither last
+    dim is padded (the bytes are the plain row-major elements, e.g. [S, H, 128] -> [S, H*128]
+    with 64-element sticks)."""
     if in_dtype != out_dtype or not copy_is_reshape(op, in_shape, out_shape):
         return False
     if list(in_dim_order) != list(range(len(in_shape))):
@@ -341,7 +344,8 @@ def copy_is_alias(op: PrimOp, in_shape: Sequence[int], in_dim_order: Sequence[in
         return False
     in_last = in_shape[-1] if len(in_shape) else 1
     out_last = out_shape[-1] if len(out_shape) else 1
-    return in_last == out_last
+    per_stick = stick_elems(in_dtype, stick_bytes)
+    return in_last == out_last or (in_last % per_stick == 0 and out_last % per_stick == 0)
 
 
 # -- restickify ----------------------------------------------------------------------------

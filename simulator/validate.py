@@ -311,7 +311,7 @@ class _Checker:
                     return
                 s, d = tm[src], tm[dst]
                 legal = copy_is_alias(prim, s.shape, s.layout.dim_order, d.shape, d.layout.dim_order,
-                                      s.dtype, d.dtype)
+                                      s.dtype, d.dtype, self.hw.stick_bytes)
                 if not legal:
                     self.add("alias_illegal", f"{o.id}: the bytes of {src} in its layout are not {dst} in its layout",
                              op=o.id, tensor=dst)

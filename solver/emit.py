@@ -187,7 +187,7 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
             if src is None or src in resident or dst in resident:
                 raise EmitError(f"{it.prim.id}: an alias copy needs both tensors in device memory")
             if not copy_is_alias(it.prim, shapes[src], layouts[src].dim_order, shapes[dst],
-                                 layouts[dst].dim_order, dtypes[src], dtypes[dst]):
+                                 layouts[dst].dim_order, dtypes[src], dtypes[dst], hw.stick_bytes):
                 raise EmitError(f"{it.prim.id}: copy is not a free alias in these layouts")
             alias_of[dst] = alias_of.get(src, src)
 

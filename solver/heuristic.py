@@ -132,7 +132,8 @@ def _free_alias(op: PrimOp, stick_of, shapes, dtypes, stick_bytes: int) -> bool:
     src, dst = op.inputs[0].tensor, op.output.tensor
     in_order = make_layout(shapes[src], dtypes[src], stick_of[src], stick_bytes).dim_order
     out_order = make_layout(shapes[dst], dtypes[dst], stick_of[dst], stick_bytes).dim_order
-    return copy_is_alias(op, shapes[src], in_order, shapes[dst], out_order, dtypes[src], dtypes[dst])
+    return copy_is_alias(op, shapes[src], in_order, shapes[dst], out_order, dtypes[src], dtypes[dst],
+                         stick_bytes)
 
 
 def _per_core_boxes(step: _Step, operand: int, shape) -> dict:

@@ -216,7 +216,7 @@ def alias_strategy(op: PrimOp, ctx: GraphContext) -> Optional[Strategy]:
     in_order = ctx.layout(src, rs - 1).dim_order
     out_order = ctx.layout(dst, rd - 1).dim_order
     if not copy_is_alias(op, ctx.shapes[src], in_order, ctx.shapes[dst], out_order,
-                         ctx.dtypes[src], ctx.dtypes[dst]):
+                         ctx.dtypes[src], ctx.dtypes[dst], ctx.hw.stick_bytes):
         return None
     s = make_strategy(op, ctx, ch, {}, None, alias=True)
     if s is None:

@@ -227,3 +227,34 @@ def test_lx_relayout_between_resident_tensors():
     bad = emit_program(pg, HW, d)
     assert "lx_slice_mismatch" in {i.code for i in validate_program(bad, HW)}
     assert _wrong_numbers_or_fault(bad, inp, [ref.astype(np.float16)])
+
+
+def test_unpadded_merge_of_stick_rows_runs_as_an_alias_with_right_numbers():
+    """[S, H, 128] -> [S, H*128] feeding a matmul (attention heads merged before the output
+    projection): a free alias in fp16, and the functional run reads the same bytes."""
+    import numpy as np
+    from lowering.primitives import (Access, CopyBody, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor,
+                                     StridedMap)
+    from simulator.api import simulate
+    from simulator.hardware import load_target
+    from solver.planners import plan
+    S, H, D, N = 64, 4, 128, 64
+    ts = {"x": PrimTensor("x", (S, H, D), "float16", "user_input"),
+          "v": PrimTensor("v", (S, H * D), "float16"),
+          "w": PrimTensor("w", (H * D, N), "float16", "parameter"),
+          "y": PrimTensor("y", (S, N), "float16")}
+    ops = [PrimOp("view", (IterDim("s", S), IterDim("e", H * D)), (Access("x", (None, None, None)),),
+                  Access("v", (0, 1)), CopyBody((StridedMap((S, H * D), (H * D, 1), 0),), ((0, 0),))),
+           PrimOp("mm", (IterDim("m", S), IterDim("n", N), IterDim("k", H * D, "reduction")),
+                  (Access("v", (0, 2)), Access("w", (2, 1))), Access("y", (0, 1)), MatmulBody(0, 1, 2))]
+    pg = PrimGraph("merge_heads", ts, ops, ["x", "w"], ["y"])
+    hw = load_target()
+    program = plan(pg, hw, "cpsat", time_limit_s=2, deterministic=True)
+    assert next(o for o in program.ops if o.id == "view").alias
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.standard_normal((S, H, D)).astype(np.float16),
+              "w": (rng.standard_normal((H * D, N)) / 16).astype(np.float16)}
+    res = simulate(program, hw, inputs=inputs, graph=pg, numerics=True, timing=False)
+    ref = inputs["x"].astype(np.float32).reshape(S, H * D) @ inputs["w"].astype(np.float32)
+    out = res.outputs[0].astype(np.float32)
+    assert np.abs(out - ref).max() <= 2e-2 * np.abs(ref).max()

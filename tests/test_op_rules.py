@@ -5,7 +5,7 @@ from lowering.op_rules import (
     ANY, check_split, copy_is_alias, default_choice, legal_core_splits, matching_choice,
     split_granules, stick_options,
 )
-from lowering.primitives import Access, IterDim, PointwiseBody, PrimOp, In, Call
+from lowering.primitives import Access, Call, CopyBody, In, IterDim, PointwiseBody, PrimOp, StridedMap
 from tests.primgraphs import attention_scores, copies, mlp, softmax, colsum
 
 STICK = 128
@@ -99,10 +99,10 @@ def test_copy_alias_only_when_bytes_coincide():
     pg, ops = _ops(copies)
     sh = {t.id: t.shape for t in pg.tensors.values()}
     rs, tr = ops["reshape"], ops["transpose"]
-    assert copy_is_alias(rs, sh["x"], [0, 1, 2], sh["r"], [0, 1], "float16", "float16")
-    assert not copy_is_alias(rs, sh["x"], [0, 2, 1], sh["r"], [0, 1], "float16", "float16")  # other stick
-    assert not copy_is_alias(rs, sh["x"], [0, 1, 2], sh["r"], [0, 1], "float16", "float32")
-    assert not copy_is_alias(tr, sh["r"], [0, 1], sh["tr"], [0, 1], "float16", "float16")   # transpose moves data
+    assert copy_is_alias(rs, sh["x"], [0, 1, 2], sh["r"], [0, 1], "float16", "float16", 128)
+    assert not copy_is_alias(rs, sh["x"], [0, 2, 1], sh["r"], [0, 1], "float16", "float16", 128)  # other stick
+    assert not copy_is_alias(rs, sh["x"], [0, 1, 2], sh["r"], [0, 1], "float16", "float32", 128)
+    assert not copy_is_alias(tr, sh["r"], [0, 1], sh["tr"], [0, 1], "float16", "float16", 128)   # transpose moves data
 
 
 def test_reduction_split_on_non_stick_dim_allowed():
@@ -119,3 +119,29 @@ def test_outermost_split_skips_dims_no_core_count_divides():
     gran = split_granules(op, [2], 2, ["float16", "float16"], STICK)
     # b has one unit, 197 is prime: the hidden dim (12 sticks) is split 12 ways
     assert outermost_split(op, gran, 32) == {"h": 12}
+
+
+def test_merging_unpadded_stick_rows_is_an_alias():
+    """[S, H, 128] -> [S, H*128] in fp16 (64 elements a stick): neither last dim is padded,
+    so both byte images are the plain row-major elements. With a padded last dim (100) the
+    rows of sticks differ and the data must move."""
+    def reshape(shape_in, shape_out):
+        n = 1
+        for s in shape_out:
+            n *= s
+        op = PrimOp("v", tuple(IterDim(f"d{i}", s) for i, s in enumerate(shape_out)),
+                    (Access("x", tuple(None for _ in shape_in)),), Access("y", tuple(range(len(shape_out)))),
+                    CopyBody((StridedMap(tuple(shape_out), tuple(_strides(shape_out)), 0),), ((0,) * len(shape_out),)))
+        return op
+    ok = reshape((512, 32, 128), (512, 4096))
+    assert copy_is_alias(ok, (512, 32, 128), [0, 1, 2], (512, 4096), [0, 1], "float16", "float16", 128)
+    padded = reshape((512, 32, 100), (512, 3200))
+    assert not copy_is_alias(padded, (512, 32, 100), [0, 1, 2], (512, 3200), [0, 1], "float16", "float16", 128)
+
+
+def _strides(shape):
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return list(reversed(out))
