@@ -72,6 +72,10 @@ DEFAULT_TIME_LIMIT_S = 10.0
 # Deterministic mode stops on CP-SAT's deterministic clock; on the 2-core benchmark machine
 # one wall second of a 2-worker solve is about this many deterministic units (measured).
 DETERMINISTIC_PER_SECOND = 0.15
+# Shares of the wall-clock limit: the local search that sharpens the hint (of what is left
+# after the model build) and the fusion search after the solve (at least).
+LOCAL_SEARCH_SHARE = 0.15
+FUSION_SHARE = 0.3
 _BUNDLE_CODES = frozenset({"bundle_limit", "lx_cross_bundle"})
 
 
@@ -696,7 +700,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     # emit + validation (two emits, a validation or two for the tile buffers, a simulation;
     # measured on the layer graphs), and at least 30% of the limit: fusion gains more
     # than the solver's last seconds do (layer graphs: 10-20% vs a few %).
-    fusion_s = max(4 * (FUSION_TRIALS + 2) * (time.perf_counter() - t_emit), 0.3 * limit_s) if fuse else 0.0
+    fusion_s = max(4 * (FUSION_TRIALS + 2) * (time.perf_counter() - t_emit), FUSION_SHARE * limit_s) if fuse else 0.0
     if hint_prog is None:
         # an invalid hint is not a starting point: fall back to the naive plan
         from solver.naive import plan_naive
@@ -710,7 +714,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     if deterministic:  # a pass count, not the wall clock, bounds it
         start_d = sm.local_search(hint_d, None, max_passes=3)
     else:
-        start_d = sm.local_search(hint_d, t0 + elapsed + 0.15 * max(0.0, limit_s - elapsed))
+        start_d = sm.local_search(hint_d, t0 + elapsed + LOCAL_SEARCH_SHARE * max(0.0, limit_s - elapsed))
     start_prog, _ = _program_or_none(pg, hw, start_d)
     if start_prog is not None and predict_program_ns(start_prog, hw) < hint_ns:
         hint_d, hint_prog, hint_ns = start_d, start_prog, predict_program_ns(start_prog, hw)
