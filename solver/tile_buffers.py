@@ -131,12 +131,19 @@ def _with_buffers(d: PlanDecisions, buffers: dict[str, int]) -> PlanDecisions:
     return replace(d, resident=resident)
 
 
+def _issue_key(i) -> tuple:
+    return (i.code, getattr(i, "op", None), getattr(i, "tensor", None))
+
+
 def add_tile_buffers(pg: PrimGraph, hw, d: PlanDecisions, program: Program) -> Optional[TileBufferResult]:
     """`d` (emitted as `program`) with tile buffers for its fused kernels' own results: the
-    candidates the validator accepts, in a program that passes it. None when no candidate
-    survives (or the program does not emit). Timing is the caller's question."""
+    candidates the validator accepts, in a program with no problem `program` did not have
+    (so a valid `program` stays valid; an invalid trial still gets its buffers, and one
+    kernel's problem does not cost the other kernels theirs). None when no candidate
+    survives (or the program does not emit). Timing and validity are the caller's question."""
     cands = _candidates(pg, program, hw)
     dropped: dict[str, str] = {}
+    before: Optional[set] = None
     for _ in range(_MAX_ROUNDS):
         if not cands:
             return None
@@ -154,7 +161,11 @@ def add_tile_buffers(pg: PrimGraph, hw, d: PlanDecisions, program: Program) -> O
             return TileBufferResult(trial_d, prog, sorted(addresses), dropped)
         named = {i.tensor: i.code for i in issues if getattr(i, "tensor", None) in addresses}
         if not named:
-            return None  # an issue not about one buffer: give up rather than guess
+            if before is None:
+                before = {_issue_key(i) for i in validate_program(program, hw)}
+            if all(_issue_key(i) in before for i in issues):
+                return TileBufferResult(trial_d, prog, sorted(addresses), dropped)
+            return None  # a new issue not about one buffer: give up rather than guess
         dropped.update(named)
         cands = {t: cands[t] for t in addresses if t not in named}
     return None

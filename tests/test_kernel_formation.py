@@ -116,3 +116,29 @@ def test_cpsat_plans_gated_mlp_with_a_fused_chain_and_matches_the_reference():
     (got,) = run_program(program, x, HW)
     want = np.asarray(interpret(pg, x)[0], dtype=np.float32)
     assert np.max(np.abs(got.astype(np.float32) - want)) <= 5e-3 * max(1.0, float(np.max(np.abs(want))))
+
+
+def test_one_kernels_problem_does_not_cost_another_kernel_its_tile_buffers():
+    """A fusion trial may be invalid elsewhere (it only ranks choices): tile buffers still go
+    where the validator does not object, as long as they add no problem of their own."""
+    from solver.tile_buffers import add_tile_buffers
+    from tests.test_timing import _plan
+    a = unary_chain(256, 256, n_ops=2)
+    ts = dict(a.tensors)
+    ops = list(a.ops)
+    # a second, independent chain y -> u1 -> u2 whose u1 is resident under mismatched splits
+    ts["y"] = PrimTensor("y", (256, 256), "float16", "user_input")
+    for name in ("u1", "u2"):
+        ts[name] = PrimTensor(name, (256, 256), "float16")
+    dims = (IterDim("r", 256), IterDim("c", 256))
+    ops += [PrimOp("op3", dims, (Access("y", (0, 1)),), Access("u1", (0, 1)), PointwiseBody(Call("neg", (In(0),)))),
+            PrimOp("op4", dims, (Access("u1", (0, 1)),), Access("u2", (0, 1)), PointwiseBody(Call("exp", (In(0),))))]
+    pg = PrimGraph("two_chains", ts, ops, ["x", "y"], ["t2", "u2"])
+    d = _plan({"op1": {"r": 32}, "op2": {"r": 32}, "op3": {"r": 32}, "op4": {"c": 4}},
+              tiles={"op1": {"r": 4}, "op2": {"r": 4}}, resident={"u1": 512 * 1024})
+    prog = emit_program(pg, HW, d)
+    before = {i.code for i in validate_program(prog, HW)}
+    assert before == {"lx_slice_mismatch"}
+    res = add_tile_buffers(pg, HW, d, prog)
+    assert res is not None and res.buffers == ["t1"]
+    assert {i.code for i in validate_program(res.program, HW)} == before
