@@ -247,6 +247,12 @@ class _Variant:
     dropped_resident: dict[str, set[str]]  # run head -> residencies dropped for it
 
 
+def _signature(d: PlanDecisions) -> tuple:
+    """What a split variant changes: every op's core split and the residencies."""
+    return (tuple(sorted((k, tuple(sorted(p.core_split.items()))) for k, p in d.ops.items())),
+            tuple(sorted(d.resident)))
+
+
 def _split_candidates(program: Program, run: list[str]) -> list[dict[str, int]]:
     """The distinct core splits of the run's non-matmul members (a matmul heading the run
     keeps its own), the one of the member moving the most bytes first (the op a common
@@ -380,9 +386,11 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
         return result
     joined = _without_run_cuts(d, runs)
     variants: list[_Variant] = [_Variant(joined, {}, {})]
+    seen = {_signature(variants[0].decisions)}
     for which, with_head in align:
         v = _variant(pg, hw, joined, base_prog, runs, which, with_head)
-        if v is not None:
+        if v is not None and _signature(v.decisions) not in seen:  # a trial is worth one plan
+            seen.add(_signature(v.decisions))
             variants.append(v)
     # per run: (simulated us, variant index, tiles of the run's ops); -1: as planned
     best: list[tuple[float, int, dict]] = [(_span_us(base_rep, r), -1, {}) for r in runs]
@@ -427,7 +435,9 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     # stage 2: the tile count of each run, on the split stage 1 chose for it
     chosen = [max(0, vi) for _, vi, _ in best]
     mixed = _combine(d, variants, runs, [(0.0, vi, {}) for vi in chosen], keep_untouched=False)
-    trials(mixed, [t for t in tile_counts if t != t_mid], lambda i: chosen[i])
+    # nearest counts first: when time runs out, the untried ones are the least likely to win
+    rest = sorted((t for t in tile_counts if t != t_mid), key=lambda t: abs(t.bit_length() - t_mid.bit_length()))
+    trials(mixed, rest, lambda i: chosen[i])
     if out_of_time:
         result.notes.append("fusion: stopped early (time limit)")
     chosen_tr = whole[1]
