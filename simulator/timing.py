@@ -598,6 +598,10 @@ class OpTimer:
             if t >= worst_ns:
                 worst_ns, worst_mem, worst_comp = t, m, c
         overhead_ns = hw.loop_overhead_us * 1e3 * tiles if tiles > 1 else 0.0
+        # a fused kernel overlaps its members' loads and compute (close_group): each member
+        # brings its slowest core's of both, even when they are different cores
+        worst_mem = max(m for m, _ in ot.per_core.values()) * 1e3 if ot.per_core else worst_mem
+        worst_comp = max(c for _, c in ot.per_core.values()) * 1e3 if ot.per_core else worst_comp
         ot.memory_us = worst_mem / 1e3
         ot.compute_us = worst_comp / 1e3
         ot.ring_us = ring_ns / 1e3
