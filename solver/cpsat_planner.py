@@ -13,8 +13,9 @@ Model (DESIGN.md "Solver"):
 - `res[t]`: an intermediate stays in LX from its producer to its last reader. Allowed only
   when every reader's strategy reads each core's slice from the one that core wrote (same
   layout, per-core box inside the written box: `strategies.compatible_residency`), the
-  producer does not split a reduction dim, no restickify reads it (no LX relayout in this
-  version), and the ops of its live window reference at most the bundle limit of
+  producer does not split a reduction dim, no restickify reads it (the model prices
+  restickifies through device memory; `solver.relayout` tries on-chip relayouts after the
+  solve), and the ops of its live window reference at most the bundle limit of
   device-memory tensors (the tensors resident there do not count).
 - LX addresses per core in whole sticks: an optional interval over op steps x an optional
   interval over [addr, addr + size) per resident tensor, `AddNoOverlap2D`, so capacity and
@@ -31,8 +32,9 @@ model is solved again, warm-started.
 Fused coarse-tiled groups: after the solve, `solver.fusion` gives temporal tiles to runs of
 consecutive compute ops wherever the timing model runs them faster as one fused kernel
 (and drops planner bundle cuts inside such runs when that is faster still); it is priced by
-whole-program simulation and kept only when faster, so the returned plan's `predicted_us`
-is the cost-model sum minus that simulated gain.
+whole-program simulation and kept only when faster; then `solver.relayout` turns
+restickifies into on-chip LX relayouts where that validates and simulates faster. The
+returned plan's `predicted_us` is the cost-model sum minus those simulated gains.
 
 Start: the heuristic plan (H5b's torch-spyre baseline; a stored program when re-optimizing;
 the naive plan if the hint is invalid), improved by best-single-move local search on the
@@ -66,6 +68,7 @@ from solver.fusion import FUSION_TRIALS, fuse_tiled_groups
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.schedule import chain_order
 from solver.planners import register
+from solver.relayout import add_lx_relayouts, relayout_candidates
 from solver.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
 
 DEFAULT_TIME_LIMIT_S = 10.0
@@ -74,11 +77,12 @@ DEFAULT_TIME_LIMIT_S = 10.0
 DETERMINISTIC_PER_SECOND = 0.15
 # Shares of the wall-clock limit: the local search that sharpens the hint (of what is left
 # after the model build) and the fusion search after the solve (at least). Measured
-# 2026-11-29 on four layer graphs, two runs each: fusion 0.4 instead of 0.3 gave plans as
-# fast (within run-to-run spread) and the fusion search ran out of time in 1 run of 8
-# instead of 3; local search 0.05 instead of 0.15 gave slower plans on 3 of 4 graphs.
+# 2026-11-29 (2-core machine): local search 0.05 instead of 0.15 gave slower plans on 3 of
+# 4 layer graphs; fusion 0.4 instead of 0.3 ran out of time less often but, over four runs
+# each of llama and granite prefill, gave slower plans (geomean 7393/7359 us against
+# 6992/6918: the solve rounds get too little time).
 LOCAL_SEARCH_SHARE = 0.15
-FUSION_SHARE = 0.4
+FUSION_SHARE = 0.3
 _BUNDLE_CODES = frozenset({"bundle_limit", "lx_cross_bundle"})
 
 
@@ -641,6 +645,20 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     return fused_d, max(0.0, (res.base_us - fused_us) * 1000.0)
 
 
+def _finish(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[float],
+            strategies: dict[str, list[Strategy]], fuse: bool) -> tuple[PlanDecisions, float]:
+    """The steps after the solve, each judged by simulation: fused kernels (`_fuse`), then
+    restickifies as on-chip LX relayouts (`solver.relayout`). Returns the plan and the
+    simulated gain in ns."""
+    d, gain_ns = _fuse(pg, hw, d, notes, deadline, strategies, fuse)
+    prog, _ = _program_or_none(pg, hw, d)
+    if prog is not None and relayout_candidates(pg, prog):
+        d, _, more, gain_us = add_lx_relayouts(pg, hw, d, prog, deadline)
+        notes.extend(more)
+        gain_ns += gain_us * 1000.0
+    return d, gain_ns
+
+
 def _resplit_unfused(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
                      strategies: dict[str, list[Strategy]]) -> Optional[tuple[PlanDecisions, float, int]]:
     """Fusion gives a chain one core split and keeps its results on chip, so an LX residency
@@ -781,8 +799,8 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     if best_prog is not None:
         pred_ns = predict_program_ns(best_prog, hw)
         if pred_ns <= hint_ns:
-            best_d, gain_ns = _fuse(pg, hw, best_d, notes, None if deterministic else t0 + limit_s - reserve_s,
-                                    strategies, fuse)
+            best_d, gain_ns = _finish(pg, hw, best_d, notes, None if deterministic else t0 + limit_s - reserve_s,
+                                      strategies, fuse)
             best_d.stats.update(
                 predicted_us=(pred_ns - gain_ns) / 1000.0, solver_status=status, objective=obj / 1000.0,
                 bound=bound / 1000.0, gap=gap_of(obj, bound), solve_seconds=time.perf_counter() - t0,
@@ -794,8 +812,8 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     else:
         notes.append(f"no valid cpsat plan (status {status}): returning the hint")
     hint_d = replace(hint_d, planner="cpsat", stats={})
-    hint_d, gain_ns = _fuse(pg, hw, hint_d, notes, None if deterministic else t0 + limit_s - reserve_s,
-                            strategies, fuse)
+    hint_d, gain_ns = _finish(pg, hw, hint_d, notes, None if deterministic else t0 + limit_s - reserve_s,
+                              strategies, fuse)
     solve_s = time.perf_counter() - t0
     hint_d.stats.update(predicted_us=(hint_ns - gain_ns) / 1000.0, solver_status=status,
                         objective=None if obj is None else obj / 1000.0,
