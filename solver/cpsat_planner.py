@@ -23,7 +23,8 @@ Model (DESIGN.md "Solver"):
 - time[o] >= the priced time (`solver.cost_model`: the timing model's own per-op analysis)
   of the picked strategy under the residency combination of its operands that holds (one
   enforced constraint per strategy x combination).
-- objective = sum time[o] + ring combine / loop overhead + restickify times.
+- objective = sum time[o] + ring combine / loop overhead + restickify times, + 1 ns per
+  idle core per op as a tie-break toward splits on more cores.
 Bundles: chosen by a partition step after the solve: each group of overlapping resident
 windows starts a bundle; the emitter cuts elsewhere at the external-tensor limit. A group
 whose bundle still breaks the limit gets a no-good (not all of these together) and the
@@ -50,6 +51,7 @@ hint is returned otherwise, with a note).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Optional, Union
@@ -287,6 +289,11 @@ class SpyreModel:
             self.objective_terms.append(tv)
             if any(extra):
                 self.objective_terms.append(sum(c * v for c, v in zip(extra, vs)))
+            # ties go to the strategy leaving fewer cores idle (1 ns a core): the solve prices
+            # ops one by one, and only ops on one core count can later share a fused kernel
+            idle = [max(0, self.hw.cores - math.prod(s.core_split.values())) for s in S_o]
+            if any(idle):
+                self.objective_terms.append(sum(c * v for c, v in zip(idle, vs)))
 
     def _restick_cost(self, t: str, stick) -> int:
         """Restickify of t onto `stick` through device memory, split as the emitter does by
@@ -651,6 +658,8 @@ def _finish(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional
     restickifies as on-chip LX relayouts (`solver.relayout`). Returns the plan and the
     simulated gain in ns."""
     d, gain_ns = _fuse(pg, hw, d, notes, deadline, strategies, fuse)
+    if deadline is not None and time.perf_counter() > deadline:
+        return d, gain_ns
     prog, _ = _program_or_none(pg, hw, d)
     if prog is not None and relayout_candidates(pg, prog):
         d, _, more, gain_us = add_lx_relayouts(pg, hw, d, prog, deadline)
@@ -714,8 +723,9 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     t_emit = time.perf_counter()
     hint_prog, hint_issues = _program_or_none(pg, hw, hint_d)
     # time to keep once the solver stops: emitting and validating the result here, and
-    # planners.plan() emitting and validating it once more before it returns
-    reserve_s = 2.5 * (time.perf_counter() - t_emit)
+    # planners.plan() emitting and validating it once more before it returns (a fused plan
+    # with tile buffers emits and validates slower than the hint: 3% of the limit more)
+    reserve_s = 2.5 * (time.perf_counter() - t_emit) + 0.03 * limit_s
     # and for the fusion search after it (solver.fusion): one trial per split variant and per
     # further tile count, the final one and the resplit after it, each about four times an
     # emit + validation (two emits, a validation or two for the tile buffers, a simulation;

@@ -28,7 +28,7 @@ from typing import Mapping, Optional, Sequence
 from lowering.op_rules import (
     ANY, StickChoice, check_split, copy_is_alias, legal_core_splits, split_granules, stick_options,
 )
-from lowering.primitives import PrimGraph, PrimOp
+from lowering.primitives import DTYPE_BYTES, PrimGraph, PrimOp
 from simulator.geometry import (
     box_lx_bytes, core_ranges, default_core_slices, dim_chunk, make_layout, operand_box, padded,
     reduction_split,
@@ -227,6 +227,21 @@ def alias_strategy(op: PrimOp, ctx: GraphContext) -> Optional[Strategy]:
     return s
 
 
+def _input_bytes_per_core(op: PrimOp, ctx: GraphContext, split: Mapping[str, int]) -> int:
+    """Bytes of its inputs one core of `split` reads (logical, largest slice): small when
+    the split cuts every operand, large when it leaves one whole on every core."""
+    total = 0
+    for acc in op.inputs:
+        shape = ctx.shapes[acc.tensor]
+        n = 1
+        for j, d in enumerate(acc.dims):
+            size = shape[j]
+            f = split.get(op.iter_dims[d].name, 1) if d is not None else 1
+            n *= -(-size // f)
+        total += n * DTYPE_BYTES[ctx.dtypes[acc.tensor]]
+    return total
+
+
 def op_strategies(op: PrimOp, ctx: GraphContext, keep: int = 4, keep_resident: int = 2,
                   max_split_dims: int = 2, required: Sequence[tuple] = (),
                   max_candidates: int = 12) -> list[Strategy]:
@@ -276,8 +291,10 @@ def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
             return n
         most = max(used(sp) for sp in splits)
         splits = [sp for sp in splits if used(sp) * 4 >= most]
-        # price at most `max_candidates`: the ones using the most cores, fewer split dims first
-        splits.sort(key=lambda sp: (-used(sp), len(sp)))
+        # price at most `max_candidates`: the ones using the most cores, then the ones making
+        # each core load the fewest operand bytes (a split an operand does not index has
+        # every core of it load the operand's box), fewer split dims first
+        splits.sort(key=lambda sp: (-used(sp), _input_bytes_per_core(op, ctx, sp), len(sp)))
         splits = splits[:max_candidates]
         cands = [s for s in (make_strategy(op, ctx, ch, sp, full_pricing=False) for sp in splits)
                  if s is not None]
