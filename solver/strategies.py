@@ -7,7 +7,7 @@ alias test) and all geometry from `simulator.geometry`; nothing is re-encoded he
 - Core splits: `legal_core_splits` (whole sticks on stick dims, even, product <= cores, at
   most one reduction dim), at most two split dims, using at least a quarter of the most
   cores any split of the op can use; at most `max_candidates` of them are priced per stick
-  choice (most cores first, then fewer split dims).
+  choice (most cores first, then the fewest input bytes a core reads, then fewer split dims).
 - An operand the stick choice reads whole (`ANY`) keeps the layout its producer wrote; a
   layout of it that would change the split granules of a split dim is recorded in
   `any_forbidden` so the planner forbids that combination (the emitter derives granules from
@@ -18,6 +18,10 @@ alias test) and all geometry from `simulator.geometry`; nothing is re-encoded he
   the `keep` cheapest and the `keep_resident` most compute-bound (what a plan keeping the
   operands in LX wants) are kept and priced for every residency combination; any
   `required` strategy (the hint's, the naive plan's) is added.
+- Alignment (`align_strategies`, over the whole graph): for residency candidates, the reader
+  and producer strategies that slice the tensor like a kept neighbour strategy are added,
+  along chains, so a chain can stay in LX even when each op alone kept other, equally
+  cheap splits.
 """
 from __future__ import annotations
 
