@@ -32,8 +32,10 @@ accepts: it charges what every core split of a matmul costs in this machine mode
   is a bound; the one where they raise it most). Not when a non-matmul op could read the
   tensor broadcast (loaded once for all cores of a split).
 - Split reductions combine partials over the ring (`hw.ring_combine_ns`, R) into device
-  memory (the validator's lx_reduction_split), so the output is written there, and the
-  kernel that reads its streamed weights and writes pays the read/write turnaround (W).
+  memory (the validator's lx_reduction_split), so the output is written there, the kernel
+  that reads its streamed weights and writes pays the read/write turnaround, and a reader
+  that takes every element loads it back from there (W; no producer holds the combined
+  result on chip, so even a fused reader loads it).
 - A split on fewer cores leaves the array idle (C: MACs over the split's cores at the
   sustained rate).
 Every byte above is moved in some op's memory time and counted once (M: graph inputs'
@@ -208,8 +210,26 @@ def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int]) -> list[_
             write = (0.0 if out_t in pg.outputs else w / hw.dram_oneway_gbps)
             if cores >= hw.dram_turnaround_min_cores:
                 write += hw.dram_turnaround_ns_per_byte * min(streamed_inputs, w)
+            if ways > 1 and _read_whole(pg, out_t):
+                # and what is in device memory is read back from there, once at least
+                write += w / hw.dram_oneway_gbps
         out.append(_SplitTerm(ring, single_p + write, macs / (cores * rate), excess))
     return out
+
+
+def _read_whole(pg: PrimGraph, t: str) -> bool:
+    """Does some op that computes on `t` (not a copy or gather, which may take pieces) read
+    every element of it?"""
+    shape = pg.tensors[t].shape
+    for op in pg.ops:
+        if op.body.kind in ("copy", "gather"):
+            continue
+        for a in op.inputs:
+            if a.tensor == t and all(
+                    s == 1 or (j < len(a.dims) and a.dims[j] is not None and op.iter_dims[a.dims[j]].size == s)
+                    for j, s in enumerate(shape)):
+                return True
+    return False
 
 
 def _broadcast_free(pg: PrimGraph) -> set[str]:

@@ -169,3 +169,37 @@ def test_split_bound_holds_for_matmuls_sharing_an_input():
             fastest = min(fastest, us)
     assert fastest < 2 * lb.split_bound_us
     assert lb.split_bound_us > 1.1 * lb.lower_bound_us
+
+
+def test_split_bound_holds_when_a_split_reduction_result_is_read_back():
+    """A matmul whose reduction dim is split writes its combined result to device memory, and
+    the op reading it loads it back from there: every split of the matmul, with its reader
+    tiled into one kernel with it or not, simulates at or above the bound."""
+    from lowering.op_rules import legal_core_splits, split_granules, stick_options
+    from lowering.primitives import Call, In, PointwiseBody
+    from simulator.validate import validate_program
+    M, K, N = 128, 4096, 1024
+    ts = [PrimTensor("x", (M, K), "float16", "user_input"), PrimTensor("w", (K, N), "float16", "parameter"),
+          PrimTensor("y", (M, N), "float16"), PrimTensor("z", (M, N), "float16")]
+    mm = PrimOp("mm", (IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),
+                (Access("x", (0, 2)), Access("w", (2, 1))), Access("y", (0, 1)), MatmulBody(0, 1, 2))
+    act = PrimOp("act", (IterDim("r", M), IterDim("c", N)), (Access("y", (0, 1)),), Access("z", (0, 1)),
+                 PointwiseBody(Call("neg", (In(0),))))
+    pg = PrimGraph("mm_act", {t.id: t for t in ts}, [mm, act], ["x", "w"], ["z"])
+    lb = lower_bound(pg, HW)
+    ch = stick_options(mm)[0]
+    gran = split_granules(mm, list(ch.inputs), ch.output, ["float16"] * 3, HW.stick_bytes)
+    checked = 0
+    for sp in legal_core_splits(mm, gran, HW.cores):
+        for tiles in ({}, {"n": 2}):
+            d = plan_naive(pg, HW)
+            d.ops["mm"].stick, d.ops["mm"].core_split = ch, dict(sp)
+            d.ops["act"].core_split = {"r": 32}
+            if tiles:
+                d.ops["mm"].temporal_tiles, d.ops["act"].temporal_tiles = dict(tiles), {"c": 2}
+            program = emit_program(pg, HW, d)
+            if validate_program(program, HW):
+                continue
+            assert time_program(program, HW).total_us >= lb.split_bound_us - 1e-9, (sp, tiles)
+            checked += 1
+    assert checked > 20
