@@ -9,7 +9,8 @@ the plan, as a pipeline of small steps:
 1. `relayout_candidates`: restickifies whose source the program produces (not a graph
    input or output), with the copy in device memory;
 2. `_placed`: the plan with the source and the copy in LX, at first-fit addresses around
-   every other live LX buffer (sizes and live ranges as the emitter derives them);
+   every other live LX buffer (`tile_buffers.place_first_fit`; sizes and live ranges as
+   the emitter derives them);
 3. the validator judges (each core's relayout reads what that core's producer wrote; every
    other reader of the source must read it from LX too) and the simulator times it; a
    candidate is kept when the program is valid and faster.
@@ -22,12 +23,12 @@ from dataclasses import replace
 from typing import Optional
 
 from lowering.primitives import PrimGraph
-from simulator.geometry import padded
 from simulator.superdsc import LxMemory, Program, lx_live_spans
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import PlanDecisions, Residency
+from solver.tile_buffers import LxRequest, place_first_fit
 
 
 def relayout_candidates(pg: PrimGraph, program: Program) -> list[tuple[str, str]]:
@@ -54,20 +55,10 @@ def _placed(pg: PrimGraph, hw, d: PlanDecisions, names: tuple[str, ...]) -> Opti
     except ValueError:
         return None
     spans = lx_live_spans(prog)
-    mine = {t.id: (spans[t.id], t.memory.size_per_core) for t in prog.tensors if t.id in names}
-    taken = [(*spans[t.id], m.lx_address, m.lx_address + m.size_per_core)
-             for t in prog.tensors if isinstance(m := t.memory, LxMemory) and t.id not in mine]
-    addresses = {}
-    for t, ((lo, hi), size) in sorted(mine.items(), key=lambda kv: kv[1][0]):
-        addr = 0
-        for a, b in sorted((a, b) for lf, lt, a, b in taken if lf <= hi and lo <= lt):
-            if addr + size <= a:
-                break
-            addr = max(addr, padded(b, hw.stick_bytes))
-        if addr + size > hw.lx_capacity_bytes:
-            return None
-        addresses[t] = addr
-        taken.append((lo, hi, addr, addr + size))
+    wanted = {t.id: LxRequest(*spans[t.id], t.memory.size_per_core) for t in prog.tensors if t.id in names}
+    addresses = place_first_fit(prog, wanted, hw.lx_capacity_bytes, hw.stick_bytes)
+    if len(addresses) < len(wanted):
+        return None
     return replace(d, resident={**d.resident, **{t: Residency(lx_address=a) for t, a in addresses.items()}})
 
 

@@ -12,8 +12,8 @@ This step takes a validated program with fused kernels and, as a pipeline of sma
    are not program outputs and not shared with a free alias — in device memory, or held
    whole in LX (a tile of it frees the rest of that LX for others);
 2. sizes each at its producer's largest per-tile box and places it first-fit in the LX
-   the plan leaves free over its live range (`_place`, in whole sticks, never over another
-   live LX buffer);
+   the plan leaves free over its live range (`place_first_fit`, in whole sticks, never
+   over another live LX buffer);
 3. lets the validator judge: a candidate a reader does not take tile by tile from the same
    core (another split, another tiling) is named by an issue and stays in device memory;
 Whether the result is faster is the caller's question (solver.fusion times every trial).
@@ -59,13 +59,14 @@ def _kernel_of(program: Program) -> dict[int, int]:
 
 
 @dataclass
-class _Candidate:
+class LxRequest:
+    """An LX buffer still to be placed: the op-index span it is live over and its size."""
     live_from: int    # producer's op index
     live_to: int      # last reader's op index
     size: int         # largest per-tile box of the producer, whole sticks
 
 
-def _candidates(pg: PrimGraph, program: Program, hw) -> dict[str, _Candidate]:
+def _candidates(pg: PrimGraph, program: Program, hw) -> dict[str, LxRequest]:
     kernel = _kernel_of(program)
     tmap = program.tensor_map()
     producer: dict[str, int] = {}
@@ -81,7 +82,7 @@ def _candidates(pg: PrimGraph, program: Program, hw) -> dict[str, _Candidate]:
     aliased = {t.memory.alias_of for t in program.tensors
                if isinstance(t.memory, HbmMemory) and t.memory.alias_of}
     outputs = set(program.outputs)
-    out: dict[str, _Candidate] = {}
+    out: dict[str, LxRequest] = {}
     for t, k in producer.items():
         decl = tmap[t]
         m = decl.memory
@@ -99,13 +100,14 @@ def _candidates(pg: PrimGraph, program: Program, hw) -> dict[str, _Candidate]:
         split = {n: f for n, f in op.core_split.items() if f > 1}
         size = largest_tile_lx_bytes(prim, -1, core_ranges(prim, split, op.core_slices, gran),
                                      op.temporal_tiles, gran, decl.shape, decl.layout, decl.dtype)
-        out[t] = _Candidate(k, max(rs), padded(size, hw.stick_bytes))
+        out[t] = LxRequest(k, max(rs), padded(size, hw.stick_bytes))
     return out
 
 
-def _place(program: Program, cands: dict[str, _Candidate], capacity: int, stick: int) -> dict[str, int]:
-    """First-fit LX addresses for the tile buffers `cands` around every other live LX buffer
-    (in whole sticks); a buffer that finds no room is left out."""
+def place_first_fit(program: Program, cands: dict[str, LxRequest], capacity: int, stick: int) -> dict[str, int]:
+    """First-fit LX addresses for the buffers `cands` around every other live LX buffer of
+    `program` (in whole sticks; a tensor of `cands` that the program already holds in LX
+    does not count as taken); a buffer that finds no room is left out."""
     spans = lx_live_spans(program)  # a whole-slice LX tensor is live across the kernels it touches
     taken = [(*spans[t.id], m.lx_address, m.lx_address + m.size_per_core)
              for t in program.tensors if isinstance(m := t.memory, LxMemory) and t.id not in cands]
@@ -147,7 +149,7 @@ def add_tile_buffers(pg: PrimGraph, hw, d: PlanDecisions, program: Program) -> O
     for _ in range(_MAX_ROUNDS):
         if not cands:
             return None
-        addresses = _place(program, cands, hw.lx_capacity_bytes, hw.stick_bytes)
+        addresses = place_first_fit(program, cands, hw.lx_capacity_bytes, hw.stick_bytes)
         dropped.update({t: "lx_capacity" for t in cands if t not in addresses})
         if not addresses:
             return None
