@@ -29,10 +29,11 @@ slowest core is done):
   `loop_overhead_us`; a small per-core tile underfills the stream (`underfill_curve`); a
   per-tile working set past `lx_spill_knee_bytes` spills and runs slower. Consecutive ops
   of one bundle with the same temporal tiling form one coarse-tiled fused kernel: each
-  core loads each box of an external tensor once, a member's result is on chip for later members (each tile is
-  computed on chip, on its core: a later member whose every core reads inside the box that
-  core wrote reads nothing from device memory; a result stored in device memory is still
-  written there), and it pays the loop overhead once.
+  core loads each box of an external tensor once (a later member reads it free only where
+  each of its cores reads inside a box that core loaded), a member's result is on chip for
+  later members (each tile is computed on chip, on its core: a later member whose every
+  core reads inside the box that core wrote reads nothing from device memory; a result
+  stored in device memory is still written there), and it pays the loop overhead once.
 - a split reduction dim combines partial sums over the ring.
 """
 from __future__ import annotations
