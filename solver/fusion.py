@@ -5,8 +5,8 @@ The timing model (`simulator.superdsc.fused_group_key`, `simulator.timing` `clos
 runs consecutive compute ops of one bundle with the same temporal tiling (T > 1) on the
 same core count as one coarse-tiled fused kernel, as torch-spyre's back end does: each
 core loads each box of an external device-memory tensor once, a member's result is on chip
-for later members on the same core, loads and compute of all members overlap across the tile loop, and the
-loop overhead is paid once. A result only the kernel uses can then be a tile buffer
+for later members on the same core, loads and compute of all members overlap across the
+tile loop, and the loop overhead is paid once. A result only the kernel uses can then be a tile buffer
 (`solver.tile_buffers`): it is never written whole. Against that stand the costs of tiling:
 a small per-tile stream underfills, double buffering needs LX room, a working set past the
 spill knee derates. Whether a run gains is therefore a question for the simulator itself.
