@@ -49,6 +49,7 @@ class RemoteOptions:
     planner: Optional[str] = None
     time_limit_s: Optional[float] = None
     deterministic: bool = False
+    strict: bool = False  # a planner failure is an error, not a fallback plan
     target: Optional[str] = None
     # The service answers within this many seconds (best feasible plan, else 504).
     deadline_s: Optional[float] = None
@@ -61,6 +62,8 @@ class RemoteOptions:
 
     def request_options(self) -> dict[str, Any]:
         out: dict[str, Any] = {"deterministic": self.deterministic}
+        if self.strict:
+            out["strict"] = True
         for name in ("planner", "time_limit_s", "target", "deadline_s"):
             value = getattr(self, name)
             if value is not None:
@@ -193,6 +196,7 @@ def compile_remote_executable(doc: Union[dict, str], options: Any = None,
     object with `planner` / `time_limit_s` attributes (the backend's own options)."""
     if options is not None and not isinstance(options, (RemoteOptions, dict)):
         options = RemoteOptions(planner=getattr(options, "planner", None),
-                                time_limit_s=getattr(options, "time_limit_s", None))
+                                time_limit_s=getattr(options, "time_limit_s", None),
+                                strict=bool(getattr(options, "strict", False)))
     response = compile_remote(doc, options, url, full_response=True)
     return _remote_executable(response)

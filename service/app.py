@@ -70,6 +70,8 @@ class CompileOptionsIn(_Strict):
     time_limit_s: Optional[float] = Field(None, gt=0, le=pipeline.MAX_TIME_LIMIT_S,
                                           description="solver budget in seconds (part of the store key)")
     deterministic: bool = Field(False, description="fixed seed and deterministic time limit")
+    strict: bool = Field(False, description="a planner failure is an error (500 planner_failed naming the op) "
+                                            "instead of a plan from the next planner (cpsat -> heuristic -> naive)")
     target: Optional[str] = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$",
                                   description="hardware target name; default spyre")
     deadline_s: Optional[float] = Field(None, gt=0, le=86_400,
@@ -437,7 +439,8 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
     try:
         doc = body.graph if body.graph is not None else pipeline.document_from_export(body.export)
         pipeline.check_graph_limits(doc, config.limits)
-        options = pipeline.resolve_options(opts.planner, opts.time_limit_s, opts.deterministic, opts.target)
+        options = pipeline.resolve_options(opts.planner, opts.time_limit_s, opts.deterministic, opts.target,
+                                           opts.strict)
     except GraphError as exc:
         metrics.rejected.labels(exc.code).inc()
         raise _graph_error_problem(exc) from None
@@ -480,6 +483,8 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
         metrics.solve_seconds.labels(options.planner).observe(outcome.seconds)
         status = outcome.stats.get("solver_status") or outcome.status
         metrics.solver_status.labels(options.planner, str(status)).inc()
+        if outcome.stats.get("fallback_from"):
+            metrics.planner_fallbacks.labels(outcome.stats["fallback_from"], str(outcome.stats.get("planner"))).inc()
         log_event("solve", status=status, outcome=outcome.status, gap=outcome.stats.get("gap"),
                   predicted_us=outcome.stats.get("predicted_us"), simulated_us=outcome.stats.get("simulated_us"),
                   seconds=round(outcome.seconds, 6),
@@ -540,8 +545,9 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
         raise ProblemError(504, "deadline_exceeded",
                            f"no validated plan within the deadline of {deadline_s:g} s; the solve continues "
                            f"and its program will be stored under key {key}")
-    detail = (outcome.error or {}).get("message", outcome.status)
-    raise ProblemError(500, outcome.status, f"the planner produced no valid program: {detail}")
+    err = outcome.error or {}
+    raise ProblemError(500, outcome.status, f"the planner produced no valid program: {err.get('message', outcome.status)}",
+                       node=err.get("node"))
 
 
 async def _simulate(state: ServiceState, body: SimulateRequest) -> dict[str, Any]:

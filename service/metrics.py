@@ -31,6 +31,9 @@ class ServiceMetrics:
                                  registry=r)
         self.solver_status = Counter("sticksat_solver_status", "Finished solves by planner and solver status",
                                      ["planner", "status"], registry=r)
+        self.planner_fallbacks = Counter("sticksat_planner_fallbacks",
+                                         "Solves whose requested planner failed, by requested and used planner",
+                                         ["requested", "used"], registry=r)
         self.rejected = Counter("sticksat_rejected", "Requests refused before solving, by reason",
                                 ["reason"], registry=r)
         self.deadline_exceeded = Counter("sticksat_deadline_exceeded",

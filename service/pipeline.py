@@ -153,17 +153,23 @@ class CompileOptions:
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     deterministic: bool = False
     target: str = "spyre"
+    # Strict: a planner failure is an error naming the op, not a fallback plan.
+    strict: bool = False
 
     def solve_dict(self) -> dict[str, Any]:
-        return {"planner": self.planner, "time_limit_s": float(self.time_limit_s),
-                "deterministic": bool(self.deterministic)}
+        out = {"planner": self.planner, "time_limit_s": float(self.time_limit_s),
+               "deterministic": bool(self.deterministic)}
+        if self.strict:  # keyed apart (a non-strict row may hold a fallback plan); old keys unchanged
+            out["strict"] = True
+        return out
 
     def options_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.solve_dict(), sort_keys=True).encode()).hexdigest()
 
 
 def resolve_options(planner: Optional[str] = None, time_limit_s: Optional[float] = None,
-                    deterministic: bool = False, target: Optional[str] = None) -> CompileOptions:
+                    deterministic: bool = False, target: Optional[str] = None,
+                    strict: bool = False) -> CompileOptions:
     """Fill defaults and check names; GraphError("invalid_option") for a bad one."""
     name = planner or default_planner()
     if name not in available_planners():
@@ -173,11 +179,17 @@ def resolve_options(planner: Optional[str] = None, time_limit_s: Optional[float]
         raise GraphError("invalid_option", f"time_limit_s must be in (0, {MAX_TIME_LIMIT_S}]")
     target_name = target or "spyre"
     load_hardware(target_name)
-    return CompileOptions(planner=name, time_limit_s=limit, deterministic=bool(deterministic), target=target_name)
+    return CompileOptions(planner=name, time_limit_s=limit, deterministic=bool(deterministic), target=target_name,
+                          strict=bool(strict))
 
 
 class CompileFailed(RuntimeError):
-    """The planner produced no program the validator accepts."""
+    """The planner produced no program the validator accepts (`op`: the primitive op the
+    failure is about, when known)."""
+
+    def __init__(self, message: str, op: Optional[str] = None):
+        super().__init__(message)
+        self.op = op
 
 
 # -- the compile job -----------------------------------------------------------------
@@ -212,7 +224,7 @@ class CompileJob:
 
 @dataclass
 class CompileOutcome:
-    status: str  # "ok" | "graph_error" | "plan_invalid" | "deadline_exceeded"
+    status: str  # "ok" | "graph_error" | "planner_failed" | "deadline_exceeded"
     program: Optional[str] = None  # SuperDSC program JSON
     stats: dict[str, Any] = field(default_factory=dict)
     solution: Optional[str] = None
@@ -303,7 +315,7 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     builds or searches, the service answers with that validated plan instead of a 504;
     it also serves as the solver's hint. The final plan replaces it in the store."""
     from lowering import lower_document
-    from solver.planners import PlanInvalid, plan
+    from solver.planners import PlannerFailed, plan
 
     started = time.time()
     options = job.options
@@ -325,7 +337,7 @@ def compile_job(job: CompileJob) -> CompileOutcome:
         hint = _hint_from(job.hint)
         fallback = fallback_planner(options.planner) if job.slot is not None else None
         if fallback is not None:
-            early = plan(pg, hw, planner=fallback, deterministic=options.deterministic)
+            early = plan(pg, hw, planner=fallback, deterministic=options.deterministic, fallback=not options.strict)
             early.stats.notes = list(early.stats.notes) + [
                 f"fallback plan by {fallback}, stored while {options.planner} solves"]
             _store_fallback(job.slot, early, _program_stats(early, doc, hw))
@@ -337,12 +349,12 @@ def compile_job(job: CompileJob) -> CompileOutcome:
             remaining = job.deadline_at - time.time()
             effective_limit = max(0.01, min(options.time_limit_s, remaining - _deadline_reserve(remaining)))
         program = plan(pg, hw, planner=options.planner, time_limit_s=effective_limit,
-                       deterministic=options.deterministic, hint=hint)
+                       deterministic=options.deterministic, hint=hint, fallback=not options.strict)
     except GraphError as exc:
         return CompileOutcome(status="graph_error", error=exc.to_dict(), seconds=time.time() - started)
-    except PlanInvalid as exc:
-        return CompileOutcome(status="plan_invalid", seconds=time.time() - started,
-                              error={"code": "plan_invalid", "message": str(exc)})
+    except PlannerFailed as exc:
+        return CompileOutcome(status="planner_failed", seconds=time.time() - started,
+                              error={"code": "planner_failed", "message": str(exc), "node": exc.op})
     stats = _program_stats(program, doc, hw)
     status = (stats.get("solver_status") or "").upper()
     complete = effective_limit >= options.time_limit_s or status == "OPTIMAL"
@@ -353,7 +365,8 @@ def compile_job(job: CompileJob) -> CompileOutcome:
 
 def compile_in_process(document: Union[GraphDocument, dict, str], planner: Optional[str] = None,
                        time_limit_s: Optional[float] = None, deterministic: bool = False,
-                       target: Optional[str] = None, limits: Optional[GraphLimits] = None) -> dict[str, Any]:
+                       target: Optional[str] = None, limits: Optional[GraphLimits] = None,
+                       strict: bool = False) -> dict[str, Any]:
     """The embedded path: validate and compile in this process; returns the program as
     a dict. Raises GraphError for a bad graph, CompileFailed when the planner produced
     no valid program (a compiler bug, never the client's)."""
@@ -365,13 +378,14 @@ def compile_in_process(document: Union[GraphDocument, dict, str], planner: Optio
         doc = parse_document(document)
     check_graph_limits(doc, limits or GraphLimits())
     check_document(doc)
-    options = resolve_options(planner, time_limit_s, deterministic, target)
+    options = resolve_options(planner, time_limit_s, deterministic, target, strict)
     outcome = compile_job(CompileJob(document=doc.to_json(), options=options))
     if outcome.status == "graph_error":
         err = outcome.error or {}
         raise GraphError(err.get("code", "invalid_graph"), err.get("message", ""), err.get("node"))
     if outcome.status != "ok" or outcome.program is None:
-        raise CompileFailed((outcome.error or {}).get("message", outcome.status))
+        err = outcome.error or {}
+        raise CompileFailed(err.get("message", outcome.status), err.get("node"))
     return json.loads(outcome.program)
 
 

@@ -189,6 +189,10 @@ class PlanStats(_Model):
     gap: Optional[float] = None
     solve_seconds: Optional[float] = None
     lower_bound_us: Optional[float] = None
+    # Set when the requested planner failed and this plan comes from the next one of the
+    # fallback chain: the planner asked for and what went wrong.
+    fallback_from: Optional[str] = None
+    fallback_reason: Optional[str] = None
     hardware_digest: str
     compiler_version: str
     notes: list[str] = []

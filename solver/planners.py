@@ -4,18 +4,29 @@ A planner is a callable `(pg, hw, *, time_limit_s, deterministic, hint) -> PlanD
 (or a ready `Program`). `plan()` emits the program, stamps solve time, and ALWAYS runs the
 simulator's validator: a program it returns has passed; otherwise it raises `PlanInvalid`.
 Register a planner with one line: `PLANNERS["name"] = callable` (or `register("name", fn)`).
+
+No planner failure reaches the caller as a crash: when the requested planner raises or
+its program fails validation, `plan()` falls back along `FALLBACK_CHAIN` (cpsat ->
+heuristic -> naive), logs a warning and records in the program's stats which planner was
+asked for and why it failed (`fallback_from`, `fallback_reason`, a note). With
+`fallback=False` (the backend's and service's strict mode) it raises `PlannerFailed`
+instead, naming the op when the failure is about one.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Optional, Union
 
+from lowering.errors import GraphError
 from lowering.primitives import PrimGraph
 from simulator.superdsc import Program
 from simulator.validate import ProgramIssue, validate_program
 from solver.emit import emit_program
 from solver.naive import plan_naive
 from solver.plan import PlanDecisions
+
+log = logging.getLogger("sticksat")
 
 PlannerFn = Callable[..., Union[PlanDecisions, Program]]
 
@@ -38,6 +49,24 @@ class PlanInvalid(RuntimeError):
         super().__init__(f"planner {planner!r} produced an invalid program: {head}{more}")
 
 
+# Each planner's fallback when it fails: the next, simpler one. The naive planner is the
+# end of the chain: one core per op, every tensor in device memory.
+FALLBACK_CHAIN = ("cpsat", "heuristic", "naive")
+
+
+class PlannerFailed(RuntimeError):
+    """The planner could not make a valid program and no fallback was allowed (strict) or
+    every planner of the chain failed. `op` names the primitive op when the failure is
+    about one (e.g. no legal strategy)."""
+
+    def __init__(self, planner: str, reason: str, op: Optional[str] = None):
+        self.planner = planner
+        self.reason = reason
+        self.op = op
+        where = f" at op {op!r}" if op else ""
+        super().__init__(f"planner {planner!r} failed{where}: {reason}")
+
+
 def register(name: str, fn: PlannerFn) -> None:
     PLANNERS[name] = fn
 
@@ -57,13 +86,53 @@ def ensure_registered(name: str) -> None:
 
 
 def plan(pg: PrimGraph, hw=None, planner: str = DEFAULT_PLANNER, time_limit_s: Optional[float] = None,
-         deterministic: bool = False, hint: Optional[Union[PlanDecisions, Program]] = None) -> Program:
+         deterministic: bool = False, hint: Optional[Union[PlanDecisions, Program]] = None,
+         fallback: bool = True) -> Program:
+    """The validated program of `planner` for `pg`; on failure the next planner of
+    `FALLBACK_CHAIN` (unless `fallback` is False: then `PlannerFailed`)."""
     if hw is None:
         from simulator.hardware import load_target
         hw = load_target()
     ensure_registered(planner)
     if planner not in PLANNERS:
         raise KeyError(f"unknown planner {planner!r}; known: {sorted(PLANNERS)}")
+    try:
+        return _plan_with(pg, hw, planner, time_limit_s, deterministic, hint)
+    except GraphError:
+        raise  # the client's graph, not the planner: the caller reports it as such
+    except Exception as exc:  # noqa: BLE001 - any planner bug becomes a fallback or a clear error
+        reason = _reason(exc)
+        op = getattr(exc, "op", None)
+        nxt = _next_planner(planner)
+        if not fallback or nxt is None:
+            raise PlannerFailed(planner, reason, op) from exc
+    log.warning("sticksat: planner %s failed on graph %s (%s); falling back to %s", planner, pg.name, reason, nxt)
+    program = plan(pg, hw, nxt, time_limit_s, deterministic, None, fallback=True)
+    stats = program.stats
+    # the outermost call runs last: the requested planner's failure is the one reported
+    stats.fallback_from, stats.fallback_reason = planner, reason
+    stats.notes = [f"planner {planner} failed ({reason}); plan made by {stats.planner}"] + list(stats.notes)
+    return program
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc) if isinstance(exc, PlanInvalid) else f"{type(exc).__name__}: {exc}"
+    return text[:500]
+
+
+def _next_planner(planner: str) -> Optional[str]:
+    if planner not in FALLBACK_CHAIN:
+        return FALLBACK_CHAIN[-1] if planner != FALLBACK_CHAIN[-1] else None
+    i = FALLBACK_CHAIN.index(planner)
+    for name in FALLBACK_CHAIN[i + 1:]:
+        ensure_registered(name)
+        if name in PLANNERS:
+            return name
+    return None
+
+
+def _plan_with(pg: PrimGraph, hw, planner: str, time_limit_s: Optional[float], deterministic: bool,
+               hint: Optional[Union[PlanDecisions, Program]]) -> Program:
     t0 = time.perf_counter()
     result = PLANNERS[planner](pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint)
     if isinstance(result, PlanDecisions):

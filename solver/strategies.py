@@ -145,6 +145,15 @@ class GraphContext:
         return make_layout(self.shapes[t], self.dtypes[t], stick, self.hw.stick_bytes)
 
 
+class NoLegalStrategy(ValueError):
+    """No stick choice of the op has any legal core split (not even one core): a defect
+    of the op rules, reported with the op's id."""
+
+    def __init__(self, op_id: str):
+        self.op = op_id
+        super().__init__(f"{op_id}: no legal strategy")
+
+
 def _granules(op: PrimOp, ctx: GraphContext, in_sticks: Sequence, out_stick) -> dict[int, int]:
     dts = [ctx.dtypes[a.tensor] for a in op.inputs] + [ctx.dtypes[op.output.tensor]]
     return split_granules(op, list(in_sticks), out_stick, dts, ctx.hw.stick_bytes)
@@ -293,15 +302,20 @@ def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
             for f in sp.values():
                 n *= f
             return n
-        most = max(used(sp) for sp in splits)
-        splits = [sp for sp in splits if used(sp) * 4 >= most]
         # price at most `max_candidates`: the ones using the most cores, then the ones making
         # each core load the fewest operand bytes (a split an operand does not index has
         # every core of it load the operand's box), fewer split dims first
         splits.sort(key=lambda sp: (-used(sp), _input_bytes_per_core(op, ctx, sp), len(sp)))
-        splits = splits[:max_candidates]
-        cands = [s for s in (make_strategy(op, ctx, ch, sp, full_pricing=False) for sp in splits)
+        most = used(splits[0])
+        wide = [sp for sp in splits if used(sp) * 4 >= most][:max_candidates]
+        cands = [s for s in (make_strategy(op, ctx, ch, sp, full_pricing=False) for sp in wide)
                  if s is not None]
+        if not cands:
+            # Every many-core split is illegal for some operand's possible layouts (e.g. a
+            # broadcast index vector whose dim cannot be cut in whole sticks): take the
+            # widest split that is legal, down to one core, so no op is left without one.
+            narrow = (make_strategy(op, ctx, ch, sp, full_pricing=False) for sp in splits if sp not in wide)
+            cands = [s for s in narrow if s is not None][:1]
         if not cands:
             continue
         n_in = len(op.inputs)
@@ -318,7 +332,7 @@ def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
         else:
             add(make_strategy(op, ctx, ch, split, tiles))
     if not out:
-        raise ValueError(f"{op.id}: no legal strategy")
+        raise NoLegalStrategy(op.id)
     return out
 
 

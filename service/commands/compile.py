@@ -18,6 +18,9 @@ def register(sub) -> None:
     p.add_argument("--time-limit", type=float, default=None,
                    help="solver time limit in seconds (default: the planner's own, 10 s for cpsat)")
     p.add_argument("--deterministic", action="store_true", help="deterministic solver mode")
+    p.add_argument("--strict", action="store_true",
+                   help="fail when the planner fails, instead of falling back to the next planner "
+                        "(cpsat -> heuristic -> naive)")
     p.add_argument("-o", "--output", default="-", help="program JSON path ('-': stdout)")
     p.set_defaults(func=run)
 
@@ -35,7 +38,7 @@ def load_primgraph(path: str):
 def run(args) -> int:
     from lowering.errors import GraphError
     from simulator.hardware import load_target
-    from solver.planners import PlanInvalid, plan
+    from solver.planners import PlanInvalid, PlannerFailed, plan
 
     try:
         pg = load_primgraph(args.graph)
@@ -48,14 +51,19 @@ def run(args) -> int:
     hw = load_target(args.hardware)
     try:
         program = plan(pg, hw, planner=args.planner, time_limit_s=args.time_limit,
-                       deterministic=args.deterministic)
-    except PlanInvalid as e:
-        print(json.dumps({"error": "plan_invalid", "message": str(e),
-                          "errors": [i.to_json() for i in e.issues]}), file=sys.stderr)
+                       deterministic=args.deterministic, fallback=not args.strict)
+    except PlannerFailed as e:
+        cause = e.__cause__
+        issues = [i.to_json() for i in cause.issues] if isinstance(cause, PlanInvalid) else []
+        print(json.dumps({"error": "planner_failed", "message": str(e), "node": e.op, "errors": issues}),
+              file=sys.stderr)
         return 1
     except KeyError as e:
         print(json.dumps({"error": "unknown_planner", "message": str(e)}), file=sys.stderr)
         return 2
+    if program.stats.fallback_from:
+        print(f"warning: planner {program.stats.fallback_from} failed ({program.stats.fallback_reason}); "
+              f"the program was made by {program.stats.planner}", file=sys.stderr)
     text = program.to_json(indent=1)
     if args.output == "-":
         sys.stdout.write(text + "\n")
