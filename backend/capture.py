@@ -12,7 +12,7 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.fx
 
-from lowering.graph_format import GraphDocument
+from lowering.graph_format import MAX_CONSTANT_ELEMENTS, GraphDocument
 
 _DTYPES = {
     torch.float32: "float32",
@@ -127,6 +127,37 @@ def _outputs_of(node: torch.fx.Node) -> list[torch.Tensor]:
     raise CaptureError(f"node {node.name} ({node.target}) produces a non-tensor value {type(val).__name__}")
 
 
+def _constant_value(v: float | int | bool):
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def _constant(gm: torch.fx.GraphModule, node: torch.fx.Node) -> dict:
+    """A `get_attr` tensor as a document constant (values included, size-limited)."""
+    value: Any = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        raise CaptureError(f"attribute {node.target} is a {type(value).__name__}, not a tensor")
+    if value.numel() > MAX_CONSTANT_ELEMENTS:
+        raise CaptureError(f"tensor constant {node.target} has {value.numel()} elements; constants travel in "
+                           f"the graph document, at most {MAX_CONSTANT_ELEMENTS} elements each")
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # AOTAutograd calls the compiler under fake-tensor mode; the constant itself is real
+    with unset_fake_temporarily():
+        flat = value.detach().contiguous().reshape(-1).cpu()
+        if flat.dtype in (torch.float16, torch.bfloat16):
+            flat = flat.float()
+        values = [_constant_value(v) for v in flat.tolist()]
+    # the values are sent row-major: the constant's metadata says so
+    shape = [int(d) for d in value.shape]
+    stride = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    meta = {"shape": shape, "stride": stride, "storage_offset": 0, "dtype": dtype_name(value.dtype)}
+    return {"id": node.name, "meta": meta, "values": values}
+
+
 def graph_to_document(
     gm: torch.fx.GraphModule,
     input_kinds: Sequence[str],
@@ -139,7 +170,7 @@ def graph_to_document(
     if len(placeholders) != len(input_kinds):
         raise CaptureError(f"{len(placeholders)} placeholders but {len(input_kinds)} input kinds")
     ref_of: dict[torch.fx.Node, tuple[str, int]] = {}
-    inputs, nodes, outputs = [], [], []
+    inputs, nodes, outputs, constants = [], [], [], []
     for i, ph in enumerate(placeholders):
         val = ph.meta.get("val")
         if not isinstance(val, torch.Tensor):
@@ -177,10 +208,15 @@ def graph_to_document(
                     raise CaptureError(f"graph output {r!r} is not a tensor")
                 nid, idx = ref_of[r]
                 outputs.append({"kind": "tensor", "node": nid, "output": idx})
+        elif node.op == "get_attr":
+            constants.append(_constant(gm, node))
+            ref_of[node] = (node.name, 0)
         elif node.op != "placeholder":
             raise CaptureError(f"unsupported FX node kind {node.op} ({node.name})")
     doc = {"format": "sticksat.graph", "version": 1, "name": name[:256],
            "inputs": inputs, "nodes": nodes, "outputs": outputs}
+    if constants:
+        doc["constants"] = constants
     GraphDocument.model_validate(doc)  # fail here, on the client, rather than at the service
     return doc
 

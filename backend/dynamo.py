@@ -143,9 +143,11 @@ def _compile_with(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
         raise GraphError("unsupported_op", f"ops sticksat cannot lower (strict mode): {summary}",
                          plan.unsupported[0].name)
     fused = _copy_graph_module(gm)
-    placeholders = [n for n in fused.graph.nodes if n.op == "placeholder"]
+    # Keyed by placeholder name: fusing may replace the placeholder node objects (torch
+    # 2.13's partitioner does), and a lookup by node would then label weights user inputs.
+    placeholders = [n.name for n in fused.graph.nodes if n.op == "placeholder"]
     kind_of = dict(zip(placeholders, input_kinds))
-    name_of = dict(zip(placeholders, input_names or [p.name for p in placeholders]))
+    name_of = dict(zip(placeholders, input_names or placeholders))
     regions = []
     if plan.supported:
         fused = fuse_supported(fused, support)
@@ -155,10 +157,15 @@ def _compile_with(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
         sub = getattr(fused, node.target)
         sub_kinds, sub_names = [], []
         for arg in node.args:
-            # A region input is either an input of the whole graph (keeps its kind) or a
-            # value computed by eager torch, which the region receives like a user input.
-            sub_kinds.append(kind_of.get(arg, "user_input"))
-            sub_names.append(name_of.get(arg, arg.name if isinstance(arg, torch.fx.Node) else ""))
+            # A region input is an input of the whole graph (keeps its kind), a tensor
+            # constant of it, or a value computed by eager torch, which the region receives
+            # like a user input.
+            key = arg.name if isinstance(arg, torch.fx.Node) and arg.op == "placeholder" else None
+            if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                sub_kinds.append("constant")  # a tensor constant the outer graph passes in
+            else:
+                sub_kinds.append(kind_of.get(key, "user_input"))
+            sub_names.append(name_of.get(key, arg.name if isinstance(arg, torch.fx.Node) else ""))
         try:
             doc = graph_to_document(sub, sub_kinds, sub_names, name=f"{opts.name}:{node.target}".strip(":"))
         except CaptureError as e:

@@ -22,6 +22,7 @@ import torch
 
 from backend.options import BackendOptions
 from lowering.graph_format import GraphDocument
+from lowering.lower import constant_inputs
 from lowering.validate import parse_document, validate_document
 
 log = logging.getLogger("sticksat")
@@ -102,7 +103,8 @@ def compile_region(doc: dict, options: BackendOptions) -> Executable:
     if options.executor == "simulator":
         from service.pipeline import compile_in_process
 
-        program = compile_in_process(document, planner=options.planner, time_limit_s=options.time_limit_s)
+        program = compile_in_process(document, planner=options.planner, time_limit_s=options.time_limit_s,
+                                     strict=options.strict)
         return SimulatedProgramExecutable(program)
     from lowering import lower_document
 
@@ -192,6 +194,7 @@ class CompiledRegion:
         document = GraphDocument.model_validate(self.doc)
         self.graph_hash = document.graph_hash()
         self._input_ids = [i.id for i in document.inputs]
+        self._constants = constant_inputs(document)  # the graph's own tensor constants
         self._output_metas = []
         metas = {i.id: [i.meta] for i in document.inputs}
         metas.update({n.id: n.outputs for n in document.nodes})
@@ -204,6 +207,7 @@ class CompiledRegion:
         if len(args) != len(self._input_ids):
             raise RuntimeError(f"region expects {len(self._input_ids)} inputs, got {len(args)}")
         inputs = {i: to_numpy(a) for i, a in zip(self._input_ids, args)}
+        inputs.update(self._constants)
         start = time.perf_counter()
         arrays = self.executable.run(inputs)
         _last_run[:] = [RunInfo(self.graph_hash, getattr(self.executable, "executor", type(self.executable).__name__),

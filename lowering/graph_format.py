@@ -19,6 +19,10 @@ MAX_NODES = 20_000
 MAX_RANK = 8
 MAX_ARGS = 64
 MAX_LIST = 1024
+# A tensor constant travels with its values, so it is bounded like a literal: what a model
+# creates as a constant (mask scalars, small index tables) fits; weights never do.
+MAX_CONSTANT_ELEMENTS = 4096
+MAX_CONSTANTS = 256
 
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 
@@ -110,6 +114,19 @@ class GraphInput(_Strict):
     meta: TensorMeta
 
 
+ConstantValue = Union[bool, int, float, Literal["inf", "-inf", "nan"]]
+
+
+class GraphConstant(_Strict):
+    """A tensor constant of the graph (an FX `get_attr` tensor: e.g. the 0-d int64 scalars
+    an attention-mask builder creates): its values in row-major order, non-finite floats
+    as strings like float literals. Referenced by id like a graph input."""
+
+    id: Ident
+    meta: TensorMeta
+    values: Annotated[list[ConstantValue], Field(max_length=MAX_CONSTANT_ELEMENTS)]
+
+
 class Node(_Strict):
     id: Ident
     target: Annotated[str, Field(max_length=128, pattern=r"^(aten|prims)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")]
@@ -124,6 +141,7 @@ class GraphDocument(_Strict):
     name: Annotated[str, Field(max_length=256)] = ""
     inputs: Annotated[list[GraphInput], Field(max_length=MAX_NODES)]
     nodes: Annotated[list[Node], Field(max_length=MAX_NODES)]
+    constants: Annotated[list[GraphConstant], Field(max_length=MAX_CONSTANTS)] = []
     outputs: Annotated[list[TensorRef], Field(min_length=1, max_length=MAX_NODES)]
 
     # -- canonical form and hash -------------------------------------------------------
@@ -134,6 +152,8 @@ class GraphDocument(_Strict):
         data.pop("name", None)
         for inp in data["inputs"]:
             inp.pop("name", None)
+        if not data["constants"]:
+            del data["constants"]  # documents without constants hash as before they existed
         return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     def graph_hash(self) -> str:

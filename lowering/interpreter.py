@@ -28,6 +28,11 @@ _NP = {
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
+def numpy_dtype(dtype: str):
+    """The numpy storage type of a graph dtype (bfloat16 is held as float32, rounded)."""
+    return _NP[dtype]
+
+
 class InterpreterError(ValueError):
     pass
 

@@ -14,6 +14,7 @@ lowering with the same codes (`shape_mismatch`, `dtype_mismatch`).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Union
 
@@ -180,12 +181,13 @@ def validate_document(doc: GraphDocument, check_support: bool = True) -> None:
 def _check_ids(doc: GraphDocument) -> list[GraphError]:
     seen: dict[str, str] = {}
     problems = []
-    entries = [(i.id, "graph input") for i in doc.inputs] + [(n.id, "node") for n in doc.nodes]
+    entries = ([(i.id, "graph input") for i in doc.inputs] + [(c.id, "constant") for c in doc.constants]
+               + [(n.id, "node") for n in doc.nodes])
     for ident, what in entries:
         if ident in seen:
             problems.append(GraphError(
                 "duplicate_id", f"id '{ident}' is used by a {seen[ident]} and again by a {what}; "
-                f"ids of inputs and nodes share one namespace", ident))
+                f"ids of inputs, constants and nodes share one namespace", ident))
         else:
             seen[ident] = what
     return problems
@@ -195,6 +197,8 @@ def _check_references(doc: GraphDocument) -> list[GraphError]:
     defs: dict[str, _Definition] = {}
     for i, inp in enumerate(doc.inputs):
         defs[inp.id] = _Definition(i, 1)
+    for c in doc.constants:
+        defs[c.id] = _Definition(-1, 1)  # defined before everything, like an input
     base = len(doc.inputs)
     for i, node in enumerate(doc.nodes):
         defs[node.id] = _Definition(base + i, len(node.outputs))
@@ -293,6 +297,15 @@ def _check_metadata(doc: GraphDocument) -> list[GraphError]:
     problems: list[GraphError] = []
     for inp in doc.inputs:
         problems += _meta_problems(inp.meta, f"graph input '{inp.id}'", inp.id)
+    for c in doc.constants:
+        where = f"constant '{c.id}'"
+        meta_problems = _meta_problems(c.meta, where, c.id)
+        problems += meta_problems
+        if not meta_problems:
+            numel = math.prod(c.meta.shape)
+            if len(c.values) != numel:
+                problems.append(GraphError("shape_mismatch", f"{where} has shape {list(c.meta.shape)} "
+                                           f"({numel} elements) but {len(c.values)} values", c.id))
     for node in doc.nodes:
         for k, meta in enumerate(node.outputs):
             where = f"output {k} of node '{node.id}'" if len(node.outputs) > 1 else f"node '{node.id}'"

@@ -58,7 +58,7 @@ class SimResult:
 def random_inputs(program: Program, graph: Optional[PrimGraph] = None, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs for every program input: floats ~ N(0, 1) (parameters scaled by 1/2),
     integer tensors used as a gather index uniform over the table's rows, other integers 1
-    (attention masks), bools True."""
+    (attention masks), bools True; a graph constant its own values."""
     rng = np.random.default_rng(seed)
     tmap = program.tensor_map()
     bound: dict[str, int] = {}
@@ -68,7 +68,11 @@ def random_inputs(program: Program, graph: Optional[PrimGraph] = None, seed: int
                 table = graph.tensors[op.inputs[0].tensor]
                 bound[op.inputs[1].tensor] = table.shape[op.body.axis]
     out = {}
+    constants = graph.meta.get("constants", {}) if graph is not None else {}
     for name in dict.fromkeys(program.inputs):
+        if name in constants:  # a graph constant has its values, not random ones
+            out[name] = constants[name]
+            continue
         t = tmap[name]
         shape = tuple(t.shape)
         if t.dtype in ("float16", "float32", "float64", "bfloat16"):
