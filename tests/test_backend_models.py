@@ -105,6 +105,40 @@ def _check_export_path(model, inputs, compiled: GraphDocument, same_trace: bool)
         assert canonical_hash(serialized) == canonical_hash(compiled)  # ... same computation
 
 
+class _DepthwiseBlock(torch.nn.Module):
+    """A depthwise-separable block: depthwise 3x3 (bias), clamp against a per-channel tensor,
+    grouped 1x1 (groups=2), plus an isinf mask: every op used to fall back to eager."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.pw = torch.nn.Conv2d(8, 6, 1, groups=2)
+        self.register_buffer("floor", torch.tensor([0.0, -0.3, 0.0, -0.1, 0.1, 0.0, -0.2, 0.0]).reshape(8, 1, 1))
+
+    def forward(self, x):
+        y = torch.clamp_min(self.dw(x), self.floor)
+        return self.pw(y), torch.isinf(1 / y)  # inf where a 0 floor clamped
+
+
+def test_depthwise_conv_model_runs_without_fallback(caplog):
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float16):
+        model, x = _DepthwiseBlock().eval().to(dtype), torch.randn(2, 8, 6, 6).to(dtype)
+        with torch.no_grad():
+            expected = model(x)
+            with caplog.at_level(logging.INFO, logger="sticksat"):
+                actual = _compile(model)(x)
+        assert [r.getMessage() for r in caplog.records if r.name == "sticksat"] == []  # no fallback
+        assert _relative_error(actual[:1], expected[:1]) <= TOLERANCE[dtype]
+        assert torch.equal(actual[1], expected[1]) and expected[1].any()
+        regions = compiled_regions()
+        assert len(regions) == 1
+        targets = [n["target"] for n in regions[0].doc["nodes"]]
+        assert targets.count("aten.convolution.default") == 2
+        assert {"aten.clamp_min.Tensor", "aten.isinf.default"} <= set(targets)
+        assert last_run_info().executor == "simulator"
+
+
 class _WithSort(torch.nn.Module):
     """A linear layer, a sort (no sticksat lowering) and more supported ops after it."""
 

@@ -186,21 +186,22 @@ def test_unsupported_op_against_the_real_lowering_table():
 
 
 def test_supported_op_with_refused_arguments_is_unsupported():
-    """A grouped convolution: the target is lowerable, these arguments are not."""
+    """A transposed convolution: the target is lowerable, these arguments are not."""
     ints = lambda *v: {"kind": "list", "items": [{"kind": "int", "value": x} for x in v]}  # noqa: E731
     doc = {
         "inputs": [{"id": "x", "kind": "user_input", "meta": _meta([1, 4, 8, 8])},
                    {"id": "w", "kind": "parameter", "meta": _meta([4, 2, 3, 3])}],
         "nodes": [{"id": "conv", "target": "aten.convolution.default",
                    "args": [_ref("x"), _ref("w"), {"kind": "none"}, ints(1, 1), ints(0, 0), ints(1, 1),
-                            {"kind": "bool", "value": False}, ints(0, 0), {"kind": "int", "value": 2}],
-                   "outputs": [_meta([1, 4, 6, 6])]}],
+                            {"kind": "bool", "value": True}, ints(0, 0), {"kind": "int", "value": 2}],
+                   "outputs": [_meta([1, 4, 10, 10])]}],
         "outputs": [_ref("conv")],
     }
     _raises(doc, "unsupported_op", "conv", True, "arguments")
-    doc["nodes"][0]["args"][8]["value"] = 1
-    doc["inputs"][1]["meta"] = _meta([4, 4, 3, 3])
-    validate_document(parse_document(doc))
+    # the same weight as a grouped (groups=2) convolution is supported
+    doc["nodes"][0]["args"][6]["value"] = False
+    doc["nodes"][0]["outputs"] = [_meta([1, 4, 6, 6])]
+    validate_document(parse_document(doc), check_support=True)
 
 
 # -- schema errors: JSON path and the node it lies in -------------------------------------

@@ -194,7 +194,8 @@ def test_interpreter_erf_matches_math_erf():
 def test_node_supported_checks_argument_limits():
     conv = "aten.convolution.default"
     assert node_supported(conv, [None, None, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1])
-    assert not node_supported(conv, [None, None, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 2])
+    assert node_supported(conv, [None, None, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 2])  # grouped
+    assert node_supported(conv, [None, None, None, [1, 1], [0, 0], [1, 1], False, [0, 0]], {"groups": 8})
     assert not node_supported(conv, [None, None, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1])
     sdpa = "aten._scaled_dot_product_flash_attention_for_cpu.default"
     assert node_supported(sdpa, [None, None, None]) and not node_supported(sdpa, [None, None, None, 0.1])

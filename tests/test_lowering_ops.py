@@ -95,6 +95,54 @@ def test_gelu_variants_and_clamp():
     b.check(g, gt, c)
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+def test_clamp_with_tensor_bounds(dtype):
+    """clamp_min/clamp_max/clamp .Tensor: the bounds broadcast with self like a binary op,
+    torch's type promotion (a zero-dim fp32 bound does not widen an fp16 self; an int self
+    with float bounds gives float)."""
+    from lowering import node_supported
+
+    b = DocBuilder()
+    x = b.input(rnd(3, 1, 5, dtype=dtype) * 3)
+    lo = b.input(rnd(4, 1, dtype=dtype) - 1)           # broadcasts x to [3, 4, 5]
+    hi = b.input(rnd(5, dtype=dtype, seed=1).abs())
+    zero_d = b.input(torch.tensor(0.25))                # fp32, zero-dim
+    ints = b.input(torch.arange(-6, 6).reshape(3, 4))
+    outs = [
+        b.call("aten.clamp_min.Tensor", x, lo),
+        b.call("aten.clamp_max.Tensor", x, hi),
+        b.call("aten.clamp.Tensor", x, lo, hi),
+        b.call("aten.clamp.Tensor", x, None, hi),
+        b.call("aten.clamp_min.Tensor", x, zero_d),
+        b.call("aten.clamp_max.Tensor", ints, b.input(torch.tensor([[0.5], [1.5], [2.5]], dtype=dtype))),
+        b.call("aten.clamp_min.Tensor", ints, b.input(torch.tensor([1, -3, 0, 2]))),
+    ]
+    assert outs[0].value.shape == outs[2].value.shape == (3, 4, 5)
+    assert outs[4].value.dtype == dtype and outs[5].value.dtype == dtype and outs[6].value.dtype == torch.int64
+    pg = b.check(*outs)
+    assert all(op.kind == "pointwise" for op in pg.ops)
+    for target in ("aten.clamp_min.Tensor", "aten.clamp_max.Tensor", "aten.clamp.Tensor"):
+        assert node_supported(target, [None, None])
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+def test_isinf_isnan(dtype):
+    from lowering import node_supported
+
+    b = DocBuilder()
+    inf, nan = math.inf, math.nan
+    x = b.input(torch.tensor([[1.0, inf, -inf, nan], [0.0, -2.5, 7e4, -0.0]], dtype=dtype))
+    big = b.call("aten.mul.Tensor", x, 10.0)  # fp16: 7e5 overflows to inf, as the op stores it
+    ints = b.input(torch.tensor([3, -1, 0]))
+    outs = [b.call("aten.isinf.default", x), b.call("aten.isnan.default", x), b.call("aten.isinf.default", big),
+            b.call("aten.isinf.default", ints), b.call("aten.isnan.default", ints)]
+    assert all(o.value.dtype == torch.bool for o in outs)
+    pg = b.check(*outs)
+    assert [op.kind for op in pg.ops if op.source != big.node] == ["pointwise"] * 5
+    assert all(pg.tensors[op.output.tensor].dtype == "bool" for op in pg.ops if op.source != big.node)
+    assert node_supported("aten.isinf.default", [None]) and node_supported("aten.isnan.default", [None])
+
+
 # -- reductions ------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ALL_FLOATS, ids=ALL_IDS)
 def test_reductions(dtype):
@@ -285,16 +333,81 @@ def test_conv2d_im2col(dtype):
     assert mm.iter_dims[mm.body.k].size == 27 and mm.iter_dims[mm.body.n].size == 5
 
 
-def test_conv_groups_rejected():
+def test_conv_transposed_rejected():
+    from lowering.errors import GraphError
+
+    b = DocBuilder()
+    x = b.input(rnd(1, 4, 5, 5))
+    w = b.input(rnd(4, 2, 3, 3), kind="parameter", name="w")
+    c = b.call("aten.convolution.default", x, w, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1)
+    with pytest.raises(GraphError) as e:
+        b.check(c)
+    assert e.value.code == "unsupported_op" and "transposed" in e.value.message
+
+
+def _conv_matmul(pg, conv):
+    ops = [op for op in pg.ops if op.source == conv.node]
+    assert {op.kind for op in ops} <= {"copy", "matmul", "pointwise"}  # no new primitive kind
+    mms = [op for op in ops if op.kind == "matmul"]
+    assert len(mms) == 1
+    return mms[0]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=["fp32", "fp16"])
+def test_grouped_and_depthwise_conv(dtype):
+    """groups > 1: one im2col for all groups, the group a batch dim of one matmul."""
+    from lowering import node_supported
+
+    b = DocBuilder()
+    conv = "aten.convolution.default"
+    x = b.input(rnd(2, 4, 9, 8, dtype=dtype))
+    # depthwise conv2d: groups = C = 4, stride, padding, dilation, bias
+    w_dw = b.input(rnd(4, 1, 3, 3, dtype=dtype) * 0.5, kind="parameter", name="w_dw")
+    b_dw = b.input(rnd(4, dtype=dtype), kind="parameter", name="b_dw")
+    dw_args = [[2, 1], [1, 2], [1, 2], False, [0, 0], 4]
+    dw = b.call(conv, x, w_dw, b_dw, *dw_args)
+    # grouped conv2d: groups = 2, 3 output channels per group, bias
+    w_g = b.input(rnd(6, 2, 3, 2, dtype=dtype) * 0.5, kind="parameter", name="w_g")
+    b_g = b.input(rnd(6, dtype=dtype), kind="parameter", name="b_g")
+    g = b.call(conv, x, w_g, b_g, [1, 1], [1, 0], [1, 1], False, [0, 0], 2)
+    # depthwise conv1d with a channel multiplier of 2, no bias
+    x1 = b.input(rnd(2, 3, 11, dtype=dtype))
+    w_1 = b.input(rnd(6, 1, 3, dtype=dtype) * 0.5, kind="parameter", name="w_1")
+    d1 = b.call(conv, x1, w_1, None, [1], [1], [1], False, [0], 3)
+    # plain depthwise conv1d, bias, consumed by a pointwise op (reads the permuted result)
+    w_p = b.input(rnd(3, 1, 5, dtype=dtype) * 0.5, kind="parameter", name="w_p")
+    b_p = b.input(rnd(3, dtype=dtype), kind="parameter", name="b_p")
+    p1 = b.call("aten.relu.default", b.call(conv, x1, w_p, b_p, [2], [2], [1], False, [0], 3))
+    pg = b.check(dw, g, d1, p1)
+
+    mm = _conv_matmul(pg, dw)
+    sizes = {d.name: d.size for d in mm.iter_dims}
+    # batch N=2, G=4; m = 5*8 output positions, n = 1 channel per group, k = 1*3*3
+    assert sorted(sizes.values()) == sorted([2, 4, 40, 1, 9])
+    assert mm.iter_dims[mm.body.n].size == 1 and mm.iter_dims[mm.body.k].size == 9
+    assert pg.tensors[mm.output.tensor].shape == (2, 40, 4, 1)  # [N, P, G, Og]: [N, P, O] row-major
+    mm = _conv_matmul(pg, g)
+    assert mm.iter_dims[mm.body.n].size == 3 and mm.iter_dims[mm.body.k].size == 2 * 3 * 2
+    assert pg.tensors[mm.output.tensor].shape == (2, 9 * 7, 2, 3)
+    mm = _conv_matmul(pg, d1)
+    assert mm.iter_dims[mm.body.n].size == 2 and mm.iter_dims[mm.body.k].size == 3
+
+    assert node_supported(conv, [None, None, None, *dw_args])
+
+
+def test_grouped_conv_rejects_channels_groups_do_not_divide():
     from lowering.errors import GraphError
 
     b = DocBuilder()
     x = b.input(rnd(1, 4, 5, 5))
     w = b.input(rnd(4, 2, 3, 3), kind="parameter", name="w")
     c = b.call("aten.convolution.default", x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 2)
+    b.nodes[-1]["args"][8]["value"] = 3  # 4 channels in 3 groups
+    from lowering import lower_document
+
     with pytest.raises(GraphError) as e:
-        b.check(c)
-    assert e.value.code == "unsupported_op" and "groups" in e.value.message
+        lower_document(b.document(c))
+    assert e.value.code == "shape_mismatch" and "groups 3" in e.value.message
 
 
 @pytest.mark.parametrize("ceil_mode", [False, True])

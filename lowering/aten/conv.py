@@ -1,5 +1,6 @@
-"""Convolution as im2col + matmul (torch-spyre's conv2d_via_bmm shape), max pooling as an
-im2col window + max reduction. Any number of spatial dims; groups=1 only."""
+"""Convolution as im2col + matmul (torch-spyre's conv2d_via_bmm shape; grouped and
+depthwise convolutions batch the matmul over the groups), max pooling as an im2col window
++ max reduction. Any number of spatial dims."""
 from __future__ import annotations
 
 import math
@@ -65,6 +66,7 @@ def _out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int
 
 @register("aten.convolution.default")
 def _convolution(ctx: Ctx, node: NodeArgs):
+    """im2col + matmul; groups > 1 (grouped, depthwise) batch the matmul over the groups."""
     x, w, bias = node.arg(0, "input"), node.arg(1, "weight"), node.arg(2, "bias")
     ns = x.rank - 2
     if ns < 1 or w.rank != x.rank:
@@ -74,25 +76,40 @@ def _convolution(ctx: Ctx, node: NodeArgs):
     dilation = _spatial(node, node.arg(5, "dilation"), ns, "dilation", 1)
     if node.arg(6, "transposed", False):
         raise node.fail("unsupported_op", "transposed convolution")
-    if node.arg(8, "groups", 1) != 1:
-        raise node.fail("unsupported_op", f"convolution with groups={node.arg(8, 'groups', 1)} (groups=1 only)")
+    G = node.arg(8, "groups", 1)
+    if not isinstance(G, int) or isinstance(G, bool) or G < 1:
+        raise node.fail("bad_argument", f"convolution groups={G!r}")
     N, C = x.shape[:2]
-    O, Cw = w.shape[:2]
+    O, Cg = w.shape[:2]
     kernel = list(w.shape[2:])
-    if C != Cw:
-        raise node.fail("shape_mismatch", f"input channels {C} vs weight {list(w.shape)}")
+    if C != Cg * G or O % G:
+        raise node.fail("shape_mismatch", f"input channels {C}, groups {G} vs weight {list(w.shape)}")
     out_sizes = [_out_size(x.shape[2 + i], kernel[i], stride[i], padding[i], dilation[i], False) for i in range(ns)]
     nid = node.id
     xp = pad_view(ctx, node, x, [0, 0, *padding], [0, 0, *padding], 0.0, f"{nid}.padded")
     cols = window_view(ctx, node, xp, out_sizes, kernel, stride, dilation, True, f"{nid}.im2col")
-    P, K = numel(out_sizes), C * numel(kernel)
-    cols2 = reshape(ctx, node, cols, [N, P, K], f"{nid}.im2col_rows")
-    # regroup the weight to [O, C*K] first (a layout-free copy), then read it transposed
-    w2 = ctx.ensure_relabel(reshape(ctx, node, w, [O, K], f"{nid}.weight_rows"), nid)
-    w2t = w2.with_(w2.shape[::-1], w2.strides[::-1])
-    mm = emit_matmul(ctx, node, cols2, w2t, x.dtype, f"{nid}.mm")  # [N, P, O]
-    if bias is not None:
-        mm = emit_pointwise(ctx, node, [mm, bias], lambda e: expr_fn("add", e[0], e[1]), x.dtype,
+    P, K = numel(out_sizes), Cg * numel(kernel)
+    if G == 1:
+        cols2 = reshape(ctx, node, cols, [N, P, K], f"{nid}.im2col_rows")
+        # regroup the weight to [O, C*K] first (a layout-free copy), then read it transposed
+        w2 = ctx.ensure_relabel(reshape(ctx, node, w, [O, K], f"{nid}.weight_rows"), nid)
+        w2t = w2.with_(w2.shape[::-1], w2.strides[::-1])
+        mm = emit_matmul(ctx, node, cols2, w2t, x.dtype, f"{nid}.mm")  # [N, P, O]
+        bias_rows = bias
+    else:
+        # Grouped: the channels C = G*Cg split, the group becomes a batch dim of the matmul.
+        # im2col rows [N, P, G, Cg*K] (a layout-free regroup of [N, *OUT, C, *K]) are read
+        # as [N, G, P, Cg*K]; the weight [O, Cg, *K] regroups to [G, Og, Cg*K] and is read
+        # transposed; the product is stored [N, P, G, Og], which is [N, P, O] row-major.
+        Og = O // G
+        rows = ctx.ensure_relabel(reshape(ctx, node, cols, [N, P, G, K], f"{nid}.im2col_rows"), nid)
+        xg = rows.with_([N, G, P, K], [rows.strides[d] for d in (0, 2, 1, 3)])
+        w2 = ctx.ensure_relabel(reshape(ctx, node, w, [G, Og, K], f"{nid}.weight_rows"), nid)
+        w2t = w2.with_([G, K, Og], [w2.strides[d] for d in (0, 2, 1)])
+        mm = emit_matmul(ctx, node, xg, w2t, x.dtype, f"{nid}.mm", out_order=(0, 2, 1, 3))  # [N, P, G, Og]
+        bias_rows = None if bias is None else reshape(ctx, node, bias, [G, Og], f"{nid}.bias_rows")
+    if bias_rows is not None:
+        mm = emit_pointwise(ctx, node, [mm, bias_rows], lambda e: expr_fn("add", e[0], e[1]), x.dtype,
                             out_shape=mm.shape, out_id=f"{nid}.biased")
     out = reshape(ctx, node, mm, [N, *out_sizes, O], nid)
     order = [0, ns + 1, *range(1, ns + 1)]

@@ -1,16 +1,19 @@
 """mm / bmm / addmm / baddbmm -> `matmul` PrimOps (+ a pointwise op for a bias)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from lowering.aten.context import Ctx, NodeArgs, View, expr_fn, register
 from lowering.aten.pointwise import as_operand, emit_pointwise
 from lowering.primitives import Access, Const, IterDim, MatmulBody
 
 
-def emit_matmul(ctx: Ctx, node: NodeArgs, x: View, y: View, out_dtype: str, out_id: str) -> View:
+def emit_matmul(ctx: Ctx, node: NodeArgs, x: View, y: View, out_dtype: str, out_id: str,
+                out_order: Optional[Sequence[int]] = None) -> View:
     """out[..., m, n] = sum_k x[..., m, k] * y[..., k, n]; batch dims must agree (size-1
-    batch dims broadcast). Iteration dims: batch dims (size > 1), then m, n, k."""
+    batch dims broadcast). Iteration dims: batch dims (size > 1), then m, n, k.
+    `out_order` stores the output tensor with its (batch..., m, n) dims permuted (a grouped
+    convolution keeps its group dim next to n: [N, P, G, Og] is [N, P, O] row-major)."""
     if x.rank < 2 or y.rank < 2:
         raise node.fail("shape_mismatch", f"matmul operands {list(x.shape)} x {list(y.shape)} need rank >= 2")
     M, K = x.shape[-2:]
@@ -42,8 +45,13 @@ def emit_matmul(ctx: Ctx, node: NodeArgs, x: View, y: View, out_dtype: str, out_
 
     ax = ctx.access(x, batch_iters(x) + [m, k], node.id)
     ay = ctx.access(y, batch_iters(y) + [k, n], node.id)
-    tid = ctx.new_tensor(out_id, tuple(batch) + (M, N), out_dtype)
-    ctx.emit(tid, iters, [ax, ay], Access(tid, tuple(b_iter) + (m, n)), MatmulBody(m, n, k), node.id)
+    out_shape, out_dims = tuple(batch) + (M, N), tuple(b_iter) + (m, n)
+    if out_order is not None:
+        if sorted(out_order) != list(range(len(out_shape))):
+            raise node.fail("bad_argument", f"matmul output order {list(out_order)} for rank {len(out_shape)}")
+        out_shape, out_dims = tuple(out_shape[i] for i in out_order), tuple(out_dims[i] for i in out_order)
+    tid = ctx.new_tensor(out_id, out_shape, out_dtype)
+    ctx.emit(tid, iters, [ax, ay], Access(tid, out_dims), MatmulBody(m, n, k), node.id)
     return ctx.tensor_view(tid, out_id)
 
 

@@ -2,6 +2,7 @@
 Python scalars and constant fills folded into the expression as Const)."""
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence, Union
 
 from lowering.aten.context import Ctx, NodeArgs, Scalar, View, expr_fn, register
@@ -202,14 +203,16 @@ def _masked_fill(ctx: Ctx, node: NodeArgs):
                            x.dtype, out_shape=x.shape)]
 
 
-@register("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default", "aten.hardtanh.default")
+@register("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default", "aten.hardtanh.default",
+          "aten.clamp.Tensor", "aten.clamp_min.Tensor", "aten.clamp_max.Tensor")
 def _clamp(ctx: Ctx, node: NodeArgs):
     x = as_operand(node, node.arg(0, "self"))
-    if node.target == "aten.clamp_min.default":
+    kind = node.target.split(".")[1]
+    if kind == "clamp_min":
         lo, hi = node.arg(1, "min"), None
-    elif node.target == "aten.clamp_max.default":
+    elif kind == "clamp_max":
         lo, hi = None, node.arg(1, "max")
-    elif node.target == "aten.hardtanh.default":
+    elif kind == "hardtanh":
         lo, hi = node.arg(1, "min_val", -1.0), node.arg(2, "max_val", 1.0)
     else:
         lo, hi = node.arg(1, "min"), node.arg(2, "max")
@@ -218,6 +221,8 @@ def _clamp(ctx: Ctx, node: NodeArgs):
         ops.append(as_operand(node, lo))
     if hi is not None:
         ops.append(as_operand(node, hi))
+    if len(ops) == 1:
+        raise node.fail("bad_argument", f"{node.target} without min or max")
 
     def build(e: list[Expr]) -> Expr:
         out, k = e[0], 1
@@ -226,7 +231,20 @@ def _clamp(ctx: Ctx, node: NodeArgs):
         if hi is not None:
             out = expr_fn("minimum", out, e[k])
         return out
-    return [emit_pointwise(ctx, node, ops, build, result_type(ops), out_shape=x.shape)]
+    # Tensor bounds broadcast with self like a binary op (scalar bounds keep self's shape).
+    shape = None if node.target.endswith(".Tensor") else x.shape
+    return [emit_pointwise(ctx, node, ops, build, result_type(ops), out_shape=shape)]
+
+
+@register("aten.isinf.default", "aten.isnan.default")
+def _isinf_isnan(ctx: Ctx, node: NodeArgs):
+    """isinf = `eq(abs(x), inf)`, isnan = `ne(x, x)`; bool result, always false on ints."""
+    x = as_operand(node, node.arg(0, "self"))
+    if node.target == "aten.isnan.default" or not is_float(x.dtype):
+        build = lambda e: expr_fn("ne", e[0], e[0])  # noqa: E731  (x != x: NaN only, never for ints)
+    else:
+        build = lambda e: expr_fn("eq", expr_fn("abs", e[0]), Const(math.inf))  # noqa: E731
+    return [emit_pointwise(ctx, node, [x], build, "bool", out_shape=x.shape)]
 
 
 # -- casts and identities ----------------------------------------------------------------
