@@ -6,26 +6,59 @@ and dtype against the node's declared metadata, then drops ops no graph output n
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from lowering.aten import HANDLERS
 from lowering.aten.context import Ctx, NodeArgs, View
 from lowering.aten.conv import Unavailable
 from lowering.errors import GraphError
 from lowering.graph_format import (
-    BoolArg, DTypeArg, FloatArg, GraphDocument, IntArg, ListArg, NoneArg, StrArg, SymArg, SymSize, TensorMeta,
+    BoolArg, DTypeArg, FloatArg, GraphConstant, GraphDocument, IntArg, ListArg, NoneArg, StrArg, SymArg, SymSize, TensorMeta,
     TensorRef,
 )
 from lowering.primitives import PrimGraph
 
 SUPPORTED_TARGETS: frozenset[str] = frozenset(HANDLERS)
 
+ArgGetter = Callable[[int, str, Any], Any]
+
+
+@dataclass(frozen=True)
+class ArgLimit:
+    """An argument-dependent limit of a supported target: `ok(arg)` says whether the node's
+    arguments are lowerable (`arg(i, name, default)` reads positional arg i or kwarg
+    `name`); `text` says which arguments are supported (docs/ops.md's table shows it)."""
+
+    ok: Callable[[ArgGetter], bool]
+    text: str
+
+
+def _div_mode_ok(arg: ArgGetter) -> bool:
+    return arg(2, "rounding_mode", None) in (None, "floor", "trunc")
+
+
+_DIV_MODE = "rounding_mode None, floor or trunc (the lowering refuses trunc of floats: dtypes are not known here)"
+
+# The lowerings refuse the same cases with unsupported_op.
+ARG_LIMITS: dict[str, ArgLimit] = {
+    "aten.convolution.default": ArgLimit(lambda arg: not arg(6, "transposed", False), "not transposed"),
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": ArgLimit(
+        lambda arg: not arg(3, "dropout_p", 0.0), "dropout_p = 0"),
+    "aten.scaled_dot_product_attention.default": ArgLimit(lambda arg: not arg(4, "dropout_p", 0.0), "dropout_p = 0"),
+    "aten.gelu.default": ArgLimit(lambda arg: arg(1, "approximate", "none") in ("none", "tanh"),
+                                  "approximate none or tanh"),
+    "aten.div.Tensor_mode": ArgLimit(_div_mode_ok, _DIV_MODE),
+    "aten.div.Scalar_mode": ArgLimit(_div_mode_ok, _DIV_MODE),
+}
+
 
 def node_supported(target: str, args: Sequence[Any] = (), kwargs: Optional[Mapping[str, Any]] = None) -> bool:
     """Whether a node can be lowered. `args`/`kwargs` are the node's arguments as plain
-    Python values (tensor arguments may be anything); the argument-dependent limits are
-    transposed convolution, attention dropout, gelu's approximate and float
-    trunc division. lower_document reports the same cases as unsupported_op."""
+    Python values (tensor arguments may be anything); the argument-dependent limits
+    (`ARG_LIMITS`) are transposed convolution, attention dropout, gelu's approximate and
+    div's rounding mode. lower_document reports the same cases as unsupported_op."""
     if target not in HANDLERS:
         return False
     kwargs = kwargs or {}
@@ -33,17 +66,8 @@ def node_supported(target: str, args: Sequence[Any] = (), kwargs: Optional[Mappi
     def arg(i: int, name: str, default=None):
         return args[i] if i < len(args) else kwargs.get(name, default)
 
-    if target == "aten.convolution.default":
-        return not arg(6, "transposed", False)
-    if target == "aten._scaled_dot_product_flash_attention_for_cpu.default":
-        return not arg(3, "dropout_p", 0.0)
-    if target == "aten.scaled_dot_product_attention.default":
-        return not arg(4, "dropout_p", 0.0)
-    if target == "aten.gelu.default":
-        return arg(1, "approximate", "none") in ("none", "tanh")
-    if target in ("aten.div.Tensor_mode", "aten.div.Scalar_mode"):
-        return arg(2, "rounding_mode") in (None, "floor", "trunc")
-    return True
+    limit = ARG_LIMITS.get(target)
+    return limit is None or bool(limit.ok(arg))
 
 
 def _static_shape(meta: TensorMeta, where: str, node: str | None) -> tuple[int, ...]:
@@ -76,6 +100,44 @@ def _resolve(arg, values: dict, node_id: str):
     raise GraphError("bad_argument", f"unknown argument {arg!r}", node_id)
 
 
+def constant_values(c: GraphConstant) -> list[float]:
+    """A constant's values as floats (non-finite ones travel as strings)."""
+    return [float(v) for v in c.values]
+
+
+def _lower_constant(ctx: Ctx, c: GraphConstant, inputs: list[str]) -> View:
+    """A constant whose elements are all equal is a fill (folded into its pointwise
+    consumers as `Const`, like `full`); any other is a graph input of role "constant"
+    whose values the runner takes from the document (`constant_inputs`)."""
+    shape = _static_shape(c.meta, f"constant {c.id}", c.id)
+    vals = constant_values(c)
+    first = vals[0] if vals else 0.0
+    if all(v == first or (math.isnan(v) and math.isnan(first)) for v in vals):
+        from lowering.aten.indexing import emit_fill
+
+        return emit_fill(ctx, NodeArgs(c.id, "constant", [], {}, [shape], [c.meta.dtype]), shape,
+                         c.meta.dtype, first)
+    tid = ctx.new_tensor(c.id, shape, c.meta.dtype, role="constant")
+    inputs.append(tid)
+    return ctx.tensor_view(tid)
+
+
+def constant_inputs(doc: GraphDocument) -> dict[str, "np.ndarray"]:
+    """The values of the document's constants that lower to graph inputs, by tensor id:
+    what a runner passes besides the caller's inputs."""
+    import numpy as np
+
+    from lowering.interpreter import numpy_dtype
+
+    out = {}
+    for c in doc.constants:
+        vals = constant_values(c)
+        if vals and any(v != vals[0] for v in vals):
+            out[c.id] = np.asarray(vals, dtype=np.float64).astype(numpy_dtype(c.meta.dtype)).reshape(
+                [int(x) for x in c.meta.shape])
+    return out
+
+
 def lower_document(doc: GraphDocument) -> PrimGraph:
     ctx = Ctx()
     values: dict[tuple[str, int], Any] = {}
@@ -85,6 +147,8 @@ def lower_document(doc: GraphDocument) -> PrimGraph:
         tid = ctx.new_tensor(inp.id, shape, inp.meta.dtype, role=inp.kind)
         values[(inp.id, 0)] = ctx.tensor_view(tid)
         inputs.append(tid)
+    for c in doc.constants:
+        values[(c.id, 0)] = _lower_constant(ctx, c, inputs)
     for node in doc.nodes:
         handler = HANDLERS.get(node.target)
         if handler is None:
@@ -116,8 +180,11 @@ def lower_document(doc: GraphDocument) -> PrimGraph:
     for ref in doc.outputs:
         v = _resolve(ref, values, ref.node)
         outputs.append(ctx.materialize(v, ref.node).base)
-    return _dead_code_eliminated(PrimGraph(doc.name or "graph", ctx.tensors, ctx.ops, inputs, outputs,
-                                           source_hash=doc.graph_hash()))
+    pg = _dead_code_eliminated(PrimGraph(doc.name or "graph", ctx.tensors, ctx.ops, inputs, outputs,
+                                         source_hash=doc.graph_hash()))
+    if doc.constants:
+        pg.meta["constants"] = constant_inputs(doc)
+    return pg
 
 
 def _dead_code_eliminated(g: PrimGraph) -> PrimGraph:
