@@ -90,14 +90,17 @@ def _unsqueeze(x: View, d: int) -> View:
     return x.with_(x.shape[:d] + (1,) + x.shape[d:], x.strides[:d] + (0,) + x.strides[d:])
 
 
-@register("aten._scaled_dot_product_flash_attention_for_cpu.default")
+@register("aten._scaled_dot_product_flash_attention_for_cpu.default",
+          doc=("materialized scores: scale, bmm, mask, softmax chain, bmm; the logsumexp output is `amax + log(sum)`, "
+               "dropped unless used"))
 def _sdpa_flash_cpu(ctx: Ctx, node: NodeArgs):
     q, k, v = node.arg(0, "query"), node.arg(1, "key"), node.arg(2, "value")
     return lower_sdpa(ctx, node, q, k, v, node.kwargs.get("attn_mask"), node.arg(3, "dropout_p", 0.0),
                       node.arg(4, "is_causal", False), node.kwargs.get("scale"))
 
 
-@register("aten.scaled_dot_product_attention.default")
+@register("aten.scaled_dot_product_attention.default",
+          doc="materialized scores: scale, bmm, mask, softmax chain, bmm (GQA: q regrouped, k/v read broadcast)")
 def _sdpa(ctx: Ctx, node: NodeArgs):
     q, k, v = node.arg(0, "query"), node.arg(1, "key"), node.arg(2, "value")
     if q.rank >= 3 and q.shape[-3] != k.shape[-3] and not node.arg(7, "enable_gqa", False):

@@ -70,14 +70,26 @@ class Scalar:
 
 Handler = Callable[["Ctx", "NodeArgs"], list]
 HANDLERS: dict[str, Handler] = {}
+# target -> one line saying how it lowers (markdown); docs/ops.md's support table is
+# generated from it by scripts/gen_ops_doc.py
+DOCS: dict[str, str] = {}
 
 
-def register(*targets: str):
+def _first_paragraph(text: Optional[str]) -> str:
+    return " ".join((text or "").strip().split("\n\n")[0].split())
+
+
+def register(*targets: str, doc: Optional[str] = None):
+    """Register a lowering for `targets`; `doc` (default: the first paragraph of the
+    lowering's docstring) describes it in docs/ops.md's support table."""
     def deco(fn: Handler) -> Handler:
+        text = doc or _first_paragraph(fn.__doc__)
         for t in targets:
             if t in HANDLERS:
                 raise RuntimeError(f"two lowerings registered for {t}")
             HANDLERS[t] = fn
+            if text:
+                DOCS[t] = text
         return fn
     return deco
 

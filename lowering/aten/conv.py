@@ -64,7 +64,9 @@ def _out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int
     return out
 
 
-@register("aten.convolution.default")
+@register("aten.convolution.default",
+          doc=("im2col `copy` (after a pad `copy`) + `matmul` against the regrouped weight, then a bias pointwise; "
+               "groups > 1 (grouped, depthwise) make the group a batch dim of the matmul"))
 def _convolution(ctx: Ctx, node: NodeArgs):
     """im2col + matmul; groups > 1 (grouped, depthwise) batch the matmul over the groups."""
     x, w, bias = node.arg(0, "input"), node.arg(1, "weight"), node.arg(2, "bias")
@@ -145,7 +147,9 @@ def _max_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, dilati
 
 
 @register("prims._low_memory_max_pool_with_offsets.default", "aten.max_pool2d_with_indices.default",
-          "aten.max_pool2d.default")
+          "aten.max_pool2d.default",
+          doc=("`-inf` pad `copy`, window `copy`, `reduce max` over the window; reading the offsets/indices output is "
+               "unsupported_op"))
 def _max_pool_node(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self" if node.target.startswith("aten") else "input")
     ns = 2
@@ -182,7 +186,9 @@ def _avg_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, ceil_m
     return out
 
 
-@register("aten.avg_pool2d.default")
+@register("aten.avg_pool2d.default",
+          doc=("zero pad `copy`, window `copy`, `reduce sum` of `x / divisor`; partial windows (ceil_mode overhang, "
+               "count_include_pad=False with padding) are unsupported_op"))
 def _avg_pool2d(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self")
     kernel = _spatial(node, node.arg(1, "kernel_size"), 2, "kernel_size", 1)
@@ -192,7 +198,9 @@ def _avg_pool2d(ctx: Ctx, node: NodeArgs):
                       bool(node.arg(5, "count_include_pad", True)), node.arg(6, "divisor_override"))]
 
 
-@register("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+@register("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default",
+          doc=("average pool with kernel = stride = input/output when the output size divides the input, else "
+               "unsupported_op"))
 def _adaptive_avg_pool2d(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self")
     out_sizes = _spatial(node, node.arg(1, "output_size"), 2, "output_size", 1)

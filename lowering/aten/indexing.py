@@ -53,7 +53,8 @@ def emit_gather(ctx: Ctx, node: NodeArgs, table: View, out_shape: Sequence[int],
     return ctx.tensor_view(tid, out_id)
 
 
-@register("aten.embedding.default")
+@register("aten.embedding.default",
+          doc="`gather` along axis 0 of the table")
 def _embedding(ctx: Ctx, node: NodeArgs):
     weight, idx = node.arg(0, "weight"), node.arg(1, "indices")
     if weight.rank != 2:
@@ -62,7 +63,9 @@ def _embedding(ctx: Ctx, node: NodeArgs):
     return [emit_gather(ctx, node, weight, out_shape, [None, idx.rank], [(0, idx, 0)], node.id)]
 
 
-@register("aten.index.Tensor")
+@register("aten.index.Tensor",
+          doc=("`gather` with one index operand per indexed dim (torch's broadcasting and dim placement); boolean mask"
+               " indexing is unsupported"))
 def _index(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     idx_list = list(node.arg(1, "indices"))
@@ -95,7 +98,8 @@ def _index(ctx: Ctx, node: NodeArgs):
     return [emit_gather(ctx, node, x, out_shape, table_out, indices, node.id)]
 
 
-@register("aten.gather.default")
+@register("aten.gather.default",
+          doc="`gather` along `dim` (the table sliced to the index's extent in the other dims)")
 def _gather(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     d = norm_dim(node, node.arg(1, "dim"), x.rank)
@@ -111,7 +115,8 @@ def _gather(ctx: Ctx, node: NodeArgs):
     return [emit_gather(ctx, node, x, idx.shape, table_out, [(d, idx, 0)], node.id)]
 
 
-@register("aten.index_select.default")
+@register("aten.index_select.default",
+          doc="`gather` along `dim`")
 def _index_select(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     d = norm_dim(node, node.arg(1, "dim"), x.rank)
@@ -162,7 +167,8 @@ def _num(node: NodeArgs, v) -> float:
     raise node.fail("bad_argument", f"expected a number, got {v!r}")
 
 
-@register("aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.empty.memory_format")
+@register("aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.empty.memory_format",
+          doc="constant `fill` (folded as `Const` into pointwise consumers)")
 def _full(ctx: Ctx, node: NodeArgs):
     shape = list(node.arg(0, "size"))
     if node.target == "aten.full.default":
@@ -172,7 +178,8 @@ def _full(ctx: Ctx, node: NodeArgs):
     return [emit_fill(ctx, node, shape, node.kwargs.get("dtype") or node.out_dtypes[0], value)]
 
 
-@register("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default")
+@register("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default",
+          doc="constant `fill` (folded as `Const` into pointwise consumers)")
 def _full_like(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     if node.target == "aten.full_like.default":
@@ -182,13 +189,15 @@ def _full_like(ctx: Ctx, node: NodeArgs):
     return [emit_fill(ctx, node, x.shape, node.kwargs.get("dtype") or x.dtype, value)]
 
 
-@register("aten.scalar_tensor.default")
+@register("aten.scalar_tensor.default",
+          doc="constant `fill` (folded as `Const` into pointwise consumers)")
 def _scalar_tensor(ctx: Ctx, node: NodeArgs):
     value = _num(node, node.arg(0, "s"))
     return [emit_fill(ctx, node, (), node.kwargs.get("dtype") or node.out_dtypes[0], value)]
 
 
-@register("prims.iota.default")
+@register("prims.iota.default",
+          doc="`fill` with `iota_dim`: `start + step * i`")
 def _iota(ctx: Ctx, node: NodeArgs):
     length = node.arg(0, "length")
     start, step = node.kwargs.get("start", 0), node.kwargs.get("step", 1)
@@ -196,7 +205,8 @@ def _iota(ctx: Ctx, node: NodeArgs):
                       iota=(_num(node, start), _num(node, step)))]
 
 
-@register("aten.arange.start_step", "aten.arange.default", "aten.arange.start")
+@register("aten.arange.start_step", "aten.arange.default", "aten.arange.start",
+          doc="`fill` with `iota_dim`: `start + step * i`")
 def _arange(ctx: Ctx, node: NodeArgs):
     if node.target == "aten.arange.default":
         start, end, step = 0, node.arg(0, "end"), 1

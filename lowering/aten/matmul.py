@@ -55,7 +55,8 @@ def emit_matmul(ctx: Ctx, node: NodeArgs, x: View, y: View, out_dtype: str, out_
     return ctx.tensor_view(tid, out_id)
 
 
-@register("aten.mm.default", "aten.bmm.default")
+@register("aten.mm.default", "aten.bmm.default",
+          doc="`matmul` (iteration dims batch…, m, n, k); transposed operands read through the Access")
 def _mm(ctx: Ctx, node: NodeArgs):
     x, y = node.arg(0, "self"), node.arg(1, "mat2")
     want = 2 if node.target == "aten.mm.default" else 3
@@ -64,7 +65,8 @@ def _mm(ctx: Ctx, node: NodeArgs):
     return [emit_matmul(ctx, node, x, y, x.dtype, node.id)]
 
 
-@register("aten.addmm.default", "aten.baddbmm.default")
+@register("aten.addmm.default", "aten.baddbmm.default",
+          doc="`matmul` into `node.mm`, then a pointwise `alpha*mm + beta*bias`")
 def _addmm(ctx: Ctx, node: NodeArgs):
     bias, x, y = node.arg(0, "self"), node.arg(1, "mat1" if "addmm" in node.target else "batch1"), \
         node.arg(2, "mat2" if "addmm" in node.target else "batch2")

@@ -108,26 +108,28 @@ def _binary(fn: str):
 
 
 for _name, _fn in _UNARY_FLOAT.items():
-    register(f"aten.{_name}.default")(_unary(_fn, True))
+    register(f"aten.{_name}.default", doc="same-named fn (ints give float32)")(_unary(_fn, True))
 for _name, _fn in _UNARY_SAME.items():
-    register(f"aten.{_name}.default")(_unary(_fn, False))
+    register(f"aten.{_name}.default", doc="same-named fn (dtype kept)")(_unary(_fn, False))
 for _name, _fn in _COMPARE.items():
-    register(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar")(_compare(_fn))
+    register(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar", doc="comparison, bool result")(_compare(_fn))
 for _name, _fn in _BINARY_SAME.items():
     targets = [f"aten.{_name}.Tensor"] if _name not in ("maximum", "minimum") else [f"aten.{_name}.default"]
     if _name in ("mul", "remainder", "bitwise_and", "bitwise_or"):
         targets.append(f"aten.{_name}.Scalar")
-    register(*targets)(_binary(_fn))
+    register(*targets, doc="same-named fn (torch's type promotion)")(_binary(_fn))
 
 
-@register("aten.logical_and.default", "aten.logical_or.default")
+@register("aten.logical_and.default", "aten.logical_or.default",
+          doc="`logical_and` / `logical_or`, bool result")
 def _logical(ctx: Ctx, node: NodeArgs):
     fn = "logical_and" if "logical_and" in node.target else "logical_or"
     a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
     return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn(fn, e[0], e[1]), "bool")]
 
 
-@register("aten.logical_not.default", "aten.bitwise_not.default")
+@register("aten.logical_not.default", "aten.bitwise_not.default",
+          doc="`logical_not`, bool result (bitwise_not on bool tensors only)")
 def _logical_not(ctx: Ctx, node: NodeArgs):
     x = as_operand(node, node.arg(0, "self"))
     if node.target == "aten.bitwise_not.default" and x.dtype != "bool":
@@ -135,7 +137,8 @@ def _logical_not(ctx: Ctx, node: NodeArgs):
     return [emit_pointwise(ctx, node, [x], lambda e: expr_fn("logical_not", e[0]), "bool")]
 
 
-@register("aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar")
+@register("aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar",
+          doc="`add(a, mul(b, alpha))`, `sub(…)`")
 def _add_sub(ctx: Ctx, node: NodeArgs):
     fn = "add" if node.target.startswith("aten.add") else "sub"
     a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
@@ -144,7 +147,8 @@ def _add_sub(ctx: Ctx, node: NodeArgs):
                            result_type([a, b]))]
 
 
-@register("aten.rsub.Scalar", "aten.rsub.Tensor")
+@register("aten.rsub.Scalar", "aten.rsub.Tensor",
+          doc="`sub(b, mul(a, alpha))`")
 def _rsub(ctx: Ctx, node: NodeArgs):
     a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
     alpha = node.arg(2, "alpha", 1)
@@ -152,7 +156,9 @@ def _rsub(ctx: Ctx, node: NodeArgs):
                            result_type([a, b]))]
 
 
-@register("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode", "aten.div.Scalar_mode")
+@register("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode", "aten.div.Scalar_mode",
+          doc=("`div` (true division, ints give float32); rounding_mode floor: `floordiv`; trunc on ints: `div` stored"
+               " to the int dtype"))
 def _div(ctx: Ctx, node: NodeArgs):
     a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
     mode = node.arg(2, "rounding_mode") if node.target.endswith("_mode") else None
@@ -167,19 +173,22 @@ def _div(ctx: Ctx, node: NodeArgs):
     raise node.fail("unsupported_op", f"div rounding_mode={mode!r} on {rt}")
 
 
-@register("aten.floor_divide.default", "aten.floor_divide.Scalar")
+@register("aten.floor_divide.default", "aten.floor_divide.Scalar",
+          doc="`floordiv`")
 def _floor_divide(ctx: Ctx, node: NodeArgs):
     a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
     return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("floordiv", e[0], e[1]), result_type([a, b]))]
 
 
-@register("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar")
+@register("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar",
+          doc="`pow`")
 def _pow(ctx: Ctx, node: NodeArgs):
     a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "exponent"))
     return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("pow", e[0], e[1]), result_type([a, b]))]
 
 
-@register("aten.gelu.default")
+@register("aten.gelu.default",
+          doc="`gelu` / `gelu_tanh` (kept fused, Spyre has it)")
 def _gelu(ctx: Ctx, node: NodeArgs):
     x = as_operand(node, node.arg(0, "self"))
     approx = node.arg(1, "approximate", "none")
@@ -189,14 +198,16 @@ def _gelu(ctx: Ctx, node: NodeArgs):
     return [emit_pointwise(ctx, node, [x], lambda e: expr_fn(fn, e[0]), float_result(x.dtype))]
 
 
-@register("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
+@register("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar",
+          doc="`where`")
 def _where(ctx: Ctx, node: NodeArgs):
     c, a, b = (as_operand(node, node.arg(i, n)) for i, n in ((0, "condition"), (1, "self"), (2, "other")))
     return [emit_pointwise(ctx, node, [c, a, b], lambda e: expr_fn("where", e[0], e[1], e[2]),
                            result_type([a, b]))]
 
 
-@register("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+@register("aten.masked_fill.Scalar", "aten.masked_fill.Tensor",
+          doc="`where(mask, value, x)`")
 def _masked_fill(ctx: Ctx, node: NodeArgs):
     x, mask, value = (as_operand(node, node.arg(i, n)) for i, n in ((0, "self"), (1, "mask"), (2, "value")))
     return [emit_pointwise(ctx, node, [mask, value, x], lambda e: expr_fn("where", e[0], e[1], e[2]),
@@ -204,7 +215,8 @@ def _masked_fill(ctx: Ctx, node: NodeArgs):
 
 
 @register("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default", "aten.hardtanh.default",
-          "aten.clamp.Tensor", "aten.clamp_min.Tensor", "aten.clamp_max.Tensor")
+          "aten.clamp.Tensor", "aten.clamp_min.Tensor", "aten.clamp_max.Tensor",
+          doc="`minimum(maximum(x, min), max)`; tensor bounds broadcast with x like a binary op")
 def _clamp(ctx: Ctx, node: NodeArgs):
     x = as_operand(node, node.arg(0, "self"))
     kind = node.target.split(".")[1]
@@ -256,24 +268,28 @@ def _cast(ctx: Ctx, node: NodeArgs, x: View, dtype: Optional[str]) -> list:
     return [emit_pointwise(ctx, node, [x], lambda e: e[0], dtype)]
 
 
-@register("prims.convert_element_type.default")
+@register("prims.convert_element_type.default",
+          doc="identity expression into the new dtype (same dtype: alias, no op)")
 def _convert_element_type(ctx: Ctx, node: NodeArgs):
     return _cast(ctx, node, node.arg(0, "a"), node.arg(1, "dtype"))
 
 
-@register("aten._to_copy.default", "aten.to.dtype")
+@register("aten._to_copy.default", "aten.to.dtype",
+          doc="identity expression into the new dtype (same dtype: alias, no op)")
 def _to_copy(ctx: Ctx, node: NodeArgs):
     dtype = node.arg(1, "dtype") if node.target == "aten.to.dtype" else node.kwargs.get("dtype")
     return _cast(ctx, node, node.arg(0, "self"), dtype)
 
 
 @register("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten.lift_fresh_copy.default",
-          "aten.contiguous.default")
+          "aten.contiguous.default",
+          doc="alias (no op; a consumer that needs it materialized gets a `copy`)")
 def _identity(ctx: Ctx, node: NodeArgs):
     return _cast(ctx, node, node.arg(0, "self"), None)
 
 
-@register("aten.copy.default")
+@register("aten.copy.default",
+          doc="identity expression into self's shape and dtype (functional copy)")
 def _copy(ctx: Ctx, node: NodeArgs):
     # functional copy: the result has self's shape and dtype and src's values
     dst, src = node.arg(0, "self"), as_operand(node, node.arg(1, "src"))

@@ -71,7 +71,8 @@ def _reduction_args(node: NodeArgs, whole: bool, single_dim: bool = False):
     return ([dims] if single_dim else dims), node.arg(2, "keepdim", False), node.arg(3, "dtype")
 
 
-@register("aten.sum.dim_IntList", "aten.sum.default")
+@register("aten.sum.dim_IntList", "aten.sum.default",
+          doc="`reduce sum` over the reduction dims; ints and bools sum to int64")
 def _sum(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     dims, keepdim, dtype = _reduction_args(node, node.target == "aten.sum.default")
@@ -80,7 +81,8 @@ def _sum(ctx: Ctx, node: NodeArgs):
     return [emit_reduce(ctx, node, x, reduce_dims(node, x, dims), keepdim, "sum", None, dtype, node.id)]
 
 
-@register("aten.prod.dim_int", "aten.prod.default")
+@register("aten.prod.dim_int", "aten.prod.default",
+          doc="`reduce prod`")
 def _prod(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     dims, keepdim, dtype = _reduction_args(node, node.target == "aten.prod.default", single_dim=True)
@@ -89,7 +91,8 @@ def _prod(ctx: Ctx, node: NodeArgs):
     return [emit_reduce(ctx, node, x, reduce_dims(node, x, dims), keepdim, "prod", None, dtype, node.id)]
 
 
-@register("aten.mean.dim", "aten.mean.default")
+@register("aten.mean.dim", "aten.mean.default",
+          doc="one `reduce sum` of `x * (1/N)` (no rounded intermediate sum)")
 def _mean(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     dims, keepdim, dtype = _reduction_args(node, node.target == "aten.mean.default")
@@ -99,7 +102,8 @@ def _mean(ctx: Ctx, node: NodeArgs):
     return [emit_mean(ctx, node, x, reduce_dims(node, x, dims), keepdim, dtype, node.id)]
 
 
-@register("aten.amax.default", "aten.amin.default")
+@register("aten.amax.default", "aten.amin.default",
+          doc="`reduce max` / `reduce min`")
 def _amax(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     fn = "max" if "amax" in node.target else "min"
@@ -137,7 +141,8 @@ def emit_var(ctx: Ctx, node: NodeArgs, x: View, dims, keepdim: bool, correction:
     return emit_reduce(ctx, node, x, dims, keepdim, "sum", build, out_dtype, out_id, extra=[mean_k])
 
 
-@register("aten.var_mean.correction", "aten.var.correction")
+@register("aten.var_mean.correction", "aten.var.correction",
+          doc="mean (as mean.dim), then `reduce sum` of `(x-mean)² * 1/(N-correction)`")
 def _var_mean(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     dims = reduce_dims(node, x, node.arg(1, "dim"))
@@ -149,7 +154,8 @@ def _var_mean(ctx: Ctx, node: NodeArgs):
     return [var, mean] if is_pair else [var]
 
 
-@register("aten.cumsum.default")
+@register("aten.cumsum.default",
+          doc="`reduce cumsum`: a scan along its one reduction dim, which the output keeps")
 def _cumsum(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     d = norm_dim(node, node.arg(1, "dim"), x.rank)
@@ -182,7 +188,8 @@ def emit_softmax(ctx: Ctx, node: NodeArgs, x: View, dim: int, out_dtype: str,
     return out, mx, sm
 
 
-@register("aten._softmax.default", "aten.softmax.int")
+@register("aten._softmax.default", "aten.softmax.int",
+          doc="amax, sub, exp, sum, div (5 ops, as torch-spyre runs softmax)")
 def _softmax(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     d = norm_dim(node, node.arg(1, "dim"), x.rank)
@@ -207,7 +214,8 @@ def _any_all(ctx: Ctx, node: NodeArgs):
                         lambda e: expr_fn("ne", e[0], Const(0.0)), out_dtype, node.id)]
 
 
-@register("aten.max.dim", "aten.min.dim")
+@register("aten.max.dim", "aten.min.dim",
+          doc="`reduce max` / `reduce min` values; reading the indices output is unsupported_op")
 def _max_dim(ctx: Ctx, node: NodeArgs):
     """Values only; the indices output exists only as an error if something reads it."""
     from lowering.aten.conv import Unavailable

@@ -64,18 +64,22 @@ def reshape(ctx: Ctx, node: NodeArgs, x: View, shape: Sequence[int], name: str) 
     return x.with_(shape, strides, name=name)
 
 
-@register("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
+@register("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default",
+          doc=("folded when only size-1 dims change; a regrouping reshape is a `copy` at the first consumer (one that "
+               "is not stride-compatible materializes its input first)"))
 def _view(ctx: Ctx, node: NodeArgs):
     return [reshape(ctx, node, node.arg(0, "self"), node.arg(1, "size"), node.id)]
 
 
-@register("prims.view_of.default")
+@register("prims.view_of.default",
+          doc="alias (no op)")
 def _view_of(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "a")
     return [x.with_(x.shape, x.strides, name=node.id)]
 
 
-@register("aten.permute.default")
+@register("aten.permute.default",
+          doc="folded into the consumer's Access (no op)")
 def _permute(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     dims = [norm_dim(node, d, x.rank) for d in node.arg(1, "dims")]
@@ -84,7 +88,8 @@ def _permute(ctx: Ctx, node: NodeArgs):
     return [x.with_([x.shape[d] for d in dims], [x.strides[d] for d in dims], name=node.id)]
 
 
-@register("aten.transpose.int")
+@register("aten.transpose.int",
+          doc="folded into the consumer's Access (no op)")
 def _transpose(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     a, b = norm_dim(node, node.arg(1, "dim0"), x.rank), norm_dim(node, node.arg(2, "dim1"), x.rank)
@@ -93,7 +98,8 @@ def _transpose(ctx: Ctx, node: NodeArgs):
     return [x.with_([x.shape[d] for d in order], [x.strides[d] for d in order], name=node.id)]
 
 
-@register("aten.t.default")
+@register("aten.t.default",
+          doc="folded into the consumer's Access (no op)")
 def _t(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     if x.rank < 2:
@@ -101,7 +107,8 @@ def _t(ctx: Ctx, node: NodeArgs):
     return [x.with_(x.shape[::-1], x.strides[::-1], name=node.id)]
 
 
-@register("aten.unsqueeze.default")
+@register("aten.unsqueeze.default",
+          doc="folded into the consumer's Access (no op)")
 def _unsqueeze(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     d = norm_dim(node, node.arg(1, "dim"), x.rank + 1)
@@ -109,7 +116,8 @@ def _unsqueeze(ctx: Ctx, node: NodeArgs):
     return [x.with_(x.shape[:d] + (1,) + x.shape[d:], x.strides[:d] + (stride,) + x.strides[d:], name=node.id)]
 
 
-@register("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default")
+@register("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
+          doc="folded into the consumer's Access (no op)")
 def _squeeze(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     if node.target == "aten.squeeze.default":
@@ -122,7 +130,8 @@ def _squeeze(ctx: Ctx, node: NodeArgs):
     return [x.with_([x.shape[j] for j in keep], [x.strides[j] for j in keep], name=node.id)]
 
 
-@register("aten.expand.default")
+@register("aten.expand.default",
+          doc="folded (broadcast of size-1 or new dims: `None` in the Access)")
 def _expand(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     sizes = list(node.arg(1, "size"))
@@ -170,21 +179,24 @@ def slice_view(node: NodeArgs, x: View, dim: int, start: Optional[int], end: Opt
     return x.with_(shape, strides, offset=offset, name=name)
 
 
-@register("aten.slice.Tensor")
+@register("aten.slice.Tensor",
+          doc="strided view, a `copy` at the first consumer")
 def _slice(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     return [slice_view(node, x, node.arg(1, "dim", 0), node.arg(2, "start"), node.arg(3, "end"),
                        node.arg(4, "step", 1), node.id)]
 
 
-@register("aten.narrow.default")
+@register("aten.narrow.default",
+          doc="strided view, a `copy` at the first consumer")
 def _narrow(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     start, length = node.arg(2, "start"), node.arg(3, "length")
     return [slice_view(node, x, node.arg(1, "dim"), start, start + length, 1, node.id)]
 
 
-@register("aten.select.int")
+@register("aten.select.int",
+          doc="strided view, a `copy` at the first consumer")
 def _select(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     d = norm_dim(node, node.arg(1, "dim"), x.rank)
@@ -209,7 +221,8 @@ def _split_sizes(node: NodeArgs, total: int, sizes) -> list[int]:
     return list(sizes)
 
 
-@register("aten.split.Tensor", "aten.split_with_sizes.default")
+@register("aten.split.Tensor", "aten.split_with_sizes.default",
+          doc="strided views, a `copy` at each piece's first consumer")
 def _split(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     d = norm_dim(node, node.arg(2, "dim", 0), x.rank)
@@ -222,7 +235,8 @@ def _split(ctx: Ctx, node: NodeArgs):
     return out
 
 
-@register("aten.unbind.int")
+@register("aten.unbind.int",
+          doc="strided views, a `copy` at each piece's first consumer")
 def _unbind(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     d = norm_dim(node, node.arg(1, "dim", 0), x.rank)
@@ -231,7 +245,8 @@ def _unbind(ctx: Ctx, node: NodeArgs):
 
 
 # -- copies that build new tensors -------------------------------------------------------
-@register("aten.cat.default")
+@register("aten.cat.default",
+          doc="one `copy` with one piece per input (read through the input's own view)")
 def _cat(ctx: Ctx, node: NodeArgs):
     parts: list[View] = [t for t in node.arg(0, "tensors")]
     # torch's legacy rule: 1-D empty tensors are skipped whatever the other ranks
@@ -258,7 +273,8 @@ def _cat(ctx: Ctx, node: NodeArgs):
     return [ctx.tensor_view(tid, node.id)]
 
 
-@register("aten.constant_pad_nd.default")
+@register("aten.constant_pad_nd.default",
+          doc="one `copy` with `pad_value` (negative pads crop)")
 def _constant_pad(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     pad = list(node.arg(1, "pad"))
@@ -290,7 +306,8 @@ def pad_view(ctx: Ctx, node: NodeArgs, x: View, before: Sequence[int], after: Se
     return ctx.tensor_view(tid, out_id)
 
 
-@register("aten.repeat.default")
+@register("aten.repeat.default",
+          doc="stride-0 tile dims, a `copy` of the expanded view, then a layout-free regroup")
 def _repeat(ctx: Ctx, node: NodeArgs):
     """Tile by expanding a size-1 dim before each dim, then regrouping (copies at need)."""
     x: View = node.arg(0, "self")
