@@ -13,6 +13,7 @@ COMMANDS: dict[str, str] = {
     "compile": "service.commands.compile",
     "simulate": "service.commands.simulate",
     "bench": "service.commands.bench",
+    "calibrate": "service.commands.calibrate",
     "validate": "service.commands.validate",
 }
 

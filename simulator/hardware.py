@@ -45,6 +45,24 @@ class ReductionReadCurve:
 
 
 @dataclass(frozen=True)
+class CoreCountCurve:
+    """Fraction of the one-way device-memory rate a kernel on `n` active cores reaches,
+    linear between the listed core counts (constant past the last)."""
+
+    cores: tuple[float, ...]
+    fraction: tuple[float, ...]
+
+    def at(self, n: float) -> float:
+        xs, ys = self.cores, self.fraction
+        if n <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        return ys[-1]
+
+
+@dataclass(frozen=True)
 class UnderfillCurve:
     """Streaming efficiency of a per-core tile of `rows` rows x `cols` columns (elements):
     eff = min(cap, (rows/rows_full)^rows_exp * (cols/cols_ref)^cols_exp). Small tiles
@@ -102,6 +120,10 @@ class Hardware:
     pt_sustained_mac_per_ns_per_core: float
     pt_default_layout_bmm_mac_per_ns_per_core: float
     pt_batch_outer_bmm_mac_per_ns_per_core: float
+    pt_default_layout_projection_mac_per_ns_per_core: float
+    untiled_overlap_chunks: float
+    psum_bytes_per_element: int
+    psum_spill_k_per_pass: float
     pt_rows_per_pass: int
     pt_target_passes: int
     pt_dtype_rate_scale: Mapping[str, float]
@@ -112,8 +134,11 @@ class Hardware:
     # measured access-pattern rates
     restickify_gbps: float
     lx_relayout_gbps_per_core: float
-    mm_replicated_read_gbps_per_core: float
-    mm_replicated_read_fixed_us: float
+    dram_core_count_curve: "CoreCountCurve"
+    shared_read_free_fanout: float
+    # host-side, not device time: what a compiled call costs from Python (calibration only)
+    host_call_overhead_us: float
+    shared_read_fanout_exponent: float
     reduction_read_curve: ReductionReadCurve
     broadcast_op_gbps: float
     cross_row_reduction_gbps: float
@@ -163,11 +188,13 @@ class Hardware:
     def pt_mac_per_ns(self, dtype: str = "float16", layout: str = "sustained") -> float:
         """Per-core PT rate. layout: "sustained" (matmul / well-laid-out bmm),
         "default_bmm" (both rank-3 operands on the compiler-default tile order),
-        "batch_outer" (bmm with the batch dim outermost), "peak" (datasheet)."""
+        "batch_outer" (bmm with the batch dim outermost), "default_projection" (a batched x
+        on the default tile order against a shared weight), "peak" (datasheet)."""
         base = {
             "sustained": self.pt_sustained_mac_per_ns_per_core,
             "default_bmm": self.pt_default_layout_bmm_mac_per_ns_per_core,
             "batch_outer": self.pt_batch_outer_bmm_mac_per_ns_per_core,
+            "default_projection": self.pt_default_layout_projection_mac_per_ns_per_core,
             "peak": self.pt_peak_mac_per_ns_per_core,
         }[layout]
         return base * self.pt_dtype_rate_scale.get(dtype, 1.0)
@@ -182,18 +209,31 @@ class Hardware:
     def dram_ns(self, read_bytes: float, write_bytes: float, gbps: float | None = None,
                 cores: int | None = None) -> float:
         """Shared-bus time of one kernel moving R read and W written bytes:
-        (R+W)/BW + turnaround*min(R, W), the turnaround paid when `cores` (None: many)
-        interleave their streams (at least `dram_turnaround_min_cores`)."""
+        (R+W)/BW + turnaround*min(R, W), BW capped by what `cores` active cores can issue
+        (`dram_bus_gbps`), the turnaround paid when `cores` (None: many) interleave their
+        streams (at least `dram_turnaround_min_cores`)."""
         bw = self.dram_oneway_gbps if gbps is None else gbps
+        if cores is not None:
+            bw = min(bw, self.dram_bus_gbps(cores))
         t = (read_bytes + write_bytes) / bw
         if cores is None or cores >= self.dram_turnaround_min_cores:
             t += self.dram_turnaround_ns_per_byte * min(read_bytes, write_bytes)
         return t
 
-    def replicated_read_ns(self, per_core_bytes: float) -> float:
-        """A matmul operand the core split does not index, loaded by every core of the split:
-        a fixed cost plus the per-core ceiling on `per_core_bytes`."""
-        return self.mm_replicated_read_fixed_us * 1e3 + per_core_bytes / self.mm_replicated_read_gbps_per_core
+    def dram_bus_gbps(self, cores: int) -> float:
+        """Device-memory rate a kernel on `cores` active cores reaches: few cores cannot
+        keep the shared bus busy (`dram_core_count_curve`)."""
+        return self.dram_oneway_gbps * self.dram_core_count_curve.at(max(1, cores))
+
+    def shared_read_delivery_ns(self, unique_bytes: float, fanout: int) -> float:
+        """Extra time to deliver a read that `fanout` cores share (a matmul operand the core
+        split does not index): it crosses the bus once (counted with the kernel's other
+        bytes); up to `shared_read_free_fanout` consumers receive it at no extra cost, more
+        cost (f / free)^exponent - 1 further passes of the unique bytes."""
+        free = self.shared_read_free_fanout
+        if fanout <= free:
+            return 0.0
+        return unique_bytes * ((fanout / free) ** self.shared_read_fanout_exponent - 1.0) / self.dram_oneway_gbps
 
     def ring_combine_ns(self, ways: int, part_bytes: float) -> float:
         """Partial results of a reduction dim split `ways` across cores, summed over the ring:
@@ -256,6 +296,16 @@ def _convert(key: str, value: Any, field_type: str) -> Any:
         if not isinstance(value, dict) or set(value) != names:
             raise HardwareError(f"parameter {key!r} must have exactly the keys {sorted(names)}")
         return cls(**{k: float(v) for k, v in value.items()})
+    if key == "dram_core_count_curve":
+        if not (isinstance(value, dict) and set(value) == {"cores", "fraction"}
+                and isinstance(value["cores"], list) and isinstance(value["fraction"], list)
+                and len(value["cores"]) == len(value["fraction"]) >= 1):
+            raise HardwareError(f"parameter {key!r} must be {{'cores': [...], 'fraction': [...]}} of equal length")
+        xs = tuple(float(x) for x in value["cores"])
+        ys = tuple(float(y) for y in value["fraction"])
+        if any(b <= a for a, b in zip(xs, xs[1:])) or not all(0 < y <= 1 for y in ys):
+            raise HardwareError(f"parameter {key!r}: cores must increase and fractions lie in (0, 1]")
+        return CoreCountCurve(xs, ys)
     if key in _MAPPINGS:
         if not isinstance(value, dict):
             raise HardwareError(f"parameter {key!r} must be an object")
@@ -284,7 +334,8 @@ def hardware_from_dict(doc: dict, origin: str = "<dict>") -> Hardware:
         raise HardwareError(f"{origin}: a target file is a JSON object")
     if doc.get("format") != HARDWARE_FORMAT or doc.get("version") != HARDWARE_VERSION:
         raise HardwareError(f"{origin}: expected format {HARDWARE_FORMAT!r} version {HARDWARE_VERSION}")
-    extra_top = set(doc) - {"format", "version", "name", "description", "params"}
+    # `calibration`: the record of the last fit (date, dataset, residuals); informational
+    extra_top = set(doc) - {"format", "version", "name", "description", "params", "calibration"}
     if extra_top:
         raise HardwareError(f"{origin}: unknown top-level keys {sorted(extra_top)}")
     name = doc.get("name")
@@ -326,7 +377,7 @@ def _check_consistency(origin: str, v: dict[str, Any]) -> None:
     positive = ["cores", "corelets_per_core", "stick_bytes", "lx_bytes_per_core", "lx_capacity_bytes",
                 "bundle_tensor_limit", "per_core_span_bytes", "dram_oneway_gbps", "dram_balanced_gbps",
                 "clock_ghz", "pt_sustained_mac_per_ns_per_core", "sfp_sticks_per_cycle_per_corelet",
-                "restickify_gbps", "lx_relayout_gbps_per_core", "mm_replicated_read_gbps_per_core"]
+                "restickify_gbps", "lx_relayout_gbps_per_core", "shared_read_free_fanout"]
     for k in positive:
         if not v[k] > 0:
             raise HardwareError(f"{origin}: parameter {k!r} must be positive")

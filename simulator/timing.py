@@ -18,9 +18,13 @@ slowest core is done):
   once, not per core) streams at `broadcast_op_gbps`; a restickify at `restickify_gbps`;
   a reduction along the stick dim reads at the rows-dependent `reduction_read_curve`, one
   across rows at `cross_row_reduction_gbps`.
-- matmul operands the core split does not index are loaded by every core of that split,
-  at the per-core ceiling `mm_replicated_read_gbps_per_core` (plus a fixed cost per
-  replicated operand; the bytes of two replicated operands add).
+- the bus rate a kernel reaches is capped by what its active cores can issue
+  (`dram_core_count_curve`): a kernel on few cores streams slower.
+- a matmul operand the core split does not index is needed by every core of that split
+  (its fan-out f): it crosses the bus once, like any other byte, and is delivered to up
+  to `shared_read_free_fanout` cores at no extra cost; a wider fan-out pays a delivery
+  term that grows as (f / free)^`shared_read_fanout_exponent` (fitted on device data,
+  docs/simulator-timing.md "Calibration").
 - compute: matmul on the PT array at the sustained rate, or the default-layout /
   batch-outer bmm rate, derated for short per-core M slices; pointwise/reduce on the SFP
   at whole sticks per cycle.
@@ -68,7 +72,7 @@ class OpTiming:
     memory_us: float = 0.0           # device-memory (and replicated-load) time of the op
     ring_us: float = 0.0
     overhead_us: float = 0.0         # temporal-tile loop overhead
-    bound_by: str = "memory"         # memory | compute | replicated_load | ring | overhead | none
+    bound_by: str = "memory"         # memory | compute | shared_delivery | ring | overhead | none
     hbm_read_bytes: int = 0
     hbm_write_bytes: int = 0
     lx_bytes: int = 0
@@ -211,33 +215,52 @@ def _matmul_layout_rate(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardwa
     A bmm (batch iteration dims indexed by both x and y) with a batch extent of at least
     `bmm_layout_min_batch` runs at the batch-outer rate when every batched operand keeps its
     batch dims outermost in `dim_order`, else at the default-layout rate (batch dims inside
-    the other dims, as torch-spyre's default device tile order has them). A plain matmul,
-    a projection (y not batched) or a small batch runs at the sustained rate."""
+    the other dims, as torch-spyre's default device tile order has them). A projection (x
+    batched, y a shared weight) whose x keeps that default order at such a batch runs at
+    the default-layout projection rate. A plain matmul or a small batch runs at the
+    sustained rate."""
     body = prim.body
     assert isinstance(body, MatmulBody)
     x, y = prim.inputs[0], prim.inputs[1]
     batch = [i for i in range(len(prim.iter_dims)) if i not in (body.m, body.n, body.k)
              and i in x.dims and i in y.dims]
+    if not batch:
+        # a projection: a batched x against a weight every batch shares. Its batch dim
+        # inside the stick-row dims (the compiler's default tile order) slows the PT feed
+        # once the batch is large enough, as it does for a bmm, though less.
+        x_batch = [i for i in range(len(prim.iter_dims)) if i not in (body.m, body.n, body.k) and i in x.dims]
+        x_extent = math.prod(prim.iter_dims[i].size for i in x_batch)
+        # (torch-spyre cost_model.py: a 3-D x shared 2-D bmm keeps its rate up to the
+        # minimum batch inclusive and slows above it)
+        if x_batch and x_extent > hw.bmm_layout_min_batch and not _batch_outermost(x, x_batch, tensors):
+            return "default_projection", x_extent
+        return "sustained", 1
     extent = 1
     for i in batch:
         extent *= prim.iter_dims[i].size
-    if not batch or extent < hw.bmm_layout_min_batch:
+    if extent < hw.bmm_layout_min_batch:
         return "sustained", extent
     for acc in (x, y):
-        td = tensors[acc.tensor]
-        batch_tdims = {j for j, d in enumerate(acc.dims) if d in batch}
-        # size-1 dims hold no data and may sit anywhere; every batch dim must come before
-        # every other dim that has extent
-        seen_other = False
-        for j in td.layout.dim_order:
-            if td.shape[j] <= 1:
-                continue
-            if j in batch_tdims:
-                if seen_other:
-                    return "default_bmm", extent
-            else:
-                seen_other = True
+        if not _batch_outermost(acc, batch, tensors):
+            return "default_bmm", extent
     return "batch_outer", extent
+
+
+def _batch_outermost(acc, batch: list[int], tensors: dict[str, TensorDecl]) -> bool:
+    """Every batch dim of the operand comes before every other dim with extent in its
+    device `dim_order` (size-1 dims hold no data and may sit anywhere)."""
+    td = tensors[acc.tensor]
+    batch_tdims = {j for j, d in enumerate(acc.dims) if d in batch}
+    seen_other = False
+    for j in td.layout.dim_order:
+        if td.shape[j] <= 1:
+            continue
+        if j in batch_tdims:
+            if seen_other:
+                return False
+        else:
+            seen_other = True
+    return True
 
 
 class OpTimer:
@@ -387,7 +410,7 @@ class OpTimer:
         # ---- bytes --------------------------------------------------------------------
         r_shared = 0.0      # read bytes over the shared bus (aggregate)
         w_shared = 0.0
-        repl_core_bytes: list[float] = []  # per replicated matmul operand: its per-core box (worst class)
+        delivery_ns = 0.0   # fan-out delivery of shared matmul operands beyond the free fan-out
         lx_core_bytes = 0.0    # per core bytes read/written in LX (worst class)
         core_bytes = {ci: 0.0 for ci in range(len(classes))}  # per-core device bytes per class
         red_split = 1
@@ -437,9 +460,13 @@ class OpTimer:
                     ot.effects.append(f"fused: {tid} already on chip")
                     continue
             if is_matmul and o.replication > 1:
-                repl_core_bytes.append(max(o.per_core.values()))
-                ot.effects.append(f"replicated x{o.replication}: {tid}")
-                ot.hbm_read_bytes += int(total_core)
+                # one read on the bus, delivered to the f cores that share it
+                unique = total_core / o.replication
+                delivery_ns += hw.shared_read_delivery_ns(unique, o.replication)
+                ot.effects.append(f"shared x{o.replication}: {tid}")
+                r_shared += unique
+                for ci in core_bytes:
+                    core_bytes[ci] += o.per_core[ci] / o.replication
                 continue
             if o.replication > 1:
                 # a broadcast operand is loaded once, not once per core
@@ -515,10 +542,7 @@ class OpTimer:
                 mem_ns /= derate
                 ot.effects.append(f"spill x{derate:.3f}")
 
-        repl_ns = 0.0
-        # the ceiling is a per-core rate: a core loading two replicated operands loads both
-        for b in repl_core_bytes:
-            repl_ns += hw.replicated_read_ns(b)
+        repl_ns = delivery_ns
         # ---- compute time per class -------------------------------------------------------
         comp_ns = {}
         macs_total = 0
@@ -566,6 +590,25 @@ class OpTimer:
         for ci in range(len(classes)):
             comp_ns.setdefault(ci, 0.0)
 
+        # partial sums of a split-reduction matmul are combined across cores once, at the
+        # end of the kernel: each core holds its whole partial box (fp32) until then. What
+        # does not fit in LX round-trips through device memory once
+        # per `psum_spill_k_per_pass` of the core's K slice.
+        if is_matmul and red_split > 1:
+            out = operands[-1]
+            out_elems = max(out.per_core.values()) / hw.dtype_size(out.tensor.dtype)
+            psum = out_elems * hw.psum_bytes_per_element
+            # the accumulator is the back-end's: all of LX but what the plan keeps resident
+            room = max(0, hw.lx_bytes_per_core - self.resident_live[k])
+            if psum > room:
+                k_core = max(cl.extents[body.k] for cl in classes)
+                passes = max(1.0, k_core / hw.psum_spill_k_per_pass)
+                spill = (psum - room) * passes * n_cores
+                mem_ns += self.dram_ns(spill, spill, n_cores)
+                ot.hbm_read_bytes += int(spill)
+                ot.hbm_write_bytes += int(spill)
+                ot.effects.append(f"psum spill {(psum - room) / 2**20:.1f} MiB/core x{passes:.1f}")
+
         # ring: a split reduction dim sums partials across the cores of the split
         ring_ns = 0.0
         if red_split > 1:
@@ -591,7 +634,9 @@ class OpTimer:
             m = mem_ns * share + repl_ns
             c = comp_ns[ci]
             if double_buffered:
-                t = max(m, c) + (min(m, c) / tiles if tiles > 1 else 0.0)
+                # an untiled kernel still streams, but overlaps its loads and compute only
+                # over `untiled_overlap_chunks` (fitted: device data show little overlap)
+                t = max(m, c) + min(m, c) / (tiles if tiles > 1 else hw.untiled_overlap_chunks)
             else:
                 t = m + c
             for core in cl.cores:
@@ -624,7 +669,7 @@ def _bound_by(mem: float, repl: float, comp: float, ring: float, overhead: float
         return "overhead"
     if comp > move:
         return "compute"
-    return "replicated_load" if repl > mem else "memory"
+    return "shared_delivery" if repl > mem else "memory"
 
 
 def _is_broadcast_op(prim: PrimOp, operands: list) -> bool:

@@ -21,16 +21,13 @@ bandwidth) and at the datasheet's (PT peak, peak bandwidth): the physical limit.
 
 `split_bound_us` (`split_bound`) is tighter and also holds for every plan the validator
 accepts: it charges what every core split of a matmul costs in this machine model.
-- Replicated operands. A split leaves an operand unindexed and every core of that split
-  needs its box: a replicated box cannot be LX-resident (a producer writes each element on
-  one core only), so the cores load it. An operand only this matmul reads is loaded at the
-  replicated-read ceiling (`hw.replicated_read_ns`, P). An operand several ops read may be
-  loaded by another of its readers in the same fused kernel, but a core only ever holds
-  what it loaded itself or computed: its cores need (sum of the boxes - one copy) bytes
-  beyond one copy, which reach them at best at the faster of the shared bus and every core
-  at its replicated ceiling. Those bytes are charged to one of its matmul readers (any one
-  is a bound; the one where they raise it most). Not when a non-matmul op could read the
-  tensor broadcast (loaded once for all cores of a split).
+- Shared operands. A split leaves an operand unindexed and every core of that split
+  needs its box (fan-out f): a shared box cannot be LX-resident (a producer writes each
+  element on one core only), so it comes from device memory. Its bytes cross the bus once
+  (a graph input's already in M; an intermediate's read is charged here) and, past the free
+  fan-out, its delivery costs `hw.shared_read_delivery_ns` (P). Only for an operand this
+  matmul alone reads: a tensor several ops read may be delivered once, in one fused kernel,
+  at the narrowest fan-out any of its readers uses, so nothing is charged for it.
 - Split reductions combine partials over the ring (`hw.ring_combine_ns`, R) into device
   memory (the validator's lx_reduction_split), so the output is written there, the kernel
   that reads its streamed weights and writes pays the read/write turnaround, and a reader
@@ -39,11 +36,11 @@ accepts: it charges what every core split of a matmul costs in this machine mode
 - A split on fewer cores leaves the array idle (C: MACs over the split's cores at the
   sustained rate).
 Every byte above is moved in some op's memory time and counted once (M: graph inputs'
-first copy and graph outputs; P, W and the copies: bytes beyond those). The simulator's
-total is at least sum R + max(M + sum(P + W + copies), C_other + sum C) (C_other the other
-ops' compute: a fused kernel overlaps one member's loads with another's compute), and for
-every lam in [0, 1] at least lam*M + (1-lam)*C_other + sum over matmuls of min over splits
-(R + lam*(P + W + copies) + (1-lam)*C): separable per op. The bound is the best lam on a
+first copy and graph outputs; P and W: time beyond those). The simulator's total is at
+least sum R + max(M + sum(P + W), C_other + sum C) (C_other the other ops' compute: a fused
+kernel overlaps one member's loads with another's compute), and for every lam in [0, 1] at
+least lam*M + (1-lam)*C_other + sum over matmuls of min over splits (R + lam*(P + W) +
+(1-lam)*C): separable per op. The bound is the best lam on a
 grid. Splits are enumerated over every stick choice with the least restrictive granules,
 and bytes are logical (no stick padding), so nothing is over-charged.
 """
@@ -143,15 +140,13 @@ def lower_bound(pg: PrimGraph, hw) -> LowerBound:
 class _SplitTerm:
     """What one core split of a matmul costs beyond the compulsory bytes (module docstring), ns."""
     ring: float          # R
-    extra_mem: float     # P: single-reader replicated loads, plus W: the forced output write
+    extra_mem: float     # P: single-reader shared operands, plus W: the forced output write
     compute: float       # C
-    excess: dict         # shared operand tensor -> bytes it needs on cores beyond one copy
 
 
 def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int]) -> list[_SplitTerm]:
     """Every core split any stick choice of matmul `op` allows. Logical bytes (no stick
-    padding); replicated boxes from the largest work slice (slice 0), excess copies summed
-    over every core."""
+    padding)."""
     dts = [pg.tensors[a.tensor].dtype for a in op.inputs] + [pg.tensors[op.output.tensor].dtype]
     rate = hw.pt_mac_per_ns(dts[0], "sustained")
     macs = _points(op)
@@ -185,20 +180,22 @@ def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int]) -> list[_
         ring = hw.ring_combine_ns(ways, box_bytes(-1, first))
         single_p = 0.0
         streamed_inputs = 0      # single-reader graph inputs this op reads over the shared bus
-        excess: dict[str, int] = {}
         for i, acc in enumerate(op.inputs):
             t = acc.tensor
             indexed = {op.iter_dims[d].name for d in acc.dims if d is not None}
-            replicated = any(f > 1 and n not in indexed for n, f in sp.items())
+            fanout = 1
+            for n, f in sp.items():
+                if n not in indexed:
+                    fanout *= f
             graph_input = t not in produced
             if reads[t] > 1:
-                if replicated:
-                    excess[t] = excess.get(t, 0) + sum(box_bytes(i, r) for r in per_core.values()) \
-                        - _logical_bytes(pg, t)
-            elif replicated:
-                # its compulsory bytes (in M when it is a graph input) move here instead
-                compulsory = _logical_bytes(pg, t) / hw.dram_oneway_gbps if graph_input else 0.0
-                single_p += max(0.0, hw.replicated_read_ns(box_bytes(i, first)) - compulsory)
+                continue
+            if fanout > 1:
+                # once over the bus (a graph input's bytes are in M), then delivered to f cores
+                logical = _logical_bytes(pg, t)
+                single_p += hw.shared_read_delivery_ns(logical, fanout)
+                if not graph_input:
+                    single_p += logical / hw.dram_oneway_gbps
             elif graph_input:
                 streamed_inputs += _logical_bytes(pg, t)
         write = 0.0
@@ -213,7 +210,7 @@ def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int]) -> list[_
             if ways > 1 and _read_whole(pg, out_t):
                 # and what is in device memory is read back from there, once at least
                 write += w / hw.dram_oneway_gbps
-        out.append(_SplitTerm(ring, single_p + write, macs / (cores * rate), excess))
+        out.append(_SplitTerm(ring, single_p + write, macs / (cores * rate)))
     return out
 
 
@@ -232,20 +229,6 @@ def _read_whole(pg: PrimGraph, t: str) -> bool:
     return False
 
 
-def _broadcast_free(pg: PrimGraph) -> set[str]:
-    """Tensors some non-matmul op could read broadcast (its access leaves an iteration dim
-    unindexed): such an op loads one copy for every core of the split, so the copies a
-    matmul needs may come free."""
-    free = set()
-    for op in pg.ops:
-        if op.body.kind == "matmul":
-            continue
-        for acc in op.inputs:
-            if len({d for d in acc.dims if d is not None}) < len(op.iter_dims):
-                free.add(acc.tensor)
-    return free
-
-
 def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> float:
     """The split-aware bound in ns (module docstring)."""
     reads: dict[str, int] = {}
@@ -259,25 +242,10 @@ def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> floa
             terms[op.id] = _split_terms(op, pg, hw, reads)
         else:
             compute_other += ob.compute_ns
-    # the fastest any byte reaches a core from device memory: the shared bus, or every core
-    # loading at its replicated-read ceiling at once
-    copy_gbps = max(hw.dram_oneway_gbps, hw.cores * hw.mm_replicated_read_gbps_per_core)
-    broadcast_free = _broadcast_free(pg)
-    shared = sorted({t for ts in terms.values() for term in ts for t in term.excess} - broadcast_free)
     best = 0.0
     for lam in _LAMBDAS:
-        def op_min(op_id: str, charged: frozenset) -> float:
-            return min((t.ring + lam * (t.extra_mem + sum(t.excess.get(x, 0) for x in charged) / copy_gbps)
-                        + (1 - lam) * t.compute for t in terms[op_id]), default=0.0)
-        # each shared tensor's extra copies are charged to one of its matmul readers, the
-        # one where they raise the bound most (any choice is a bound)
-        charged: dict[str, frozenset] = {o: frozenset() for o in terms}
-        for t in shared:
-            gains = [(op_min(o, charged[o] | {t}) - op_min(o, charged[o]), o)
-                     for o in terms if any(t in term.excess for term in terms[o])]
-            if gains:
-                _, o = max(gains)
-                charged[o] = charged[o] | {t}
-        total = lam * memory_ns + (1 - lam) * compute_other + sum(op_min(o, charged[o]) for o in terms)
+        total = lam * memory_ns + (1 - lam) * compute_other + sum(
+            min((t.ring + lam * t.extra_mem + (1 - lam) * t.compute for t in ts), default=0.0)
+            for ts in terms.values())
         best = max(best, total)
     return best

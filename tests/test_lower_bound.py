@@ -98,19 +98,22 @@ def test_every_program_states_its_lower_bound(planner):
     assert program.stats.lower_bound_us <= time_program(program, HW).total_us
 
 
-@pytest.mark.parametrize("shape,tighter", [((512, 768, 768), True), ((512, 4096, 14336), True),
-                                           ((32, 4096, 4096), False)])
-def test_split_bound_below_every_split_and_above_the_plain_bound(shape, tighter):
+@pytest.mark.parametrize("shape", [(512, 768, 768), (512, 4096, 14336), (32, 4096, 4096), (16, 4096, 64)])
+def test_split_bound_below_every_split_and_above_the_plain_bound(shape):
     """Every legal core split of a lone matmul, emitted and simulated, takes at least the
-    split-aware bound. Where compute matters, that bound charges something the plain one
-    does not (no split avoids both replicated loads and a ring combine without idling
-    cores); a memory-bound matmul can idle cores for free (a few cores saturate the bus)."""
+    split-aware bound. Since shared reads cross the bus once and fan out to 8 cores free
+    (the calibrated model), an M x N split such as m8 x n4 costs nothing the plain bound
+    does not charge, so the two bounds may coincide; where every 32-core split needs a wide
+    fan-out or a ring combine (16 x 4096 x 64: M holds 16 rows, N one stick) the split
+    bound is above the plain one."""
     from lowering.op_rules import legal_core_splits, split_granules, stick_options
     from simulator.validate import validate_program
     pg = _matmul(*shape)
     op = pg.ops[0]
     lb = lower_bound(pg, HW)
-    assert lb.split_bound_us > 1.05 * lb.lower_bound_us if tighter else lb.split_bound_us >= lb.lower_bound_us
+    assert lb.split_bound_us >= lb.lower_bound_us
+    if shape == (16, 4096, 64):
+        assert lb.split_bound_us > lb.lower_bound_us
     ch = stick_options(op)[0]
     gran = split_granules(op, list(ch.inputs), ch.output, ["float16"] * 3, HW.stick_bytes)
     fastest = float("inf")
@@ -140,8 +143,8 @@ def _shared_input_pair(M, K, N):
 def test_split_bound_holds_for_matmuls_sharing_an_input():
     """Pairs of core splits of two matmuls reading one input, unfused and as one tiled
     kernel (where the second read is free on every core that loaded the box before): none
-    simulates below the bound, and the bound charges the shared input's copies (it is
-    above what the compulsory bytes and the best single-matmul splits give)."""
+    simulates below the bound. (The bound charges no delivery for a tensor two ops read:
+    one fused kernel may deliver it once, at the narrower fan-out.)"""
     import random
     from lowering.op_rules import legal_core_splits, split_granules, stick_options
     from simulator.validate import validate_program
@@ -168,7 +171,7 @@ def test_split_bound_holds_for_matmuls_sharing_an_input():
             assert us >= lb.split_bound_us - 1e-9, (a, b, tiled)
             fastest = min(fastest, us)
     assert fastest < 2 * lb.split_bound_us
-    assert lb.split_bound_us > 1.1 * lb.lower_bound_us
+    assert lb.split_bound_us >= lb.lower_bound_us
 
 
 def test_split_bound_holds_when_a_split_reduction_result_is_read_back():

@@ -87,10 +87,13 @@ def test_shared_bus_one_way_balanced_and_turnaround():
     # 32 cores, read + write balanced: the measured ~105 GB/s effective
     assert 2 * nbytes / (many.total_us * 1e3) == pytest.approx(HW.dram_balanced_gbps, rel=0.02)
     assert many.hbm_read_bytes == nbytes and many.hbm_write_bytes == nbytes
-    # the turnaround applies from `dram_turnaround_min_cores` active cores (1 on spyre)
+    # one core reaches only its share of the bus (dram_core_count_curve); the turnaround
+    # applies from `dram_turnaround_min_cores` active cores (1 on spyre)
     one = time_program(_program(pg, _plan({"op1": {}})), HW)
-    expect = HW.dram_balanced_gbps if HW.dram_turnaround_min_cores <= 1 else HW.dram_oneway_gbps
+    turnaround = HW.dram_turnaround_ns_per_byte if HW.dram_turnaround_min_cores <= 1 else 0.0
+    expect = 2 / (2 / HW.dram_bus_gbps(1) + turnaround)
     assert 2 * nbytes / (one.total_us * 1e3) == pytest.approx(expect, rel=0.02)
+    assert HW.dram_bus_gbps(1) < HW.dram_oneway_gbps / 4
     read_only = time_program(_program(row_sum(4096, 1024), _plan({"sum": {"r": 32}})), HW)
     assert read_only.hbm_write_bytes == 4096 * HW.stick_bytes  # one sparse stick per row
 
@@ -119,26 +122,38 @@ def test_broadcast_operand_loaded_once_not_per_core():
     assert moved / (rep.total_us * 1e3) == pytest.approx(HW.broadcast_op_gbps, rel=0.02)
 
 
-def test_replicated_matmul_operand_loads_at_per_core_ceiling():
+def test_shared_matmul_operand_crosses_the_bus_once_and_pays_fanout_delivery():
     m, k, n = 64, 4096, 8192
     by_n = time_program(_program(matmul(m, k, n), _plan({"mm": {"n": 32}})), HW)
     by_m = time_program(_program(matmul(m, k, n), _plan({"mm": {"m": 2}})), HW)
-    # N split: x (m*k) is replicated to all 32 cores, each at the per-core ceiling
+    # N split: x is shared by all 32 cores; its bytes cross the bus once
     op = by_n.op("mm")
-    assert any(e.startswith("replicated x32: x") for e in op.effects)
-    assert op.hbm_read_bytes == 32 * m * k * 2 + k * n * 2
-    x_ns = m * k * 2 / HW.mm_replicated_read_gbps_per_core + HW.mm_replicated_read_fixed_us * 1e3
-    assert op.memory_us * 1e3 >= x_ns
-    # M split 2: the whole weight is replicated to 2 cores, each loading 64 MB at 2.3 GB/s
-    assert by_m.total_us > 10 * by_n.total_us
-    assert by_m.op("mm").bound_by == "replicated_load"
-    # M and N split: every core loads its box of both operands at its own ceiling, so the
-    # two loads add
-    both = time_program(_program(matmul(m, k, n), _plan({"mm": {"m": 2, "n": 16}})), HW).op("mm")
-    assert {e.split(":")[0] for e in both.effects if e.startswith("replicated")} == {"replicated x16", "replicated x2"}
-    w_ns = HW.replicated_read_ns(k * (n // 16) * 2)
-    x_ns = HW.replicated_read_ns((m // 2) * k * 2)
-    assert both.memory_us * 1e3 >= w_ns + x_ns
+    assert any(e.startswith("shared x32: x") for e in op.effects)
+    assert op.hbm_read_bytes == m * k * 2 + k * n * 2
+    unique_ns = (m * k * 2 + k * n * 2 + m * n * 2) / HW.dram_oneway_gbps
+    delivery = HW.shared_read_delivery_ns(m * k * 2, 32)
+    assert delivery > 0  # fan-out 32 is past the free fan-out
+    assert op.memory_us * 1e3 == pytest.approx(unique_ns + HW.dram_turnaround_ns_per_byte * m * n * 2 + delivery,
+                                               rel=1e-6)
+    # M split 2 x N split 16: the weight is shared by 2 cores (within the free fan-out: no
+    # delivery term), x by 16: the same unique bytes, a smaller delivery term
+    mn = time_program(_program(matmul(m, k, n), _plan({"mm": {"m": 2, "n": 16}})), HW).op("mm")
+    assert mn.hbm_read_bytes == m * k * 2 + k * n * 2
+    assert {e.split(":")[0] for e in mn.effects if e.startswith("shared")} == {"shared x16", "shared x2"}
+    assert mn.memory_us * 1e3 == pytest.approx(op.memory_us * 1e3 - delivery + HW.shared_read_delivery_ns(m * k * 2, 16),
+                                               rel=1e-6)
+    # M split 2 alone: two cores cannot issue the whole bus
+    assert by_m.total_us > 3 * by_n.total_us
+
+
+def test_few_cores_cannot_issue_the_whole_bus():
+    m, k, n = 64, 4096, 8192
+    few = time_program(_program(matmul(m, k, n), _plan({"mm": {"n": 4}})), HW).op("mm")
+    many = time_program(_program(matmul(m, k, n), _plan({"mm": {"n": 32}})), HW).op("mm")
+    assert HW.dram_bus_gbps(4) < HW.dram_bus_gbps(32) == pytest.approx(HW.dram_oneway_gbps)
+    moved = few.hbm_read_bytes + few.hbm_write_bytes
+    assert moved / (few.memory_us * 1e3) <= HW.dram_bus_gbps(4) * 1.001
+    assert few.memory_us > 1.5 * many.memory_us
 
 
 def test_reduction_read_rate_follows_rows_curve():

@@ -1,0 +1,85 @@
+"""The calibration dataset: one entry per public Spyre device measurement (format in
+docs/calibration.md). Versioned JSON in calibration/data/; this module is its only reader."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DEFAULT_DATASET = DATA_DIR / "spyre_v1.json"
+FORMAT = "sticksat.calibration"
+VERSION = 1
+
+Family = Literal["matmul", "bmm", "pointwise", "reduction", "softmax", "restickify", "relayout", "chain"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Model):
+    ref: str
+    url: Optional[str] = None
+    date: Optional[str] = None
+    quote: str = ""
+
+
+class Point(_Model):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    source: Source
+    family: Family
+    case: dict[str, Any]
+    measured_us: Optional[float] = Field(None, gt=0)
+    # only a ratio is known: this point's time / the `ratio_to` point's time
+    ratio_to: Optional[str] = None
+    measured_ratio: Optional[float] = Field(None, gt=0)
+    # "kernel": device time of the kernels; "wall": host wall clock of one compiled call
+    timing: Literal["kernel", "wall"] = "kernel"
+    notes: str = ""
+    # why no plan can be built from what the source states (kept: better recorded than lost)
+    unbuildable: Optional[str] = None
+    # why this point is shown but neither fitted nor held to the error bound
+    disputed: Optional[str] = None
+
+    @property
+    def usable(self) -> bool:
+        return self.unbuildable is None and self.disputed is None
+
+    @property
+    def source_key(self) -> str:
+        """One source = one issue, PR, document or commit (the ref without its detail)."""
+        return self.source.ref.split(" (")[0]
+
+
+class Dataset(_Model):
+    format: Literal["sticksat.calibration"]
+    version: Literal[1]
+    target: str
+    collected: str
+    changes: str = ""
+    points: list[Point]
+
+    @property
+    def label(self) -> str:
+        return f"{self.target} v{self.version} ({self.collected}, {len(self.points)} points)"
+
+    def by_id(self) -> dict[str, Point]:
+        return {p.id: p for p in self.points}
+
+
+def load_dataset(path: Optional[str | Path] = None) -> Dataset:
+    ds = Dataset.model_validate_json(Path(path or DEFAULT_DATASET).read_text(encoding="utf-8"))
+    ids = ds.by_id()
+    if len(ids) != len(ds.points):
+        raise ValueError("calibration dataset: duplicate point ids")
+    referenced = {p.ratio_to for p in ds.points if p.ratio_to}
+    for p in ds.points:
+        if (p.measured_us is None and (p.ratio_to is None or p.measured_ratio is None) and p.id not in referenced
+                and p.unbuildable is None):
+            raise ValueError(f"calibration point {p.id}: needs measured_us, ratio_to + measured_ratio, "
+                             f"or to be another point's ratio_to")
+        if p.ratio_to is not None and p.ratio_to not in ids:
+            raise ValueError(f"calibration point {p.id}: ratio_to {p.ratio_to!r} is not a point")
+    return ds

@@ -1,0 +1,125 @@
+"""Measured vs simulated for every calibration point.
+
+A point with `measured_us` compares the simulated time of its program (plus the host call
+overhead when the point is host wall clock); a point with only `measured_ratio` compares
+its simulated time over its `ratio_to` point's. Programs are built once per point and
+re-timed under any hardware variant, so a fit re-times, never re-plans.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from calibration.cases import Built, CaseError, build
+from calibration.dataset import Dataset, Point
+from simulator.timing import time_program
+
+
+@dataclass
+class PointResult:
+    id: str
+    family: str
+    source: str
+    timing: str
+    measured_us: Optional[float]
+    simulated_us: Optional[float]
+    error: Optional[float]            # simulated / measured - 1 (or of the ratio)
+    ratio_to: Optional[str] = None
+    measured_ratio: Optional[float] = None
+    simulated_ratio: Optional[float] = None
+    status: str = "ok"                # ok | unbuildable | disputed | build_error
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fitted(self) -> bool:
+        return self.status == "ok" and self.error is not None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Programs:
+    """Each usable point's program, built once (`build` depends on layouts and LX sizes,
+    not on rates)."""
+
+    def __init__(self, dataset: Dataset, hw):
+        self.built: dict[str, Built] = {}
+        self.errors: dict[str, str] = {}
+        for p in dataset.points:
+            if p.unbuildable is not None:
+                continue
+            try:
+                self.built[p.id] = build(p.case, hw)
+            except CaseError as e:
+                self.errors[p.id] = str(e)
+
+
+def simulated_us(point: Point, built: Built, hw) -> float:
+    t = time_program(built.program, hw).total_us
+    return t + (hw.host_call_overhead_us if point.timing == "wall" else 0.0)
+
+
+def evaluate(dataset: Dataset, hw, programs: Optional[Programs] = None) -> list[PointResult]:
+    programs = programs or Programs(dataset, hw)
+    sims = {pid: simulated_us(p, programs.built[pid], hw)
+            for pid, p in dataset.by_id().items() if pid in programs.built}
+    out = []
+    for p in dataset.points:
+        r = PointResult(p.id, p.family, p.source_key, p.timing, p.measured_us, sims.get(p.id), None,
+                        p.ratio_to, p.measured_ratio)
+        if p.unbuildable is not None:
+            r.status, r.reason = "unbuildable", p.unbuildable
+        elif p.id in programs.errors:
+            r.status, r.reason = "build_error", programs.errors[p.id]
+        else:
+            r.notes = list(programs.built[p.id].notes)
+            if p.measured_us is not None:
+                r.error = sims[p.id] / p.measured_us - 1.0
+            elif p.ratio_to in sims and p.measured_ratio is not None:
+                r.simulated_ratio = sims[p.id] / sims[p.ratio_to]
+                r.error = r.simulated_ratio / p.measured_ratio - 1.0
+            if p.disputed is not None:
+                r.status, r.reason = "disputed", p.disputed
+        out.append(r)
+    return out
+
+
+@dataclass
+class FamilySummary:
+    family: str
+    points: int
+    ratios: int
+    mean_abs_error: float
+    max_abs_error: float
+
+
+def summarize(results: list[PointResult]) -> dict:
+    """Per family and overall: mean and max absolute error over the fitted points
+    (absolute times and ratios counted apart)."""
+    fams: dict[str, list[PointResult]] = {}
+    for r in results:
+        if r.fitted:
+            fams.setdefault(r.family, []).append(r)
+
+    def stats(rs: list[PointResult]) -> tuple[float, float]:
+        errs = [abs(r.error) for r in rs]
+        return (sum(errs) / len(errs), max(errs)) if errs else (math.nan, math.nan)
+
+    families = []
+    for fam, rs in sorted(fams.items()):
+        mae, mx = stats(rs)
+        families.append(FamilySummary(fam, sum(r.measured_us is not None for r in rs),
+                                      sum(r.measured_us is None for r in rs), mae, mx))
+    absolute = [r for rs in fams.values() for r in rs if r.measured_us is not None]
+    ratios = [r for rs in fams.values() for r in rs if r.measured_us is None]
+    a_mae, a_max = stats(absolute)
+    r_mae, r_max = stats(ratios)
+    return {
+        "families": [asdict(f) for f in families],
+        "absolute": {"points": len(absolute), "mean_abs_error": a_mae, "max_abs_error": a_max},
+        "ratios": {"points": len(ratios), "mean_abs_error": r_mae, "max_abs_error": r_max},
+        "sources": len({r.source for rs in fams.values() for r in rs}),
+        "not_fitted": {s: sum(r.status == s for r in results) for s in ("unbuildable", "disputed", "build_error")},
+    }
