@@ -448,7 +448,7 @@ class SpyreModel:
                 have = out_stick.get(a.tensor, self.ctx.input_sticks.get(a.tensor))
                 if want is not None and want != have:
                     needed.add((a.tensor, want))
-        return total + sum(self.mat_cost.get(key, self._restick_cost(*key)) for key in needed)
+        return total + sum(self.restick_cost(*key) for key in needed)
 
     def residency_ok(self, t: str, picks: dict[str, int], size_per_core: Optional[int] = None) -> bool:
         """Can t stay resident under these picks (slicing, no split reduction, fits its
@@ -472,18 +472,69 @@ class SpyreModel:
                     needed.add((a.tensor, want))
         return needed
 
+    def restick_cost(self, t: str, stick) -> int:
+        """Price of the restickify of t onto `stick` (the model's, or priced once on demand)."""
+        key = (t, stick)
+        if key not in self.mat_cost:
+            self.mat_cost[key] = self._restick_cost(t, stick)
+        return self.mat_cost[key]
+
     def local_search(self, d: PlanDecisions, deadline: Optional[float], max_passes: int = 50) -> PlanDecisions:
         """Best single moves on the model's own objective until none improves or the
         deadline: a weight's stick dim, or one op's strategy (residencies the move breaks
         are dropped; the bundle-window constraints must keep holding). The result is a
-        better complete hint for CP-SAT."""
+        better complete hint for CP-SAT.
+
+        Moves are priced incrementally (exact: the objective is integer nanoseconds): a
+        move re-prices only the ops touching a tensor whose residency it changes and the
+        restickifies of the tensors the moved op reads and writes. Same moves, same order,
+        same result as `objective_of` on every trial, without its pass over the graph."""
+        ops = {op.id: op for op in self.pg.ops}
         picks = {op.id: (self.strategy_index(op.id, d.ops.get(op.id, OpPlan())) or 0) for op in self.pg.ops}
         inputs = {t: d.input_sticks.get(t, self.ctx.input_sticks.get(t)) for t in sorted(self.ctx.free_inputs)}
         resident = {t: r for t, r in d.resident.items() if t in self.res}
         touching: dict[str, list[str]] = {}
+        ops_of: dict[str, set[str]] = {}  # tensor -> ops reading or writing it
         for op in self.pg.ops:
             touching[op.id] = [a.tensor for a in op.inputs] + [op.output.tensor]
-        best = self.objective_of(picks, set(resident), inputs)
+            for t in touching[op.id]:
+                ops_of.setdefault(t, set()).add(op.id)
+        extra = {o: [to_units(s.parts.base.extra_ns) for s in S] for o, S in self.S.items()}
+        combo_index = {o: {key: j for j, (key, _) in reversed(list(enumerate(c[1])))} for o, c in self.combos.items()}
+
+        def op_cost(o: str, k: int, res: dict) -> int:
+            names, _, body = self.combos[o]
+            j = combo_index[o].get(tuple(t in res for t in names), 0)
+            return body[k][j] + extra[o][k]
+
+        def have(t: str, pk: dict, ins: dict):
+            p = self.producer.get(t)
+            if p is not None:
+                return self.S[p.id][pk[p.id]].out_stick
+            return ins[t] if t in ins else self.ctx.input_sticks.get(t)
+
+        def needs(t: str, pk: dict, ins: dict) -> frozenset:
+            h = have(t, pk, ins)
+            out = set()
+            for o, i in self.readers.get(t, ()):
+                want = self.S[o][pk[o]].input_sticks[i]
+                if want is not None and want != h:
+                    out.add((t, want))
+            return frozenset(out)
+
+        def restick(keys) -> int:
+            return sum(self.restick_cost(*key) for key in keys)
+
+        need = {t: needs(t, picks, inputs) for t in self.readers}
+        cost = {o: op_cost(o, picks[o], resident) for o in ops}
+        best = sum(cost.values()) + sum(restick(v) for v in need.values())
+
+        def all_needed(changed: dict) -> set:
+            out = set()
+            for t, v in need.items():
+                out.update(changed.get(t, v))
+            return out
+
         def out_of_time() -> bool:
             return deadline is not None and time.perf_counter() > deadline
         improved = True
@@ -496,12 +547,15 @@ class SpyreModel:
                     if s == inputs[t]:
                         continue
                     trial = dict(inputs, **{t: s})
-                    val = self.objective_of(picks, set(resident), trial)
-                    if val < best and self.spans_ok(set(resident), self.needed_resticks(picks, trial)):
+                    new_need = {t: needs(t, picks, trial)} if t in need else {}
+                    val = best + sum(restick(v) - restick(need[u]) for u, v in new_need.items())
+                    if val < best and self.spans_ok(set(resident), all_needed(new_need)):
                         best, inputs, improved = val, trial, True
+                        need.update(new_need)
             for op in self.pg.ops:
                 if out_of_time():
                     break
+                tensors = {a.tensor for a in op.inputs} | {op.output.tensor}
                 for k in range(len(self.S[op.id])):
                     if k == picks[op.id]:
                         continue
@@ -509,12 +563,22 @@ class SpyreModel:
                     trial[op.id] = k
                     res2 = {t: r for t, r in resident.items()
                             if t not in touching[op.id] or self.residency_ok(t, trial, r.size_per_core)}
-                    needed = self.needed_resticks(trial, inputs)
+                    new_need = {t: needs(t, trial, inputs) for t in tensors if t in need}
+                    needed = None
                     if len(res2) < len(resident):
+                        needed = all_needed(new_need)
                         res2 = self.repair_spans(res2, needed)
-                    val = self.objective_of(trial, set(res2), inputs)
-                    if val < best and self.spans_ok(set(res2), needed):
+                    moved = {op.id}
+                    for t in resident:
+                        if t not in res2:
+                            moved |= ops_of.get(t, set())
+                    new_cost = {o: op_cost(o, trial[o], res2) for o in moved}
+                    val = (best + sum(c - cost[o] for o, c in new_cost.items())
+                           + sum(restick(v) - restick(need[u]) for u, v in new_need.items()))
+                    if val < best and self.spans_ok(set(res2), needed if needed is not None else all_needed(new_need)):
                         best, picks, resident, improved = val, trial, res2, True
+                        cost.update(new_cost)
+                        need.update(new_need)
         out = self.decisions_of(picks, resident, dict(self.ctx.input_sticks, **inputs))
         return out
 
