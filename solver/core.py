@@ -491,6 +491,12 @@ class SolveOptions:
     pair_table_limit: int = 2048
     # CP-SAT's own presolve (off pays when a complete hint is given and presolve is slow)
     presolve: bool = True
+    # stop once the incumbent is proven within this gap of the bound: relative,
+    # (objective - bound) / |objective|, or absolute, in objective units (None: CP-SAT's
+    # defaults, 0 and 1e-4, i.e. only a proven optimum stops the search early). CP-SAT then
+    # reports OPTIMAL; `gap_of` gives the gap actually left.
+    relative_gap_limit: Optional[float] = None
+    absolute_gap_limit: Optional[float] = None
 
 
 @dataclass
@@ -682,6 +688,10 @@ def solver_parameters(options: SolveOptions) -> cp_model.CpSolver:
     p.random_seed = int(options.seed)
     p.log_search_progress = bool(options.log)
     p.cp_model_presolve = bool(options.presolve)
+    if options.relative_gap_limit is not None:
+        p.relative_gap_limit = float(options.relative_gap_limit)
+    if options.absolute_gap_limit is not None:
+        p.absolute_gap_limit = float(options.absolute_gap_limit)
     if options.deterministic:
         # One sequential worker; the deterministic clock (not the wall clock) decides when to
         # stop. CP-SAT's interleaved mode (`interleave_search`, meant to make parallel search

@@ -43,10 +43,13 @@ model's own objective (weight layouts, per-op strategies; residencies a move bre
 dropped and bundle windows repaired), given to CP-SAT as a complete hint. CP-SAT's presolve
 is off for this model (seconds of wall time for almost no reduction). A solution whose
 bundles break the limit is repaired (those residencies dropped) and kept if it is the best
-valid one so far. Always: a time limit that covers strategy pricing and the local search,
-a deterministic mode (local search bounded by passes, CP-SAT by deterministic time only,
-interleaved workers, fixed seed, canonical first-fit LX addresses), the best valid plan
-when time runs out, and the returned plan is never predicted slower than its hint (the
+valid one so far. Always: a time budget that covers strategy pricing, the local search
+and the search after the solve, scaled to the problem under the caller's limit
+(`default_budget_s`: the model's strategy count and the starting plan's predicted time),
+CP-SAT rounds that stop once proven within the gap limits (`RELATIVE_GAP_LIMIT`,
+`ABSOLUTE_GAP_LIMIT`), a deterministic mode (local search bounded by passes, CP-SAT by
+deterministic time only, one sequential worker, fixed seed, canonical first-fit LX
+addresses), the best valid plan when time runs out, and the returned plan is never predicted slower than its hint (the
 hint is returned otherwise, with a note).
 """
 from __future__ import annotations
@@ -73,19 +76,57 @@ from solver.planners import register
 from solver.relayout import add_lx_relayouts, relayout_candidates
 from solver.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
 
+# The wall-clock cap when the caller gives none. It is a cap, not the time a plan takes:
+# the budget is `default_budget_s` of the problem's size under it, each CP-SAT round stops
+# once its plan is proven within the gap limits, and every phase after it stops when it
+# has nothing left to try.
 DEFAULT_TIME_LIMIT_S = 10.0
+# The budget scales with the problem (`default_budget_s`): with its size, BUDGET_BASE_S +
+# BUDGET_PER_STRATEGY_S x the strategies of the built model, and with its stakes, at most
+# BUDGET_RUNS runs of the starting plan (a plan predicted at 45 us cannot win more than that
+# per run); never under BUDGET_MIN_S, never over the caller's limit. Measured 2026-12-01
+# (2-core machine, docs/benchmarks.md "Compile time vs model size"): the layer graphs
+# (500-1100 strategies, starting plans 0.8-14 ms in the calibrated timing model) keep
+# improving for most of a 10 s solve, and a budget of 6-8.5 s made bert, gpt2 and ViT 2-8%
+# slower, so they get the whole default limit (the gap limits still end the decode layers'
+# solves early); the 2-layer toy models (1100-1700 strategies, starting plans about 45 us)
+# get the minimum. The stakes term depends on the timing model's scale: recheck
+# BUDGET_RUNS when that moves (ViT's 839 us start needs >= 12,000 runs for the whole 10 s).
+BUDGET_BASE_S = 1.0
+BUDGET_PER_STRATEGY_S = 0.02
+BUDGET_RUNS = 20_000
+BUDGET_MIN_S = 1.0
+# A CP-SAT round stops once objective - bound <= max(RELATIVE_GAP_LIMIT x objective,
+# ABSOLUTE_GAP_LIMIT) (objective units: ns; 32 ns is one op's whole idle-core tie-break).
+# CP-SAT reports such a stop as OPTIMAL; the plan's `gap` says what was left.
+RELATIVE_GAP_LIMIT = 0.005
+ABSOLUTE_GAP_LIMIT = 32.0
 # Deterministic mode stops on CP-SAT's deterministic clock; on the 2-core benchmark machine
 # one wall second of a 2-worker solve is about this many deterministic units (measured).
 DETERMINISTIC_PER_SECOND = 0.15
-# Shares of the wall-clock limit: the local search that sharpens the hint (of what is left
-# after the model build) and the fusion search after the solve (at least). Measured
-# 2026-11-29 (2-core machine): local search 0.05 instead of 0.15 gave slower plans on 3 of
-# 4 layer graphs; fusion 0.4 instead of 0.3 ran out of time less often but, over four runs
-# each of llama and granite prefill, gave slower plans (geomean 7393/7359 us against
-# 6992/6918: the solve rounds get too little time).
+# Shares of the budget: the local search that sharpens the hint (of what is left after the
+# model build; it stops sooner when no single move improves) and the fusion search after
+# the solve (at least). Measured 2026-11-29 (2-core machine, 10 s): local search 0.05
+# instead of 0.15 gave slower plans on 3 of 4 layer graphs; fusion 0.4 instead of 0.3 ran
+# out of time less often but, over four runs each of llama and granite prefill, gave
+# slower plans (geomean 7393/7359 us against 6992/6918: the solve rounds get too little time).
 LOCAL_SEARCH_SHARE = 0.15
 FUSION_SHARE = 0.3
 _BUNDLE_CODES = frozenset({"bundle_limit", "lx_cross_bundle"})
+
+
+def default_budget_s(n_strategies: int, start_us: Optional[float] = None,
+                     cap_s: Optional[float] = None) -> float:
+    """Wall-clock budget of one plan (model build, local search, solve rounds, fusion and
+    relayout search) whose model has `n_strategies` strategies and whose starting plan is
+    predicted at `start_us` (None: unknown), never more than `cap_s` (the caller's time
+    limit; `DEFAULT_TIME_LIMIT_S` when None). A function of counts and cost-model numbers
+    only, never of a measured time: a deterministic plan gets the same budget every run."""
+    cap = DEFAULT_TIME_LIMIT_S if cap_s is None else float(cap_s)
+    want = BUDGET_BASE_S + BUDGET_PER_STRATEGY_S * max(0, n_strategies)
+    if start_us is not None and math.isfinite(start_us):
+        want = min(want, BUDGET_RUNS * start_us * 1e-6)
+    return min(cap, max(BUDGET_MIN_S, want))
 
 
 # -- hint -------------------------------------------------------------------------------------
@@ -775,9 +816,16 @@ def _resplit_unfused(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
 def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                hint: Union[PlanDecisions, Program, None] = None, num_workers: int = 2,
                keep: int = 4, keep_resident: int = 2, max_rounds: int = 4, fuse: bool = True,
-               **_ignored) -> PlanDecisions:
+               budget: str = "scaled", **_ignored) -> PlanDecisions:
+    """Plan `pg`. `time_limit_s` (default `DEFAULT_TIME_LIMIT_S`) caps the wall clock;
+    `budget="scaled"` (the default) plans within `default_budget_s` of the problem's size
+    under that cap and stops each CP-SAT round once its plan is proven within the gap
+    limits; `budget="fixed"` is the behaviour before 2026-12-01 (the whole limit, only a
+    proven optimum stops a round early), kept for comparison (benchmarks/bench_compile_time.py)."""
+    if budget not in ("scaled", "fixed"):
+        raise ValueError(f"budget must be 'scaled' or 'fixed', not {budget!r}")
     t0 = time.perf_counter()
-    limit_s = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
+    cap_s = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
     # the op order is a decision too: each chain runs straight into its consumer, so
     # chains can become fused kernels (solver.schedule)
     pg = chain_order(pg)
@@ -786,16 +834,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     hint_d = replace(hint_d, op_order=[])  # the hint runs in this planner's order
     t_emit = time.perf_counter()
     hint_prog, hint_issues = _program_or_none(pg, hw, hint_d)
-    # time to keep once the solver stops: emitting and validating the result here, and
-    # planners.plan() emitting and validating it once more before it returns (a fused plan
-    # with tile buffers emits and validates slower than the hint: 3% of the limit more)
-    reserve_s = 2.5 * (time.perf_counter() - t_emit) + 0.03 * limit_s
-    # and for the fusion search after it (solver.fusion): one trial per split variant and per
-    # further tile count, the final one and the resplit after it, each about four times an
-    # emit + validation (two emits, a validation or two for the tile buffers, a simulation;
-    # measured on the layer graphs), and at least FUSION_SHARE of the limit: fusion gains
-    # more than the solver's last seconds do (layer graphs: 10-20% vs a few %).
-    fusion_s = max(4 * (FUSION_TRIALS + 2) * (time.perf_counter() - t_emit), FUSION_SHARE * limit_s) if fuse else 0.0
+    emit_s = time.perf_counter() - t_emit
     if hint_prog is None:
         # an invalid hint is not a starting point: fall back to the naive plan
         from solver.naive import plan_naive
@@ -804,52 +843,84 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     hint_ns = predict_program_ns(hint_prog, hw) if hint_prog is not None else float("inf")
 
     ctx, strategies, sm = build_model(pg, hw, hint_d, keep=keep, keep_resident=keep_resident)
-    # sharpen the hint by local search on the model's objective (a bounded share of the budget)
+    n_strategies = sum(len(v) for v in strategies.values())
+    # the wall-clock budget of the whole plan (the model build above included): from the
+    # problem's size and stakes, never more than the caller's limit; counts and the cost
+    # model's prediction, never a measured time, so a deterministic plan gets the same
+    # budget every time
+    limit_s = default_budget_s(n_strategies, hint_ns / 1000.0, cap_s) if budget == "scaled" else cap_s
+    gaps = dict(relative_gap_limit=RELATIVE_GAP_LIMIT, absolute_gap_limit=ABSOLUTE_GAP_LIMIT) \
+        if budget == "scaled" else {}
+    # sharpen the hint by local search on the model's objective (a bounded share of the
+    # budget; it stops sooner when no single move improves)
     elapsed = time.perf_counter() - t0
     if deterministic:  # a pass count, not the wall clock, bounds it
         start_d = sm.local_search(hint_d, None, max_passes=3)
     else:
         start_d = sm.local_search(hint_d, t0 + elapsed + LOCAL_SEARCH_SHARE * max(0.0, limit_s - elapsed))
+    t_emit = time.perf_counter()
     start_prog, _ = _program_or_none(pg, hw, start_d)
+    # the first emission above paid for warming caches: the faster of the two is the one
+    # the phases after the solve will see
+    emit_s = min(emit_s, time.perf_counter() - t_emit)
+    # time to keep once the solver stops: emitting and validating the result here, and
+    # planners.plan() emitting and validating it once more before it returns (a fused plan
+    # with tile buffers emits and validates slower than the hint: 3% of the limit more)
+    reserve_s = 2.5 * emit_s + 0.03 * limit_s
+    # and for the fusion search after it (solver.fusion): one trial per split variant and per
+    # further tile count, the final one and the resplit after it, each about four times an
+    # emit + validation (two emits, a validation or two for the tile buffers, a simulation;
+    # measured on the layer graphs), and at least FUSION_SHARE of the limit: fusion gains
+    # more than the solver's last seconds do (layer graphs: 10-20% vs a few %).
+    fusion_s = max(4 * (FUSION_TRIALS + 2) * emit_s, FUSION_SHARE * limit_s) if fuse else 0.0
     if start_prog is not None and predict_program_ns(start_prog, hw) < hint_ns:
         hint_d, hint_prog, hint_ns = start_d, start_prog, predict_program_ns(start_prog, hw)
         hint_name += " + local search"
     sm.add_hint(hint_d)
     objective = sum(sm.objective_terms)
     sm.m.Minimize(objective)
-    build_s = time.perf_counter() - t0
-    notes = [f"hint: {hint_name}", f"strategies: {sum(len(v) for v in strategies.values())} over "
+    phase = {"build": elapsed, "local search": time.perf_counter() - t0 - elapsed}
+    notes = [f"hint: {hint_name}", f"strategies: {n_strategies} over "
              f"{len(pg.ops)} ops, {len(sm.mat)} restickify options, {len(sm.res)} residency candidates",
              "bundles: partition step after the solve (one bundle start per group of overlapping LX "
-             "windows, emitter cuts elsewhere)", "objective and bound in microseconds (cost model)"]
+             "windows, emitter cuts elsewhere)", "objective and bound in microseconds (cost model)",
+             f"budget: {limit_s:.1f} s of a {cap_s:g} s limit" + (
+                 f" ({budget}; stop at a gap of {RELATIVE_GAP_LIMIT:.1%} or {ABSOLUTE_GAP_LIMIT / 1000:g} us)"
+                 if budget == "scaled" else " (fixed)")]
 
+    t_solve = time.perf_counter()
     best_d, best_prog, best_pred, status, obj, bound = None, None, float("inf"), "UNKNOWN", None, None
     for round_ in range(max_rounds):
         remaining = limit_s - (time.perf_counter() - t0) - reserve_s - fusion_s
         if round_ > 0 and remaining < 0.05 * limit_s and not deterministic:
             break
         # the first round gets most of the budget; repair rounds (lazy no-goods) the rest
-        budget = max(0.3, remaining * (0.7 if round_ + 1 < max_rounds else 1.0))
+        round_s = max(0.3, remaining * (0.7 if round_ + 1 < max_rounds else 1.0))
         if deterministic:
             # nothing measured on the wall clock may shape a deterministic solve: the
-            # deterministic time stops it; the wall limit is only a safety net
-            budget = limit_s
-        opts = SolveOptions(time_limit_s=budget, num_workers=num_workers, deterministic=deterministic,
+            # deterministic time (a share of the budget) stops it; the wall limit is only a
+            # safety net, at 3x the caller's limit as before budgets scaled
+            round_s = cap_s
+        opts = SolveOptions(time_limit_s=round_s, num_workers=num_workers, deterministic=deterministic,
                             # deterministic: a fixed share of the limit, never the wall clock
                             deterministic_time=DETERMINISTIC_PER_SECOND * limit_s / (round_ + 2),
-                            deterministic_wall_factor=3.0)
+                            deterministic_wall_factor=3.0, **gaps)
         solver = solver_parameters(opts)
         # CP-SAT's presolve spends seconds of wall time on this model for almost no
         # reduction (measured on a 143-op graph: 3.3 s, model 2447 -> 2021 variables); the
         # complete hint and LNS do better with that time
         solver.parameters.cp_model_presolve = False
         st = solver.Solve(sm.m)
-        notes.append(f"round {round_}: {solver.StatusName(st)} after {solver.WallTime():.1f} s "
-                     f"(deterministic time {solver.deterministic_time:.2f})")
         status = solver.StatusName(st)
+        if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
+            gap_note = f", gap {gap_of(obj, bound):.2%}"
+        else:
+            gap_note = ""
+        notes.append(f"round {round_}: {status} after {solver.WallTime():.1f} s "
+                     f"(deterministic time {solver.deterministic_time:.2f}{gap_note})")
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
-        obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
         d = sm.decisions(solver, ctx.input_sticks)
         d, prog, groups, issues = _repair_bundles(pg, hw, sm, d)
         if prog is not None:
@@ -869,12 +940,15 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
             sm.m.AddBoolOr([sm.res[t].Not() for t in ts])
         sm.m.ClearHints()
         sm.add_hint(d)
-    solve_s = time.perf_counter() - t0
+    phase["solve"] = time.perf_counter() - t_solve
+    deadline = None if deterministic else t0 + limit_s - reserve_s
     if best_prog is not None:
         pred_ns = predict_program_ns(best_prog, hw)
         if pred_ns <= hint_ns:
-            best_d, gain_ns = _finish(pg, hw, best_d, notes, None if deterministic else t0 + limit_s - reserve_s,
-                                      strategies, fuse)
+            t_finish = time.perf_counter()
+            best_d, gain_ns = _finish(pg, hw, best_d, notes, deadline, strategies, fuse)
+            phase["fusion and relayouts"] = time.perf_counter() - t_finish
+            notes.append(_phase_note(phase))
             best_d.stats.update(
                 predicted_us=(pred_ns - gain_ns) / 1000.0, solver_status=status, objective=obj / 1000.0,
                 bound=bound / 1000.0, gap=gap_of(obj, bound), solve_seconds=time.perf_counter() - t0,
@@ -886,8 +960,10 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     else:
         notes.append(f"no valid cpsat plan (status {status}): returning the hint")
     hint_d = replace(hint_d, planner="cpsat", stats={})
-    hint_d, gain_ns = _finish(pg, hw, hint_d, notes, None if deterministic else t0 + limit_s - reserve_s,
-                              strategies, fuse)
+    t_finish = time.perf_counter()
+    hint_d, gain_ns = _finish(pg, hw, hint_d, notes, deadline, strategies, fuse)
+    phase["fusion and relayouts"] = time.perf_counter() - t_finish
+    notes.append(_phase_note(phase))
     solve_s = time.perf_counter() - t0
     hint_d.stats.update(predicted_us=(hint_ns - gain_ns) / 1000.0, solver_status=status,
                         objective=None if obj is None else obj / 1000.0,
@@ -896,6 +972,10 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
                         solve_seconds=solve_s, notes=notes)
     hint_d.op_order = order
     return hint_d
+
+
+def _phase_note(phase: dict[str, float]) -> str:
+    return "time: " + ", ".join(f"{k} {v:.2f} s" for k, v in phase.items())
 
 
 register("cpsat", plan_cpsat)
