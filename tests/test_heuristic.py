@@ -15,7 +15,7 @@ from solver.heuristic import plan_heuristic
 from solver.heuristic_layouts import beam_search_layouts
 from solver.heuristic_lx import LxBuffer, greedy_place
 from solver.heuristic_work import (
-    greedy_split, largest_divisor_at_most, matmul_enumerated_split, matmul_split_cost_us,
+    greedy_split, largest_divisor_at_most, matmul_axes, matmul_enumerated_split, matmul_split_cost_us,
 )
 from solver.planners import plan
 from tests import primgraphs
@@ -136,9 +136,13 @@ def test_matmul_split_enumeration_is_argmin_of_its_cost(M, K, N):
     default = greedy_split(op, gran, HW.cores)
     chosen = matmul_enumerated_split(op, gran, HW, [F16] * 3, default)
 
-    def cost(split):
+    if M == 1:  # upstream's chooser declines a matmul without a row dim: greedy divides it
+        assert matmul_axes(op) is None and chosen is None
+        return
+
+    def cost(split):  # no batch dim: the weight is loaded once (upstream's shared path)
         return matmul_split_cost_us(HW, (1, 1), (M, split.get("m", 1)), (N, split.get("n", 1)),
-                                    (K, split.get("k", 1)), 2)
+                                    (K, split.get("k", 1)), 2, shared_weight=True)
 
     def cores(split):
         n = 1
@@ -155,12 +159,17 @@ def test_matmul_split_enumeration_is_argmin_of_its_cost(M, K, N):
         assert chosen is None
 
 
-def test_matmul_with_broadcast_weight_falls_back_to_greedy():
+def test_matmul_with_broadcast_weight_takes_the_shared_weight_path():
+    """[B,M,K] @ [K,N] (a weight broadcast over the batch): since PR #2829 upstream's chooser
+    prices it (it used to decline): M is the innermost row dim, the batch dim stays a batch
+    dim and the weight counts as loaded once."""
     B, M, K, N = 4, 64, 128, 128
     op = PrimOp("bmm", (IterDim("b", B), IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),
                 (Access("x", (0, 1, 3)), Access("w", (3, 2))), Access("y", (0, 1, 2)), MatmulBody(1, 2, 3))
+    axes = matmul_axes(op)
+    assert axes is not None and axes.m == 1 and axes.batch == (0,) and axes.shared_weight
     gran = split_granules(op, [2, 1], 2, [F16] * 3, HW.stick_bytes)
-    assert matmul_enumerated_split(op, gran, HW, [F16] * 3, greedy_split(op, gran, 32)) is None
+    assert matmul_enumerated_split(op, gran, HW, [F16] * 3, greedy_split(op, gran, 32)) is not None
 
 
 # -- LX first fit --------------------------------------------------------------------------------
