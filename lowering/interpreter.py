@@ -16,7 +16,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from lowering.primitives import (
-    Access, Call, Const, CopyBody, Expr, FillBody, GatherBody, In, MatmulBody, PointwiseBody, PrimGraph, PrimOp,
+    Access, Call, Const, CopyBody, Expr, FillBody, GatherBody, GroupedMatmulBody, In, MatmulBody, PointwiseBody, PrimGraph, PrimOp,
     ReduceBody,
 )
 
@@ -266,6 +266,42 @@ def _run_matmul(op, body: MatmulBody, env, tensors, sizes, cdt):
     return res.reshape(shape)
 
 
+def _run_grouped_matmul(op, body: GroupedMatmulBody, env, tensors, sizes, cdt):
+    """Per group g, the rows whose id is g times w[g] (float32 accumulation); rows whose id
+    is outside [0, G) stay 0. Only the selected products are computed."""
+    mdt = cdt if cdt.kind == "f" else np.dtype(np.float32)
+    if len(op.inputs) != 3:
+        raise InterpreterError(f"{op.id}: grouped matmul needs x, w and the group ids")
+
+    def own(acc, want):
+        a = _to_iter_space(env[acc.tensor], acc, sizes)
+        dims = [d for d in acc.dims if d is not None]
+        if any(d not in want for d in dims):
+            raise InterpreterError(f"{op.id}: {acc.tensor} indexes iteration dims outside {want}")
+        # axes in `want` order, size 1 where the operand does not vary
+        a = a.reshape([sizes[d] if d in dims else 1 for d in range(len(sizes))])
+        return np.transpose(a, list(want) + [d for d in range(len(sizes)) if d not in want]).reshape(
+            [a.shape[d] for d in want])
+
+    x = own(op.inputs[0], (body.m, body.k)).astype(mdt, copy=False)
+    w = own(op.inputs[1], (body.g, body.k, body.n)).astype(mdt, copy=False)
+    gid = own(op.inputs[2], (body.m,)).astype(np.int64)
+    M, N, G = sizes[body.m], sizes[body.n], sizes[body.g]
+    x = np.broadcast_to(x, (M, x.shape[1]))
+    w = np.broadcast_to(w, (G, w.shape[1], N))
+    gid = np.broadcast_to(gid, (M,))
+    res = np.zeros((M, N), dtype=mdt)
+    for g in range(G):
+        rows = np.nonzero(gid == g)[0]
+        if rows.size:
+            res[rows] = np.matmul(x[rows], w[g])
+    shape = [1] * len(sizes)
+    shape[body.m], shape[body.n] = M, N
+    order = sorted([body.m, body.n])
+    res = res if order == [body.m, body.n] else res.T
+    return res.reshape(shape)
+
+
 def _run_gather(op, body: GatherBody, env, tensors, sizes, cdt):
     table = env[op.inputs[0].tensor]
     axes = body.table_axes
@@ -357,6 +393,8 @@ def run_op(op: PrimOp, env: Mapping[str, np.ndarray], tensors) -> np.ndarray:
         res = _run_matmul(op, body, env, tensors, sizes, cdt)
     elif isinstance(body, GatherBody):
         res = _run_gather(op, body, env, tensors, sizes, cdt)
+    elif isinstance(body, GroupedMatmulBody):
+        res = _run_grouped_matmul(op, body, env, tensors, sizes, cdt)
     else:
         raise InterpreterError(f"unknown body {body!r}")
     return store(_from_iter_space(np.asarray(res), op.output, out_t.shape, sizes), out_t.dtype)

@@ -14,6 +14,11 @@ Vocabulary
 The rules, following torch-spyre's `propagate_layouts.py` (DESIGN.md "Layout rules"):
 - matmul: x sticked on k, y sticked on n, output sticked on n (x's padded K lanes meet
   y's zero-padded K rows).
+- grouped_matmul (mixture-of-experts expert matmul): as matmul — x sticked on k, the
+  per-group weights [G, K, N] sticked on n, output sticked on n; the per-row group ids are
+  read whole (`ANY`). The group dim g is a reduction-kind dim (a row takes exactly one
+  group's product): splitting g gives each core its experts' weights and the rows routed
+  to them, combined like a split-K (at most one of g and k is split).
 - pointwise: every operand that indexes the stick iteration dim is sticked on it. An
   operand that does not index it (a broadcast along the stick: a bias row seen from a
   column-sticked op, a keepdim row statistic) is read whole and replicated across the stick
@@ -121,6 +126,12 @@ def stick_options(op: PrimOp) -> list[StickChoice]:
     if kind == "matmul":
         x, y = op.inputs[0], op.inputs[1]
         return [StickChoice(body.n, (_operand_spec(x, body.k), _operand_spec(y, body.n)),
+                            _operand_spec(op.output, body.n))]
+    if kind == "grouped_matmul":
+        # as a matmul: sticks along n (x along k, each group's weight along n); the
+        # per-row group ids are read whole (their layout is not constrained)
+        x, w, gid = op.inputs[0], op.inputs[1], op.inputs[2]
+        return [StickChoice(body.n, (_operand_spec(x, body.k), _operand_spec(w, body.n), _operand_spec(gid, None)),
                             _operand_spec(op.output, body.n))]
     if kind in ("pointwise", "reduce"):
         cands = _out_iter_candidates(op)
@@ -360,8 +371,9 @@ def restickify_prim(op_id: str, src: str, dst: str, shape: Sequence[int]) -> Pri
 
 
 def ex_unit(op: PrimOp) -> str:
-    """Execution unit: matmuls on the PT systolic array, everything else on the SFP."""
-    return "pt" if op.body.kind == "matmul" else "sfp"
+    """Execution unit: matmuls (plain and grouped) on the PT systolic array, everything else
+    on the SFP."""
+    return "pt" if op.body.kind in ("matmul", "grouped_matmul") else "sfp"
 
 
 def opfunc(op: PrimOp) -> str:

@@ -14,6 +14,9 @@ for a size-1 broadcast dim). The body is one of a few kinds:
   regroups dims, slice, im2col windows, cat pieces); the planner decides whether a copy
   is a free alias on the device layout or moves data.
 - ``fill``: out = constant or iota (no tensor inputs).
+- ``grouped_matmul``: out[m, n] = sum_k x[m, k] * w[group[m], k, n] (mixture-of-experts
+  expert matmuls, PT array): a matmul whose weight is chosen per row by an integer group
+  operand; the group (expert) dim is an iteration dim of its own, so it can be split.
 
 All stick, split and residency decisions are expressed over iteration dims, so the
 solver and simulator never look at aten targets. The op rules (which iteration dim each
@@ -122,6 +125,25 @@ class MatmulBody:
 
 
 @dataclass(frozen=True)
+class GroupedMatmulBody:
+    """out[m, n] = sum_g [group[m] == g] * sum_k x[m, k] * w[g, k, n] (a mixture-of-experts
+    expert matmul over tokens grouped by expert).
+
+    Operands: 0 is x (indexes m, k), 1 is w (indexes g, k, n: one weight matrix per group),
+    2 is the per-row group id (integer, indexes m). `g` is a reduction-kind iteration dim:
+    each row takes exactly one group's product (a row whose id is outside [0, G) is 0), so
+    summing over g is a selection, and a core split over g is a split reduction whose
+    partials are exactly zero outside each row's own group. Work is M*N*K multiply-adds
+    (not G*M*N*K): only the selected group's product is computed."""
+
+    m: int
+    n: int
+    k: int
+    g: int
+    kind: Literal["grouped_matmul"] = "grouped_matmul"
+
+
+@dataclass(frozen=True)
 class PointwiseBody:
     expr: Expr
     kind: Literal["pointwise"] = "pointwise"
@@ -188,7 +210,7 @@ class FillBody:
     kind: Literal["fill"] = "fill"
 
 
-Body = Union[MatmulBody, PointwiseBody, ReduceBody, GatherBody, CopyBody, FillBody]
+Body = Union[MatmulBody, PointwiseBody, ReduceBody, GatherBody, CopyBody, FillBody, GroupedMatmulBody]
 
 
 @dataclass(frozen=True)
@@ -233,7 +255,8 @@ class PrimGraph:
 # -- JSON form (embedded in SuperDSC programs; see docs/superdsc.md) ---------------------
 _EXPR_TYPES = {"in": In, "const": Const, "call": Call}
 _BODY_TYPES = {b.__dataclass_fields__["kind"].default: b
-               for b in (MatmulBody, PointwiseBody, ReduceBody, GatherBody, CopyBody, FillBody)}
+               for b in (MatmulBody, PointwiseBody, ReduceBody, GatherBody, CopyBody, FillBody,
+                          GroupedMatmulBody)}
 
 
 def _float_json(v: float):
@@ -286,6 +309,8 @@ def body_to_json(b: Body) -> dict:
                 "start": b.start, "step": b.step}
     if isinstance(b, MatmulBody):
         return {"kind": "matmul", "m": b.m, "n": b.n, "k": b.k}
+    if isinstance(b, GroupedMatmulBody):
+        return {"kind": "grouped_matmul", "m": b.m, "n": b.n, "k": b.k, "g": b.g}
     return {"kind": "gather", "axis": b.axis,
             **({"extra_axes": list(b.extra_axes)} if b.extra_axes else {})}
 
@@ -306,6 +331,8 @@ def body_from_json(d: dict) -> Body:
         return FillBody(_float_from(d["value"]), d["iota_dim"], d["start"], d["step"])
     if kind == "matmul":
         return MatmulBody(int(d["m"]), int(d["n"]), int(d["k"]))
+    if kind == "grouped_matmul":
+        return GroupedMatmulBody(int(d["m"]), int(d["n"]), int(d["k"]), int(d["g"]))
     if kind == "gather":
         return GatherBody(int(d["axis"]), extra_axes=tuple(int(a) for a in d.get("extra_axes", ())))
     raise ValueError(f"unknown body kind {kind!r}")

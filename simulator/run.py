@@ -8,7 +8,9 @@ layout order with the stick dim padded to whole sticks. Each op runs per core on
 slice (`core_slices`): the core reads its operand boxes from device memory or from ITS LX
 bytes (addresses computed from the producer's slicing), computes its slice with the
 reference semantics (lowering.interpreter.run_op on the local loop nest: float32 compute,
-float32 matmul accumulation), and writes its output box back in the output's layout. A split
+float32 matmul accumulation; a grouped matmul core holding experts [g0, g1) shifts the
+per-row expert ids by g0, so it computes exactly the rows routed to its experts), and
+writes its output box back in the output's layout. A split
 reduction dim is combined across cores (partials kept in float32, rounded once).
 
 A fused coarse-tiled kernel (consecutive ops with equal `superdsc.fused_group_key`) that
@@ -246,7 +248,7 @@ class Machine:
                 raise RunError(f"{o.id}: {e}") from e
             results.append((core, operand_box(prim, -1, rng, out_t.shape), out))
         if partial or tiled_reduction:
-            fn = "matmul" if prim.body.kind == "matmul" else prim.body.fn
+            fn = "matmul" if prim.body.kind in ("matmul", "grouped_matmul") else prim.body.fn
             groups: dict[Box, list] = {}
             for core, box, out in results:
                 groups.setdefault(box, []).append((core, out))
@@ -296,6 +298,13 @@ def compute_slice(prim: PrimOp, ranges, arrays: list, in_dtypes: list[str], out_
         tensors[out_t.id] = PrimTensor(out_t.id, tuple(out_t.shape), out_dtype)
         full = reference_op(PrimOp(prim.id, prim.iter_dims, inputs, prim.output, prim.body), env, tensors)
         return np.asarray(full)[tuple(slice(a, b) for a, b in out_box)]
+    if prim.body.kind == "grouped_matmul":
+        # the group ids are global expert numbers; a core holding experts [g0, g1) (its w
+        # box) computes the rows routed to them, numbered from 0 in its local loop nest
+        g0 = ranges[prim.body.g][0]
+        if g0:
+            env[names[2]] = np.asarray(env[names[2]]).astype(np.int64) - g0
+            tensors[names[2]] = PrimTensor(names[2], tuple(arrays[2].shape), "int64")
     local = PrimOp(prim.id, tuple(IterDim(d.name, b - a, d.kind) for d, (a, b) in zip(prim.iter_dims, ranges)),
                    inputs, prim.output, prim.body)
     tensors[out_t.id] = PrimTensor(out_t.id, tuple(b - a for a, b in out_box), out_dtype)

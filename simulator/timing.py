@@ -39,6 +39,9 @@ slowest core is done):
   core reads inside the box that core wrote reads nothing from device memory; a result
   stored in device memory is still written there), and it pays the loop overhead once.
 - a split reduction dim combines partial sums over the ring.
+- grouped (mixture-of-experts) matmuls are priced by their own terms (section "grouped
+  matmul" below) on the matmul PT rate: only routed rows are computed, only the experts a
+  core's rows reach are loaded, a split over experts writes disjoint rows (no ring).
 """
 from __future__ import annotations
 
@@ -372,6 +375,9 @@ class OpTimer:
                                                 out_td.layout, td.dtype)
                 else:
                     per_core[ci] = box_lx_bytes(_box(prim, idx, cl.extents, td.shape), td.layout, td.dtype)
+            if body.kind == "grouped_matmul" and idx in (0, 1):
+                per_core = {ci: grouped_operand_bytes(prim, idx, cl.extents, b) for (ci, b), cl
+                            in zip(per_core.items(), classes)}
             operands.append((idx, acc.tensor, repl, per_core))
         g = _OpGeometry(prim, classes, split, sum(len(c.cores) for c in classes), operands)
         self._geom[op.id] = g
@@ -396,6 +402,7 @@ class OpTimer:
         ot.cores = n_cores
         body = prim.body
         is_matmul = isinstance(body, MatmulBody)
+        is_grouped = body.kind == "grouped_matmul"
 
         # operands
         operands: list[_Operand] = []
@@ -459,7 +466,7 @@ class OpTimer:
                 if self._loaded_on_chip(prim, op, acc_idx[id(o)], o.tensor, group_loaded):
                     ot.effects.append(f"fused: {tid} already on chip")
                     continue
-            if is_matmul and o.replication > 1:
+            if (is_matmul or is_grouped) and o.replication > 1:
                 # one read on the bus, delivered to the f cores that share it
                 unique = total_core / o.replication
                 delivery_ns += hw.shared_read_delivery_ns(unique, o.replication)
@@ -516,7 +523,7 @@ class OpTimer:
         # streamed-tile efficiency (non-matmul): small per-core tiles underfill the stream.
         # The tile is the largest operand's per-core box for one temporal tile: its rows are
         # everything outside the stick dim, its width the stick-dim extent.
-        if not is_matmul and mem_ns > 0 and op.kind == "compute":
+        if not (is_matmul or is_grouped) and mem_ns > 0 and op.kind == "compute":
             cand = [(i, o) for i, o in zip([i for i, _ in accesses], operands)
                     if not (body.kind in ("copy", "gather") and not o.is_output)]
             idx, big = max(cand, key=lambda io: max(io[1].per_core.values()))
@@ -582,6 +589,10 @@ class OpTimer:
                     pts *= (-(-e // per_stick) * per_stick) if i == stick_iter else e
                 sticks = pts / per_stick
                 comp_ns[ci] = sticks * cycles / hw.sfp_sticks_per_ns_per_core
+        elif is_grouped and op.kind == "compute":
+            comp_ns = grouped_compute_ns(prim, classes, hw, dtype_in)
+            ot.macs = int(sum(grouped_rows(prim, cl.extents) * cl.extents[body.n] * cl.extents[body.k]
+                              * len(cl.cores) for cl in classes))
         elif body.kind in ("copy", "gather") and op.kind == "compute":
             # LX-to-LX data movement is an on-chip shuffle
             if lx_core_bytes > 0:
@@ -611,7 +622,11 @@ class OpTimer:
 
         # ring: a split reduction dim sums partials across the cores of the split
         ring_ns = 0.0
-        if red_split > 1:
+        if is_grouped and red_split > 1 and split.get(prim.iter_dims[body.g].name, 1) == red_split:
+            # a split over experts only: each core writes the rows routed to its experts,
+            # disjoint from every other core's (nothing to sum)
+            ot.effects.append(f"expert split x{red_split}: disjoint rows")
+        elif red_split > 1:
             out = operands[-1]
             part = max(out.per_core.values())
             ring_ns = hw.ring_combine_ns(red_split, part)
@@ -655,6 +670,64 @@ class OpTimer:
         ot._body_ns = worst_ns  # type: ignore[attr-defined]
         ot.bound_by = _bound_by(worst_mem - repl_ns, repl_ns, worst_comp, ring_ns, overhead_ns)
         return ot
+
+
+# -- grouped matmul (mixture of experts) ------------------------------------------------------
+# The rows of a grouped matmul are (token, slot) pairs sorted by expert; which expert each
+# row takes is data. Static pricing assumes uniform routing: each of the M rows goes to
+# one of the G experts with equal probability. Rates are the matmul ones (sustained PT
+# rate, pass efficiency, whole-stick K and N); no new hardware number is involved.
+def grouped_experts_hit(rows: float, groups: int) -> float:
+    """Expected distinct experts among `rows` uniformly routed rows (G (1 - (1 - 1/G)^rows))."""
+    if groups <= 1:
+        return float(groups)
+    return groups * (1.0 - (1.0 - 1.0 / groups) ** rows)
+
+
+def grouped_rows(prim: PrimOp, extents: tuple[int, ...]) -> float:
+    """Rows one core computes: its M slice times the share of experts it holds."""
+    b = prim.body
+    G = prim.iter_dims[b.g].size
+    return extents[b.m] * extents[b.g] / max(1, G)
+
+
+def grouped_core_experts(prim: PrimOp, extents: tuple[int, ...]) -> float:
+    """Experts whose weights one core loads: those its rows reach. The core's rows are a
+    contiguous block of the expert-sorted rows restricted to its experts, so they span at
+    most their share of the experts hit plus one boundary."""
+    b = prim.body
+    G, M = prim.iter_dims[b.g].size, prim.iter_dims[b.m].size
+    g_core, m_core = extents[b.g], extents[b.m]
+    hit = grouped_experts_hit(M, G)
+    span = hit * m_core / max(1, M) + (1.0 if m_core < M else 0.0)
+    return max(min(1.0, g_core), min(g_core * hit / max(1, G), span, float(g_core)))
+
+
+def grouped_operand_bytes(prim: PrimOp, operand: int, extents: tuple[int, ...], box_bytes: float) -> float:
+    """Device bytes one core moves for x (operand 0: only the rows routed to its experts)
+    or the expert weights (operand 1: only the experts its rows reach)."""
+    b = prim.body
+    G = prim.iter_dims[b.g].size
+    if operand == 0:
+        return box_bytes * extents[b.g] / max(1, G)
+    return box_bytes * grouped_core_experts(prim, extents) / max(1, extents[b.g])
+
+
+def grouped_compute_ns(prim: PrimOp, classes: list, hw: Hardware, dtype: str) -> dict[int, float]:
+    """PT time per tile class: the routed rows times the core's N and K slices (padded to
+    whole sticks), at the sustained rate derated by the rows of one expert's pass."""
+    b = prim.body
+    rate = hw.pt_mac_per_ns(dtype, "sustained")
+    stick = hw.elems_per_stick(dtype)
+    out = {}
+    for ci, cl in enumerate(classes):
+        rows = grouped_rows(prim, cl.extents)
+        n_pad = -(-cl.extents[b.n] // stick) * stick
+        k_pad = -(-cl.extents[b.k] // stick) * stick
+        experts = max(1.0, grouped_core_experts(prim, cl.extents))
+        eff = hw.pt_pass_efficiency(max(1, int(math.ceil(rows / experts))))
+        out[ci] = rows * n_pad * k_pad / (rate * eff)
+    return out
 
 
 def _bound_by(mem: float, repl: float, comp: float, ring: float, overhead: float) -> str:

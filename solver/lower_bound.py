@@ -93,6 +93,9 @@ def _compute_ns(op: PrimOp, pg: PrimGraph, hw, rate_kind: str) -> float:
     dtype = pg.tensors[op.inputs[0].tensor].dtype if op.inputs else pg.tensors[op.output.tensor].dtype
     if kind == "matmul":
         return _points(op) / (hw.pt_mac_per_ns(dtype, rate_kind) * hw.cores)
+    if kind == "grouped_matmul":
+        # each row takes one expert's product: M*N*K multiply-adds, not G times that
+        return _points(op) / op.iter_dims[op.body.g].size / (hw.pt_mac_per_ns(dtype, "sustained") * hw.cores)
     if kind in ("pointwise", "reduce"):
         sticks = _points(op) / stick_elems(dtype, hw.stick_bytes)
         return sticks / (hw.sfp_sticks_per_ns_per_core * hw.cores)
