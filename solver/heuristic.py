@@ -11,8 +11,10 @@ Pipeline, in upstream's pass order (torch_spyre/_inductor/passes.py):
 3. core work division: the matmul split enumeration, then greedy largest-divisor
    distribution over output dims with at most one reduction dim (`solver.heuristic_work`);
    restickify ops are divided like any other op;
-4. LX planning: upstream's eligibility rules and greedy first-fit placement without
-   eviction (`solver.heuristic_lx`).
+4. LX planning: upstream's eligibility rules (a denylist, PR #4065) and greedy first-fit
+   placement without eviction (`solver.heuristic_lx`); a restickify of a tensor that may
+   stay in LX keeps its producer's core ownership and may read it from LX (PR #4153),
+   and one whose source and copy are both placed runs on chip as an LX relayout (#3439).
 Views that are free on the device layout (a reshape of outer dims) are claimed as aliases,
 as Inductor's ReinterpretView makes them free upstream.
 
@@ -28,13 +30,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from lowering.op_rules import (
-    ANY, copy_is_alias, restickify_prim, split_granules,
+    ANY, check_split, copy_is_alias, restickify_prim, split_granules,
 )
 from lowering.primitives import PrimGraph, PrimOp
 from simulator.geometry import (
-    box_lx_bytes, core_ranges, default_core_slices, make_layout, operand_box, padded,
+    box_contains, box_lx_bytes, core_ranges, default_core_slices, make_layout, operand_box, padded,
     reduction_split,
 )
+from simulator.superdsc import CoreSlice
 from solver.heuristic_layouts import BEAM_WIDTH, beam_search_layouts
 from solver.heuristic_lx import LxBuffer, greedy_place, lx_eligible_op
 from solver.heuristic_work import divide_work
@@ -50,6 +53,7 @@ class _Step:
     granules: dict[int, int]
     restick_of: Optional[str] = None   # restick id, for restickify steps
     alias: bool = False
+    slices: Optional[list] = None      # explicit core -> slice map (CoreSlice list)
 
 
 def linear_weight_sticks(pg: PrimGraph) -> dict[str, int]:
@@ -73,7 +77,12 @@ def linear_weight_sticks(pg: PrimGraph) -> dict[str, int]:
 
 def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                    hint=None, lx_planning: bool = True, beam_width: int = BEAM_WIDTH,
-                   linear_weight_layout: bool = True, **_ignored) -> PlanDecisions:
+                   linear_weight_layout: bool = True, lx_planner_relayout: bool = True,
+                   **_ignored) -> PlanDecisions:
+    """`lx_planner_relayout` is upstream's `SPYRE_LX_PLANNER_RELAYOUT` (default on): a
+    restickify keeps its producer's ownership and may read and write LX (PR #4153; on
+    chip as an LX relayout, #3439). Off: every restickify reads and writes device memory
+    (upstream's restickify barrier)."""
     stick_bytes = hw.stick_bytes
     decisions = PlanDecisions(planner="heuristic")
     if linear_weight_layout:
@@ -84,22 +93,37 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
     dtypes = {t.id: t.dtype for t in pg.tensors.values()}
 
     steps: list[_Step] = []
+    producer_step: dict[str, _Step] = {}
+    outputs = set(pg.outputs)
     for op in pg.ops:
         ch = layouts.choices[op.id]
         effective = []
+        reads = []   # the op's accesses with restickified inputs read from their copies
         for spec, acc in zip(ch.inputs, op.inputs):
             t = acc.tensor
             if spec is None or spec == ANY or spec == stick_of[t]:
                 effective.append(stick_of[t])
+                reads.append(acc)
                 continue
             rid = restick_id(t, spec)
+            reads.append(type(acc)(rid, acc.dims))
             if rid not in stick_of:
                 stick_of[rid], shapes[rid], dtypes[rid] = spec, shapes[t], dtypes[t]
                 prim = restickify_prim(f"restick:{rid}", t, rid, shapes[t])
                 gran = split_granules(prim, [stick_of[t]], spec, [dtypes[t]] * 2, stick_bytes)
                 split = divide_work(prim, gran, hw, [dtypes[t]] * 2)
-                decisions.restick_ops[rid] = OpPlan(core_split=split)
-                steps.append(_Step(prim, split, gran, restick_of=rid))
+                step = _Step(prim, split, gran, restick_of=rid)
+                prod = producer_step.get(t)
+                if lx_planning and lx_planner_relayout and prod is not None and t not in outputs \
+                        and _may_stay_in_lx(prod):
+                    kept = _follow_ownership(prod, step)
+                    if kept is not None:
+                        step = kept
+                decisions.restick_ops[rid] = OpPlan(
+                    core_split=step.split,
+                    core_slices=None if step.slices is None else [(c.core, dict(c.slice)) for c in step.slices])
+                steps.append(step)
+                producer_step[rid] = step
             effective.append(spec)
         dts = [dtypes[a.tensor] for a in op.inputs] + [dtypes[op.output.tensor]]
         gran = split_granules(op, effective, ch.output, dts, stick_bytes)
@@ -108,20 +132,25 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
         if alias:
             split = {}  # nothing moves
         decisions.ops[op.id] = OpPlan(stick=ch, core_split=split, alias=alias)
-        steps.append(_Step(op, split, gran, alias=alias))
+        prim = op if tuple(reads) == op.inputs else PrimOp(op.id, op.iter_dims, tuple(reads), op.output,
+                                                           op.body, op.source)
+        steps.append(_Step(prim, split, gran, alias=alias))
+        producer_step[op.output.tensor] = steps[-1]
 
     notes = [f"{len(decisions.input_sticks)} Linear weights transferred sticked on out_features",
              f"beam search (width {beam_width}): {layouts.restick_elements} elements restickified, "
              f"{len(decisions.restick_ops)} restickify ops"]
     if lx_planning:
-        buffers = _lx_buffers(pg, steps, stick_of, shapes, dtypes, hw)
+        buffers = _lx_buffers(pg, steps, stick_of, shapes, dtypes, hw, lx_planner_relayout)
         greedy_place(buffers, hw.lx_capacity_bytes, stick_bytes)
         placed = [b for b in buffers if b.address is not None]
         for b in placed:
             decisions.resident[b.name] = Residency(lx_address=b.address, size_per_core=b.size)
         dropped = _fit_bundles(pg, hw, steps, decisions)
+        relayouts = sum(1 for st in steps if st.restick_of is not None and st.restick_of in decisions.resident
+                        and st.prim.inputs[0].tensor in decisions.resident)
         notes.append(f"LX: {len(buffers)} eligible buffers, {len(placed)} placed first-fit, "
-                     f"{dropped} dropped for bundle limits")
+                     f"{dropped} dropped for bundle limits, {relayouts} restickifies on chip (LX relayout)")
     decisions.stats["notes"] = notes
     return decisions
 
@@ -136,14 +165,47 @@ def _free_alias(op: PrimOp, stick_of, shapes, dtypes, stick_bytes: int) -> bool:
                          stick_bytes)
 
 
+def _may_stay_in_lx(step: _Step) -> bool:
+    """The producer-side gates of LX eligibility (the reader-side ones need every reader)."""
+    return not step.alias and lx_eligible_op(step.prim) and not reduction_split(step.prim, step.split)
+
+
+def _follow_ownership(producer: _Step, restick: _Step) -> Optional[_Step]:
+    """The restickify `restick` sliced the way `producer` wrote its source, core by core
+    (PR #4153: ownership is preserved through a restickify, so each core copies what it
+    holds); None when the producer's split does not index the tensor (a split along a dim
+    the tensor lacks) or cuts the copy's stick dim inside a stick (upstream then keeps
+    the restickify's own division and the barrier)."""
+    out_dims = producer.prim.output.dims
+    names = {i: d.name for i, d in enumerate(producer.prim.iter_dims)}
+    rename: dict[str, str] = {}
+    split: dict[str, int] = {}
+    for j, d in enumerate(out_dims):
+        if d is not None and producer.split.get(names[d], 1) > 1:
+            rename[names[d]] = restick.prim.iter_dims[j].name
+            split[rename[names[d]]] = producer.split[names[d]]
+    if not split or set(producer.split) - set(rename):
+        return None
+    if check_split(restick.prim, split, restick.granules, len(default_core_slices(producer.prim, producer.split))):
+        return None  # the producer splits the copy's stick dim finer than whole sticks
+    src = producer.slices if producer.slices is not None else default_core_slices(producer.prim, producer.split)
+    slices = [CoreSlice(core=c.core, slice={rename[n]: v for n, v in c.slice.items()}) for c in src]
+    return _Step(restick.prim, split, restick.granules, restick_of=restick.restick_of, slices=slices)
+
+
 def _per_core_boxes(step: _Step, operand: int, shape) -> dict:
-    slices = default_core_slices(step.prim, step.split) if step.split else []
+    if step.slices is not None:
+        slices = step.slices
+    else:
+        slices = default_core_slices(step.prim, step.split) if step.split else []
     return {c: operand_box(step.prim, operand, rng, shape)
             for c, rng in core_ranges(step.prim, step.split, slices, step.granules).items()}
 
 
-def _lx_buffers(pg: PrimGraph, steps: list[_Step], stick_of, shapes, dtypes, hw) -> list[LxBuffer]:
-    """Candidate LX buffers in program order, upstream's eligibility rules applied."""
+def _lx_buffers(pg: PrimGraph, steps: list[_Step], stick_of, shapes, dtypes, hw,
+                relayout: bool = True) -> list[LxBuffer]:
+    """Candidate LX buffers in program order, upstream's eligibility rules applied
+    (solver.heuristic_lx names them)."""
     outputs = set(pg.outputs)
     readers: dict[str, list[tuple[int, int]]] = {}
     for k, st in enumerate(steps):
@@ -151,21 +213,46 @@ def _lx_buffers(pg: PrimGraph, steps: list[_Step], stick_of, shapes, dtypes, hw)
             readers.setdefault(acc.tensor, []).append((k, i))
     buffers = []
     for k, st in enumerate(steps):
-        if st.restick_of is not None or st.alias or not lx_eligible_op(st.prim):
+        if not _may_stay_in_lx(st):
             continue
         t = st.prim.output.tensor
         uses = readers.get(t, [])
-        if t in outputs or not uses or reduction_split(st.prim, st.split):
+        if t in outputs or not uses:
             continue
+        if st.restick_of is not None and not relayout:
+            continue  # restickify barrier: its copy goes through device memory
         if any(steps[r].alias for r, _ in uses):
             continue  # an alias view shares device-memory bytes
+        if not relayout and any(steps[r].restick_of is not None for r, _ in uses):
+            continue  # restickify barrier: a restickify reads device memory
+        if any(steps[r].prim.body.kind == "gather" and i == 0 for r, i in uses):
+            continue  # read through an index (upstream's indirect-access gate)
         written = _per_core_boxes(st, -1, shapes[t])
-        if any(_per_core_boxes(steps[r], i, shapes[t]) != written for r, i in uses):
-            continue  # core division mismatch: stays in device memory
+        full = tuple((0, n) for n in shapes[t])
+        ok = True
+        for r, i in uses:
+            read = _per_core_boxes(steps[r], i, shapes[t])
+            if not _covers(read.values(), full):
+                ok = False  # read only in part (upstream's partial-read gate)
+                break
+            if any(c not in written or not box_contains(written[c], b) for c, b in read.items()):
+                ok = False  # a core would read what another core wrote: no cross-core LX copy
+                break
+        if not ok:
+            continue
         layout = make_layout(shapes[t], dtypes[t], stick_of[t], hw.stick_bytes)
         size = max(box_lx_bytes(box, layout, dtypes[t]) for box in written.values())
         buffers.append(LxBuffer(t, padded(size, hw.stick_bytes), sorted({k} | {r for r, _ in uses})))
     return buffers
+
+
+def _covers(boxes, full) -> bool:
+    """Whether the boxes' bounding box is the whole tensor (a box: (lo, hi) per dim)."""
+    boxes = [b for b in boxes if all(hi > lo for lo, hi in b)]
+    if not boxes:
+        return False
+    return all(min(b[j][0] for b in boxes) == full[j][0] and max(b[j][1] for b in boxes) == full[j][1]
+               for j in range(len(full)))
 
 
 def _fit_bundles(pg: PrimGraph, hw, steps: list[_Step], decisions: PlanDecisions) -> int:

@@ -1,13 +1,20 @@
 """Scratchpad (LX) placement the torch-spyre way (`scratchpad/allocator.py`,
 `scratchpad/plan_solver.py`): which buffers may live in LX, and where.
 
-Eligibility (upstream `DefaultAllocator._filter_ops` / `_build_bound_buffers`):
-- only outputs of the op kinds upstream whitelists (`OP_OUTPUT_GOOD_FOR_LX_REUSE`: max/amax,
-  sum, exp, sub, mul, mean, add, rsqrt); never graph inputs or outputs (boundary clones are
-  off by default upstream); never a buffer nobody reads;
-- every user must see the same per-core slice (upstream `get_ncores_for_buffers`: a core
-  division mismatch leaves the buffer in device memory), and a producer whose reduction dim
-  is split across cores (partial sums on each core) disqualifies it.
+Eligibility (upstream `ScratchpadAllocator` in `scratchpad/allocator.py`, the op filter in
+`scratchpad/utils.py`):
+- every op's output may be pinned except the ops upstream denies
+  (`OP_OUTPUT_NOT_GOOD_FOR_LX_REUSE`, a denylist since PR #4065: convolution, avg_pool2d);
+  a restickify's copy too (PR #4153: a restickify keeps its producer's ownership and may
+  read and write LX, which makes it an on-chip relayout);
+- never graph inputs or outputs: upstream clones them at the graph boundary (always on
+  since #4065), but our program model cannot add a clone op, so they stay in device memory;
+- never a buffer nobody reads, one read through an index (a gather's table: upstream's
+  indirect-access gate), one read only in part (upstream's partial-read gate);
+- every reader must find, on each core, what it reads inside what the producer wrote on
+  that core (upstream resolves other core-division mismatches by an on-chip LX relayout,
+  PR #3439; our program model has no cross-core LX copy, so those stay in device memory),
+  and a producer whose reduction dim is split across cores (partial sums) disqualifies it.
 
 Placement (upstream default `GreedyLayoutSolver`): walk the op indices where some buffer's
 lifetime starts or ends; free the buffers whose lifetime ended, then place each starting
@@ -25,8 +32,10 @@ from typing import Optional
 
 from lowering.primitives import Call, PrimOp
 
-# Upstream OP_OUTPUT_GOOD_FOR_LX_REUSE ("amax" is the lowered form of "max").
-LX_ELIGIBLE_OPS = frozenset({"max", "amax", "sum", "exp", "sub", "mul", "mean", "add", "rsqrt"})
+# Upstream OP_OUTPUT_NOT_GOOD_FOR_LX_REUSE (scratchpad/utils.py, a denylist since PR #4065;
+# it replaced the allowlist OP_OUTPUT_GOOD_FOR_LX_REUSE): a strided direct conv miscomputes
+# with its output in LX, and a windowed pool's operand paged through LX aborts the backend.
+LX_DENIED_OPS = frozenset({"convolution", "avg_pool2d"})
 
 
 @dataclass
@@ -62,7 +71,7 @@ def upstream_op_name(op: PrimOp) -> str:
 
 
 def lx_eligible_op(op: PrimOp) -> bool:
-    return upstream_op_name(op) in LX_ELIGIBLE_OPS
+    return upstream_op_name(op) not in LX_DENIED_OPS
 
 
 def _align(n: int, alignment: int) -> int:
