@@ -469,6 +469,8 @@ class OpTimer:
             if (is_matmul or is_grouped) and o.replication > 1:
                 # one read on the bus, delivered to the f cores that share it
                 unique = total_core / o.replication
+                if is_grouped and acc_idx[id(o)] == 1:
+                    unique = max(unique, grouped_weight_floor(prim, o.tensor))
                 delivery_ns += hw.shared_read_delivery_ns(unique, o.replication)
                 ot.effects.append(f"shared x{o.replication}: {tid}")
                 r_shared += unique
@@ -692,15 +694,17 @@ def grouped_rows(prim: PrimOp, extents: tuple[int, ...]) -> float:
 
 
 def grouped_core_experts(prim: PrimOp, extents: tuple[int, ...]) -> float:
-    """Experts whose weights one core loads: those its rows reach. The core's rows are a
-    contiguous block of the expert-sorted rows restricted to its experts, so they span at
-    most their share of the experts hit plus one boundary."""
+    """Experts whose weights one core loads (an expectation: a fraction when the core's
+    experts may get no row): those its rows reach. The core's rows are a contiguous block
+    of the expert-sorted rows restricted to its experts, so they span at most their share
+    of the experts hit plus one boundary. Per-core imbalance of real routing (a decode
+    token's two experts on two cores, the others idle) is not modelled."""
     b = prim.body
     G, M = prim.iter_dims[b.g].size, prim.iter_dims[b.m].size
     g_core, m_core = extents[b.g], extents[b.m]
     hit = grouped_experts_hit(M, G)
     span = hit * m_core / max(1, M) + (1.0 if m_core < M else 0.0)
-    return max(min(1.0, g_core), min(g_core * hit / max(1, G), span, float(g_core)))
+    return min(g_core * hit / max(1, G), span, float(g_core))
 
 
 def grouped_operand_bytes(prim: PrimOp, operand: int, extents: tuple[int, ...], box_bytes: float) -> float:
@@ -711,6 +715,15 @@ def grouped_operand_bytes(prim: PrimOp, operand: int, extents: tuple[int, ...], 
     if operand == 0:
         return box_bytes * extents[b.g] / max(1, G)
     return box_bytes * grouped_core_experts(prim, extents) / max(1, extents[b.g])
+
+
+def grouped_weight_floor(prim: PrimOp, td: TensorDecl) -> float:
+    """Bytes of the expert weights that cross the bus at least: the experts the op's rows
+    reach (cores split over rows read different experts, not one shared box)."""
+    b = prim.body
+    G = prim.iter_dims[b.g].size
+    whole = box_lx_bytes(tuple((0, s) for s in td.shape), td.layout, td.dtype)
+    return whole * grouped_experts_hit(prim.iter_dims[b.m].size, G) / max(1, G)
 
 
 def grouped_compute_ns(prim: PrimOp, classes: list, hw: Hardware, dtype: str) -> dict[int, float]:

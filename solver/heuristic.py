@@ -67,12 +67,33 @@ def linear_weight_sticks(pg: PrimGraph) -> dict[str, int]:
 
     out: dict[str, int] = {}
     for op in pg.ops:
+        if op.body.kind == "grouped_matmul":
+            # mixture-of-experts weights [E, out, in] are loaded the same way, per expert:
+            # sticked on the out dim (1) the grouped matmul's weight rule needs
+            w = pg.tensors[op.inputs[1].tensor]
+            if w.role == "parameter" and len(w.shape) == 3 and stick_options(op)[0].inputs[1] == 1:
+                out[w.id] = 1
+            continue
         if op.body.kind != "matmul" or len(op.inputs) < 2:
             continue
         w = pg.tensors[op.inputs[1].tensor]
         if w.role == "parameter" and len(w.shape) == 2 and stick_options(op)[0].inputs[1] == 0:
             out[w.id] = 0
     return out
+
+
+def _grouped_span_split(op: PrimOp, split: dict[str, int], gran, sticks, ch, shapes, dtypes, hw) -> dict[str, int]:
+    """A grouped matmul's split brought under the per-core span limit the way torch-spyre's
+    span-reduction pass does (solver/naive.py: span_reduced_split): its expert weights
+    exceed the limit unless the experts (or their rows) are divided among the cores."""
+    from simulator.geometry import make_layout
+    from solver.naive import span_reduced_split
+
+    names = [a.tensor for a in op.inputs] + [op.output.tensor]
+    all_sticks = list(sticks) + [ch.output]
+    layouts = {n: make_layout(shapes[n], dtypes[n], s, hw.stick_bytes) for n, s in zip(names, all_sticks)}
+    return span_reduced_split(op, split, gran, layouts, {n: shapes[n] for n in names},
+                              {n: dtypes[n] for n in names}, hw)
 
 
 def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
@@ -128,6 +149,8 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
         dts = [dtypes[a.tensor] for a in op.inputs] + [dtypes[op.output.tensor]]
         gran = split_granules(op, effective, ch.output, dts, stick_bytes)
         split = divide_work(op, gran, hw, dts)
+        if op.body.kind == "grouped_matmul":
+            split = _grouped_span_split(op, split, gran, effective, ch, shapes, dtypes, hw)
         alias = _free_alias(op, stick_of, shapes, dtypes, stick_bytes)
         if alias:
             split = {}  # nothing moves

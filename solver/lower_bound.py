@@ -102,6 +102,19 @@ def _compute_ns(op: PrimOp, pg: PrimGraph, hw, rate_kind: str) -> float:
     return 0.0
 
 
+def _compulsory_bytes(pg: PrimGraph, op: PrimOp, acc) -> int:
+    """Bytes of graph input `acc.tensor` the op must load. A grouped matmul's expert
+    weights: only the experts its rows reach, as the timing model prices them (expected
+    experts hit under uniform routing, simulator/timing.py "grouped matmul")."""
+    n = _logical_bytes(pg, acc.tensor)
+    if op.body.kind == "grouped_matmul" and acc is op.inputs[1]:
+        from simulator.timing import grouped_experts_hit
+
+        G = op.iter_dims[op.body.g].size
+        n = int(n * grouped_experts_hit(op.iter_dims[op.body.m].size, G) / max(1, G))
+    return n
+
+
 def _logical_bytes(pg: PrimGraph, tensor: str) -> int:
     t = pg.tensors[tensor]
     return t.numel * DTYPE_BYTES[t.dtype]
@@ -118,7 +131,7 @@ def lower_bound(pg: PrimGraph, hw) -> LowerBound:
             t = acc.tensor
             if t not in produced and t not in loaded:
                 loaded.add(t)
-                moved += _logical_bytes(pg, t)
+                moved += _compulsory_bytes(pg, op, acc)
         if op.output.tensor in outputs:
             moved += _logical_bytes(pg, op.output.tensor)
         ops.append(OpBound(op.id, _compute_ns(op, pg, hw, "sustained"), moved,

@@ -200,6 +200,8 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
             any_forbidden[i] = frozenset(bad)
             ok = [c for c in ctx.possible_sticks[acc.tensor] if c not in bad]
             layouts[acc.tensor] = ctx.layout(acc.tensor, ok[0])
+    if op.body.kind == "grouped_matmul" and not _grouped_spans_fit(op, ctx, split, base, layouts):
+        return None
     slices = default_core_slices(op, split) if split else []
     ranges = core_ranges(op, split, slices, base)
     out_t = op.output.tensor
@@ -212,6 +214,19 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
     return Strategy(ch, split, dict(tiles or {}), alias, in_sticks, ch.output,
                     padded(out_lx, hw.stick_bytes), reduction_split(op, split), parts, any_forbidden,
                     view, tuple(may), ranges)
+
+
+def _grouped_spans_fit(op: PrimOp, ctx: GraphContext, split: dict[str, int], gran: dict[int, int],
+                       layouts: dict) -> bool:
+    """A grouped (mixture-of-experts) matmul's expert weights are the largest tensor of a
+    layer (Mixtral-8x7B: 1.8 GB): a split whose first core would span more than
+    `per_core_span_bytes` of an operand is no strategy (the validator refuses it)."""
+    from simulator.geometry import first_slice_spans
+
+    names = [a.tensor for a in op.inputs] + [op.output.tensor]
+    spans = first_slice_spans(op, split, gran, {n: layouts[n] for n in names},
+                              {n: ctx.shapes[n] for n in names}, {n: ctx.dtypes[n] for n in names})
+    return max(spans.values()) <= ctx.hw.per_core_span_bytes
 
 
 def alias_strategy(op: PrimOp, ctx: GraphContext) -> Optional[Strategy]:

@@ -20,6 +20,9 @@ Suites:
 - sweep: matmul/bmm shapes over batch sizes: linear layers [M,4096]x[4096,N] for decode-
   to prefill-sized M, attention-shaped bmm over batch (heads) counts.
 - tiny: the same layer kinds at toy sizes, for fast tests of the bench command.
+- moe: the sparse mixture-of-experts block of Mixtral-8x7B (hidden 4096, expert FFN 14336,
+  8 experts, top-2; router, routing, grouped expert matmuls, scatter back) over a 512-token
+  prefill and one decode token, with transformers' default `grouped_mm` experts.
 """
 from __future__ import annotations
 
@@ -251,6 +254,27 @@ def _gpt2(seq: int, **cfg_kw):
     return build
 
 
+def mixtral_8x7b_config(**overrides):
+    from transformers import MixtralConfig
+
+    kw = dict(hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
+              num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, num_hidden_layers=1,
+              vocab_size=32000, max_position_embeddings=32768, hidden_act="silu", router_jitter_noise=0.0)
+    kw.update(overrides)
+    return MixtralConfig(**kw)
+
+
+def _moe_block(tokens: int, **cfg_kw):
+    def build():
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+        cfg = mixtral_8x7b_config(**cfg_kw)
+        cfg._experts_implementation = "grouped_mm"   # MixtralModel's default (a bare block has none)
+        model = EncoderLayer(MixtralSparseMoeBlock(cfg)).eval()
+        return model, (_input(1, tokens, cfg.hidden_size),)
+    return build
+
+
 def _linear(m: int, k: int, n: int):
     def build():
         model = Linear(k, n).eval()
@@ -293,6 +317,10 @@ SUITES: dict[str, dict[str, Callable]] = {
         "bert_tiny_layer16": _bert(16, hidden_size=64, num_attention_heads=4, intermediate_size=128),
         "linear_tiny_m16_k64_n128": _linear(16, 64, 128),
         "bmm_tiny_b4_m32_k64_n32": _bmm(4, 32, 64, 32),
+    },
+    "moe": {
+        "mixtral8x7b_moe_prefill512": _moe_block(512),
+        "mixtral8x7b_moe_decode1": _moe_block(1),
     },
 }
 

@@ -26,7 +26,17 @@ def emit_gather(ctx: Ctx, node: NodeArgs, table: View, out_shape: Sequence[int],
     # A gathered dim of size 1 can only be indexed by 0 (or -1): it needs no index operand.
     indices = [(t, idx, first) for t, idx, first in indices if table.shape[t] > 1]
     if not indices:
-        raise node.fail("unsupported_op", "indexing that gathers along no dim of size > 1")
+        # every gathered dim has size 1 (e.g. one decode token's row picked by each routed
+        # slot): the output is the table broadcast over the index dims
+        from lowering.aten.pointwise import emit_pointwise
+
+        strides = [0] * len(out_shape)
+        for t in range(table.rank):
+            j = table_out_dim[t]
+            if j is not None and table.shape[t] > 1:
+                strides[j] = table.strides[t]
+        bcast = table.with_(tuple(out_shape), tuple(strides))
+        return emit_pointwise(ctx, node, [bcast], lambda e: e[0], table.dtype, out_shape=out_shape, out_id=out_id)
     if any(table.strides[t] == 0 for t, _, _ in indices):
         table = ctx.materialize(table, node.id)  # a broadcast dim cannot be gathered from its base
     mapping = ctx.relabel(table)
