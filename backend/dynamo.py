@@ -11,14 +11,18 @@ runs in eager torch with one log line naming the ops; `strict` raises instead.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.fx
 
+from backend import coverage
 from backend.capture import CaptureError, classify_inputs, decomposition_table, graph_to_document
 from backend.options import BackendOptions
-from backend.partition import SticksatSupport, drop_assertions, fuse_supported, plan_partition
+from backend.partition import (SticksatSupport, drop_assertions, fuse_supported, plan_partition,
+                               simplify_as_strided)
 from backend.region import CompiledRegion, RegionModule, compile_region
 from lowering.errors import GraphError
 from lowering.validate import parse_document, validate_document
@@ -42,6 +46,7 @@ def sticksat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     keyword options (when called directly) are merged into it."""
     kwargs.pop("mode", None)  # torch.compile passes mode=None through; it has no meaning here
     opts = BackendOptions.from_mapping({**(options or {}), **kwargs})
+    _compile_started.at = time.perf_counter()
 
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
         message = ("sticksat compiles inference graphs only: run the compiled model under torch.no_grad() "
@@ -49,8 +54,8 @@ def sticksat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                    "eager torch")
         if opts.on_grad == "error" or opts.strict:
             raise SticksatBackendError(message)
-        log.warning("sticksat: autograd is on, running this graph in eager torch")
-        return gm.forward
+        return _eager_dynamo_graph(gm, f"{coverage.GRAD_MODE}: autograd is on and an input requires grad "
+                                       f"(on_grad='eager')")
 
     not_tensors = [type(t).__name__ for t in example_inputs if not isinstance(t, torch.Tensor)]
     if not_tensors:
@@ -59,8 +64,7 @@ def sticksat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                    f"not supported; compile with torch.compile(..., dynamic=False)")
         if opts.strict:
             raise GraphError("symbolic_size", message)
-        log.warning("sticksat: %s; running this graph in eager torch", message)
-        return gm.forward
+        return _eager_dynamo_graph(gm, f"{coverage.DYNAMIC_SHAPES}: {message}")
 
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     kinds = classify_inputs(example_inputs, names)
@@ -78,6 +82,32 @@ def sticksat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     return compiler(gm, example_inputs)
 
 
+# When the current Dynamo graph's compile started (its coverage entry's compile time
+# includes AOTAutograd's trace).
+_compile_started = threading.local()
+
+
+def _eager_dynamo_graph(gm: torch.fx.GraphModule, reason: str) -> Callable:
+    """The whole Dynamo graph runs in eager torch: a WARNING naming the reason, and a
+    coverage entry counting its torch-level ops as CPU ops."""
+    log.warning("sticksat: running this graph in eager torch: %s", reason)
+    nodes = coverage.compute_nodes(gm)
+    _record(total=len(nodes), device=0, regions=0, fallback=coverage.histogram(nodes), reason=reason,
+            level="torch")
+    return gm.forward
+
+
+def _record(total: int, device: int, regions: int, fallback: dict[str, int], reason: Optional[str] = None,
+            level: str = "aten") -> coverage.GraphCoverage:
+    started = getattr(_compile_started, "at", None)
+    _compile_started.at = None
+    seconds = time.perf_counter() - started if started is not None else 0.0
+    frame = coverage.dynamo_frame()
+    return coverage.record(coverage.GraphCoverage(
+        index=0, total_ops=total, device_ops=device, cpu_ops=total - device, regions=regions,
+        fallback_ops=dict(sorted(fallback.items())), reason=reason, level=level, compile_seconds=seconds, **frame))
+
+
 # Lowering errors that mean "sticksat cannot run this node" (argument-dependent limits
 # such as grouped convolution): outside strict mode the node joins the eager fallback.
 # Other codes (shape/dtype mismatch) would mean lowering disagrees with torch: raised.
@@ -92,9 +122,13 @@ def compile_graph(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
     An op the support table accepts can still be refused by the lowering for its
     arguments; that node is then excluded and the graph partitioned again (at most once
     per node), so the fallback log line names it too."""
+    if getattr(_compile_started, "at", None) is None:
+        _compile_started.at = time.perf_counter()  # called directly, not through sticksat_backend
     drop_assertions(gm)
+    simplify_as_strided(gm)
     if not any(n.op == "call_function" for n in gm.graph.nodes):
         gm.sticksat_regions = []  # type: ignore[attr-defined]
+        _record(total=0, device=0, regions=0, fallback={})
         return gm  # nothing to compute: the graph only forwards its inputs
     names = {n.name for n in gm.graph.nodes}
     targets = _supported_targets()
@@ -123,11 +157,12 @@ def _compile_with(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
         try:
             doc = graph_to_document(gm, input_kinds, input_names, name=opts.name)
         except CaptureError as e:
-            return _eager_whole_graph(gm, f"the graph cannot be serialized ({e})", opts)
+            return _eager_whole_graph(gm, f"{coverage.SERIALIZATION}: the graph cannot be serialized ({e})", opts)
         validate_document(parse_document(doc), check_support=False)
-        executable = _compile_region_or_eager(doc, opts)
+        executable = _compile_region_or_eager(doc, opts, "this graph")
         if executable is None:
-            return gm
+            return _eager_whole_graph(gm, f"{coverage.SERVICE_UNREACHABLE} (on_service_error='eager')", opts,
+                                      logged=True)
         region = CompiledRegion(doc, executable, returns_tuple=True)
         as_list = isinstance(gm.graph.output_node().args[0], list)
 
@@ -136,6 +171,8 @@ def _compile_with(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
             return list(outs) if as_list else outs
 
         run.sticksat_regions = [region]  # type: ignore[attr-defined]
+        total = len(coverage.compute_nodes(gm))
+        run.sticksat_coverage = _record(total=total, device=total, regions=1, fallback={})  # type: ignore[attr-defined]
         return run
 
     summary = plan.fallback_summary()
@@ -149,6 +186,7 @@ def _compile_with(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
     kind_of = dict(zip(placeholders, input_kinds))
     name_of = dict(zip(placeholders, input_names or placeholders))
     regions = []
+    device_ops = 0
     if plan.supported:
         fused = fuse_supported(fused, support)
     for node in list(fused.graph.nodes):
@@ -173,22 +211,35 @@ def _compile_with(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
             continue
         validate_document(parse_document(doc), check_support=False)
         output = sub.graph.output_node().args[0]
-        executable = _compile_region_or_eager(doc, opts)
+        executable = _compile_region_or_eager(doc, opts, f"region {node.target}")
         if executable is None:
             continue
         region = CompiledRegion(doc, executable, returns_tuple=isinstance(output, (tuple, list)))
         setattr(fused, node.target, RegionModule(region))
         regions.append(region)
+        device_ops += len(coverage.compute_nodes(sub))
     fused.recompile()
-    # One line per compiled graph, written once every region compiled (a retry after a
-    # lowering refusal does not repeat it).
-    total = len(plan.supported) + len(plan.unsupported)
-    log.warning("sticksat: %d of %d ops fall back to eager torch: %s", len(plan.unsupported), total, summary)
+    # What runs on CPU: the unsupported ops, and the ops of any region that could not be
+    # compiled (their own warning says why), counted from the final graph.
+    cpu_nodes = [n for n in coverage.compute_nodes(fused)
+                 if not (n.op == "call_module" and isinstance(getattr(fused, str(n.target), None), RegionModule))]
+    for n in list(cpu_nodes):
+        if n.op == "call_module":  # a fused region left to eager torch: count its ops
+            cpu_nodes.remove(n)
+            cpu_nodes.extend(coverage.compute_nodes(getattr(fused, str(n.target))))
+    fallback = coverage.histogram(cpu_nodes)
+    total = device_ops + len(cpu_nodes)
+    # One WARNING per compiled graph, written once every region compiled (a retry after a
+    # lowering refusal does not repeat it), then the coverage entry's INFO line.
+    log.warning("sticksat: %d of %d ops fall back to eager torch: %s", len(cpu_nodes), total,
+                coverage.format_histogram(fallback))
     fused.sticksat_regions = regions  # type: ignore[attr-defined]
+    fused.sticksat_coverage = _record(total=total, device=device_ops, regions=len(regions),  # type: ignore[attr-defined]
+                                      fallback=fallback)
     return fused
 
 
-def _compile_region_or_eager(doc: dict, opts: BackendOptions):
+def _compile_region_or_eager(doc: dict, opts: BackendOptions, what: str):
     """compile_region, except that an unreachable service yields None (run this part in
     eager torch) when the user asked for that with on_service_error='eager'."""
     from backend.remote import ServiceUnavailable
@@ -198,12 +249,19 @@ def _compile_region_or_eager(doc: dict, opts: BackendOptions):
     except ServiceUnavailable as e:
         if opts.on_service_error != "eager" or opts.strict:
             raise
-        log.warning("sticksat: compile service unreachable (%s); running this graph in eager torch", e)
+        log.warning("sticksat: compile service unreachable (%s); running %s in eager torch", e, what)
         return None
 
 
-def _eager_whole_graph(gm: torch.fx.GraphModule, reason: str, opts: BackendOptions) -> Callable:
+def _eager_whole_graph(gm: torch.fx.GraphModule, reason: str, opts: BackendOptions,
+                       logged: bool = False) -> Callable:
+    """The whole ATen graph runs in eager torch: a WARNING naming the reason (unless the
+    caller already wrote one) and a coverage entry."""
     if opts.strict:
         raise SticksatBackendError(f"sticksat (strict): {reason}")
-    log.warning("sticksat: %s; running this graph in eager torch", reason)
+    if not logged:
+        log.warning("sticksat: running this graph in eager torch: %s", reason)
+    nodes = coverage.compute_nodes(gm)
+    gm.sticksat_coverage = _record(total=len(nodes), device=0, regions=0,  # type: ignore[attr-defined]
+                                   fallback=coverage.histogram(nodes), reason=reason)
     return gm

@@ -94,6 +94,56 @@ def drop_assertions(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def _row_major_restride(size, stride) -> bool:
+    """True when `stride` is the row-major layout of `size` on every dim of size > 1 (the
+    strides of size-1 dims never select an element)."""
+    expected = 1
+    for n, st in reversed(list(zip(size, stride))):
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def simplify_as_strided(gm: torch.fx.GraphModule) -> int:
+    """Rewrite `aten.as_strided(x, size, stride)` as `aten.view(x, size)` where the two
+    are the same values: x is contiguous from storage offset 0, the sizes hold as many
+    elements, and `stride` is the row-major layout of `size` on every dim of size > 1.
+    AOTAutograd emits such restrides after keepdim reductions (adaptive average pooling
+    in Swin's pooler: `as_strided(mean, [1, 64, 1, 1], [64, 1, 64, 64])`); the lowering
+    has no general as_strided (its result depends on the source's storage layout, which
+    graph documents do not carry). Returns how many nodes were rewritten."""
+    aten = torch.ops.aten
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.as_strided.default:
+            continue
+        src = node.args[0]
+        size = node.args[1] if len(node.args) > 1 else node.kwargs.get("size")
+        stride = node.args[2] if len(node.args) > 2 else node.kwargs.get("stride")
+        offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or not _static_tensor(val) or offset not in (None, 0):
+            continue
+        if not all(isinstance(v, int) for v in list(size) + list(stride)) or len(size) != len(stride):
+            continue
+        numel = 1
+        for n in size:
+            numel *= n
+        if (not val.is_contiguous() or val.storage_offset() != 0 or numel != val.numel()
+                or not _row_major_restride(size, stride)):
+            continue
+        with gm.graph.inserting_before(node):
+            view = gm.graph.call_function(aten.view.default, (src, list(size)))
+        view.meta = dict(node.meta)
+        node.replace_all_uses_with(view)
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
 @dataclass
 class PartitionPlan:
     supported: list[torch.fx.Node]
