@@ -451,6 +451,7 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
 
     def cache_hit(record: ProgramRecord) -> Response:
         metrics.cache_hits.inc()
+        metrics.document_compiled(len(doc.nodes), cached=True)
         log_event("compile", cached=True, status=record.stats.get("solver_status"), gap=record.stats.get("gap"),
                   seconds=round(time.time() - received_at, 6), **log_fields)
         return Response(_response_text(record, cached=True, coalesced=False, hardware_name=hw.name),
@@ -521,6 +522,7 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
         record = store.get_program(key)
         if record is None:  # the store kept a better row than this outcome: impossible for a miss
             raise ProblemError(500, "store_error", f"solved program {key} is not in the store")
+        metrics.document_compiled(len(doc.nodes), cached=False)
         log_event("compile", cached=False, coalesced=joined, status=record.stats.get("solver_status"),
                   gap=record.stats.get("gap"), seconds=round(time.time() - received_at, 6), **log_fields)
         return Response(_response_text(record, cached=False, coalesced=joined, hardware_name=hw.name),
@@ -536,6 +538,7 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
         fallback = store.get_program(key)
         if fallback is not None:
             cached = fallback.created_at < received_at  # else: this request's own fallback plan
+            metrics.document_compiled(len(doc.nodes), cached=cached)
             log_event("compile", cached=cached, deadline_fallback=True, status=fallback.stats.get("solver_status"),
                       planner_used=fallback.stats.get("planner"), seconds=round(time.time() - received_at, 6),
                       **log_fields)

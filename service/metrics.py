@@ -11,6 +11,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 # Solve times range from milliseconds (naive planner, tiny graph) to minutes (CP-SAT with
 # a large budget on a big model).
 _SOLVE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+# ATen nodes of one graph document: a single op up to a large model's whole forward.
+_NODE_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 _REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -38,9 +40,22 @@ class ServiceMetrics:
                                 ["reason"], registry=r)
         self.deadline_exceeded = Counter("sticksat_deadline_exceeded",
                                          "Compiles whose deadline passed before a plan was ready", registry=r)
+        # What the service sees of a model: its graph documents. Which ops a client ran in
+        # eager torch never reaches the service (the backend's coverage report has those).
+        self.documents_compiled = Counter("sticksat_documents_compiled",
+                                          "Graph documents answered with a program, by whether the store had it",
+                                          ["cached"], registry=r)
+        self.document_nodes = Histogram("sticksat_document_nodes",
+                                        "ATen nodes per graph document answered with a program "
+                                        "(_sum: nodes compiled in all)",
+                                        buckets=_NODE_BUCKETS, registry=r)
         self.inflight = Gauge("sticksat_inflight_jobs", "Distinct jobs running or queued in the solver pool",
                               registry=r)
         self.pool_workers = Gauge("sticksat_pool_workers", "Worker processes of the solver pool", registry=r)
+
+    def document_compiled(self, nodes: int, cached: bool) -> None:
+        self.documents_compiled.labels("true" if cached else "false").inc()
+        self.document_nodes.observe(nodes)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -75,6 +75,8 @@ def test_health_version_and_openapi(server):
 def test_compile_cache_hit_and_store_endpoints(server):
     graph = chain_graph(rows=128, n_ops=3, name="first")
     hits_before = server.metric("sticksat_cache_hits_total")
+    solved_before = server.metric("sticksat_documents_compiled_total", {"cached": "false"})
+    nodes_before = server.metric("sticksat_document_nodes_sum")
     first = _compile(server, graph)
     assert first.status_code == 200, first.text
     body = first.json()
@@ -90,6 +92,10 @@ def test_compile_cache_hit_and_store_endpoints(server):
     again = second.json()
     assert again["cached"] is True and again["key"] == body["key"] and again["program"] == program
     assert server.metric("sticksat_cache_hits_total") == hits_before + 1
+    # Documents compiled and their node counts (what the service sees of coverage).
+    assert server.metric("sticksat_documents_compiled_total", {"cached": "false"}) == solved_before + 1
+    assert server.metric("sticksat_documents_compiled_total", {"cached": "true"}) >= 1
+    assert server.metric("sticksat_document_nodes_sum") == nodes_before + 2 * len(graph["nodes"])
     # A label-only change (graph name) is the same computation: still a hit.
     renamed = _compile(server, dict(graph, name="renamed")).json()
     assert renamed["cached"] is True and renamed["key"] == body["key"]
