@@ -146,3 +146,24 @@ def test_warm_start_plan_is_never_worse_than_its_hint_on_a_small_budget():
     d = plan_cpsat(pg, HW, deterministic=True, hint=decisions_from_program(pg, hint))
     from solver.cost_model import predict_program_us
     assert d.stats["predicted_us"] <= predict_program_us(hint, HW) + 1e-9
+
+
+def test_never_slower_than_the_heuristic_in_its_own_order(monkeypatch):
+    """A short search can end slower than the heuristic as the heuristic ordered the ops
+    (the search starts from it in chain order): the heuristic's plan is returned then."""
+    from solver.cost_model import predict_program_us
+    from solver.naive import plan_naive
+
+    pg, _ = primgraphs.softmax(M=128, N=512)
+    heur = plan(pg, HW, "heuristic")
+
+    def slow(pg, hw, **_):
+        d = plan_naive(pg, hw)
+        d.stats.update(predicted_us=1e9, notes=["a bad plan"])
+        return d
+    monkeypatch.setattr(cpp, "_plan_chain_ordered", slow)
+    d = plan_cpsat(pg, HW, deterministic=True)
+    assert d.planner == "cpsat" and d.stats["predicted_us"] == pytest.approx(predict_program_us(heur, HW))
+    assert "own op order" in d.stats["notes"][-1]
+    program = plan(pg, HW, "cpsat", deterministic=True)  # and plan() takes it as any plan
+    assert predict_program_us(program, HW) <= predict_program_us(heur, HW) + 1e-9
