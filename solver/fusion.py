@@ -106,7 +106,7 @@ def _tile_dims(program: Program, hw) -> dict[str, list[tuple[str, int]]]:
 
 
 def _runs(program: Program, tileable: dict, graph_ops: set[str]) -> list[list[str]]:
-    """Maximal runs (length >= 2) of consecutive tileable graph ops on one core count: the
+    """Maximal runs of consecutive tileable graph ops on one core count: the
     only places a fused kernel can form. Bundle cuts inside a run are the planner's or the
     emitter's (external-tensor limit), and tile buffers change the latter, so a run ignores
     them; a trial removes the planner's cuts inside runs."""
@@ -118,13 +118,13 @@ def _runs(program: Program, tileable: dict, graph_ops: set[str]) -> list[list[st
         # a matmul can only head a kernel (its elementwise epilogue overlaps the array's
         # compute); one in the middle would force its split and tiling on the chain before it
         if k is None or k != key or o.opfunc == "matmul":
-            if len(cur) >= 2:
+            if cur:
                 runs.append(cur)
             cur = []
         key = k
         if k is not None:
             cur.append(o.id)
-    if len(cur) >= 2:
+    if cur:
         runs.append(cur)
     return runs
 
@@ -179,8 +179,9 @@ class _OwnCores:
 
 def _assign(run: list[str], tileable: dict[str, list[tuple[str, int]]], t: int,
             prims: dict[str, PrimOp], own: Optional[_OwnCores] = None) -> dict[str, dict[str, int]]:
-    """Tiles for the ops of `run` at tile count t: every maximal sub-run (>= 2 ops) of ops
-    that can take t tiles; a lone op gains nothing from tiling and stays untiled. A member
+    """Tiles for the ops of `run` at tile count t: every maximal sub-run of ops that can take
+    t tiles (a lone op too: tiled, its loads overlap its compute, which an untiled kernel
+    does little of; docs/simulator-timing.md). A member
     reading an earlier member's result is tiled along its iteration dim that walks the
     same dim of that tensor as the producer's tiles do, so its tile j needs what the
     producer wrote in tile j (the validator's kernel_tile_order rule; and the result can
@@ -200,7 +201,7 @@ def _assign(run: list[str], tileable: dict[str, list[tuple[str, int]]], t: int,
         if oid is not None and dims(oid) and fits(oid):
             seg.append(oid)
             continue
-        if len(seg) >= 2:
+        if seg:
             walked: dict[str, int] = {}  # result tensor -> the tensor dim its producer tiles
             for s in seg:
                 prim, opts = prims[s], dims(s)

@@ -98,3 +98,18 @@ def test_fused_member_rereads_an_input_its_cores_did_not_load():
     assert crossed.op("op2").fused_group == crossed.op("op1").fused_group is not None
     assert crossed.op("op2").hbm_read_bytes == x_bytes
     assert crossed.total_us > same.total_us
+
+
+def test_a_lone_prefill_matmul_is_tiled_so_its_loads_overlap_its_compute():
+    """An untiled kernel overlaps little of its weight stream with its PT time (the
+    calibrated `untiled_overlap_chunks`); tiled, the loads of tile j+1 run under the compute
+    of tile j. A lone matmul is a run of its own."""
+    from calibration.cases import matmul_graph
+
+    pg = matmul_graph(512, 4096, 4096)
+    d = plan_cpsat(pg, HW, **FAST)
+    assert max(d.ops["mm"].temporal_tiles.values(), default=1) > 1
+    program = plan(pg, HW, "cpsat", **FAST)
+    without = emit_program(pg, HW, _untiled(d))
+    assert not validate_program(without, HW)
+    assert time_program(program, HW).total_us < 0.9 * time_program(without, HW).total_us
