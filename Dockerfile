@@ -22,6 +22,7 @@ COPY lowering ./lowering
 COPY solver ./solver
 COPY simulator ./simulator
 COPY service ./service
+COPY calibration ./calibration
 RUN pip install -c constraints.txt . && cd / && rm -rf /src
 
 # Unprivileged user; the store lives on a volume it owns.
