@@ -4,6 +4,7 @@
     report = backend.coverage_report()     # what ran on device vs CPU, per compiled graph
     with backend.track_coverage() as cov:  # only the graphs compiled inside the block
         compiled(*inputs)
+    serve = backend.bucketed(compiled, buckets=(64, 128, 256))  # one program per bucket
 
 Names resolve lazily, so importing a light submodule (backend.options) does not import torch.
 """
@@ -15,6 +16,8 @@ _EXPORTS = {
     "reset_coverage": "backend.coverage",
     "CoverageReport": "backend.coverage",
     "GraphCoverage": "backend.coverage",
+    "bucketed": "backend.bucketing",
+    "BucketError": "backend.bucketing",
     "sticksat_backend": "backend.dynamo",
     "SticksatBackendError": "backend.dynamo",
 }
