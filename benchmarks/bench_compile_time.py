@@ -38,7 +38,7 @@ TINY_MODELS = ("mlp2", "gpt2", "llama")
 
 
 def _register() -> None:
-    from solver.cpsat_planner import plan_cpsat
+    from solver.spyre.cpsat_planner import plan_cpsat
     from solver.planners import register
 
     for mode in MODES:

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from solver.core import SolveOptions, best_start, evaluate, presolve, solve
-from solver.iopddl import load_best_known, load_instance
+from solver.core.iopddl import load_best_known, load_instance
 
 DATA = Path(os.environ.get("IOPDDL_DIR", "/work/shared/iopddl"))
 

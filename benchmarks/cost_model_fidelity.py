@@ -7,7 +7,7 @@ heuristic and CP-SAT plans, over the hand-built graphs, the benchmark sweep grap
 tiny models. For every plan it compares with `simulator.timing.time_program`:
 - `model`: the CP-SAT objective of that assignment (`SpyreModel.objective_of`: per-op
   priced times + restickify estimates) — what the solver optimizes;
-- `predict`: `solver.cost_model.predict_program_ns` on the emitted program.
+- `predict`: `solver.spyre.cost_model.predict_program_ns` on the emitted program.
 Reports Spearman rank correlation and mean / max relative error, overall and per graph,
 and lists every plan the simulator times below `solver.lower_bound`'s split-aware bound
 (there must be none: the bound claims to hold for every validated plan).
@@ -35,13 +35,13 @@ from lowering.primitives import PrimGraph  # noqa: E402
 from simulator.hardware import load_target  # noqa: E402
 from simulator.timing import time_program  # noqa: E402
 from simulator.validate import validate_program  # noqa: E402
-from solver.cost_model import predict_program_ns  # noqa: E402
-from solver.cpsat_planner import build_model, decisions_from_program  # noqa: E402
+from solver.spyre.cost_model import predict_program_ns  # noqa: E402
+from solver.spyre.cpsat_planner import build_model, decisions_from_program  # noqa: E402
 from solver.emit import emit_program  # noqa: E402
 from solver.lower_bound import lower_bound  # noqa: E402
 from solver.plan import Residency  # noqa: E402
 from solver.planners import plan  # noqa: E402
-from solver.strategies import compatible_residency  # noqa: E402
+from solver.spyre.strategies import compatible_residency  # noqa: E402
 
 
 def ranks(x: np.ndarray) -> np.ndarray:

@@ -268,7 +268,7 @@ def _batch_outermost(acc, batch: list[int], tensors: dict[str, TensorDecl]) -> b
 
 class OpTimer:
     """Prices one op of a program at a time (`analyse`). time_program walks a program with
-    it; the CP-SAT cost model (solver/cost_model.py) prices candidate strategies with it,
+    it; the CP-SAT cost model (solver/spyre/cost_model.py) prices candidate strategies with it,
     so planner and simulator share one timing of every op."""
 
     def __init__(self, program: Program, hw: Hardware):

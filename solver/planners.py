@@ -76,7 +76,7 @@ def ensure_registered(name: str) -> None:
     if name in PLANNERS:
         return
     import importlib
-    for module in ("solver.cpsat_planner", "solver.heuristic"):
+    for module in ("solver.spyre.cpsat_planner", "solver.baseline.passes"):
         try:
             importlib.import_module(module)
         except ImportError:

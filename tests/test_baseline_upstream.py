@@ -21,9 +21,9 @@ from lowering.primitives import (
 from simulator.api import simulate
 from simulator.hardware import load_target
 from simulator.superdsc import LxMemory
-from solver.heuristic import plan_heuristic
-from solver.heuristic_lx import lx_eligible_op
-from solver.heuristic_work import divide_work, matmul_split_cost_us
+from solver.baseline.passes import plan_heuristic
+from solver.baseline.scratchpad import lx_eligible_op
+from solver.baseline.work_division import divide_work, matmul_split_cost_us
 from solver.planners import plan
 from tests import primgraphs
 

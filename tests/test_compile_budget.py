@@ -4,15 +4,15 @@ here measures wall time (the machines are shared and noisy): they check what the
 asks CP-SAT for and what it reports."""
 import pytest
 
-import solver.cpsat_planner as cpp
+import solver.spyre.cpsat_planner as cpp
 import tests.primgraphs as primgraphs
 from simulator.hardware import load_target
 from solver.core import SolveOptions, solver_parameters
-from solver.cpsat_planner import (ABSOLUTE_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, RELATIVE_GAP_LIMIT,
+from solver.spyre.cpsat_planner import (ABSOLUTE_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, RELATIVE_GAP_LIMIT,
                                   decisions_from_program, default_budget_s, plan_cpsat)
 from solver.plan import OpPlan
 from solver.planners import plan
-from solver.schedule import chain_order
+from solver.spyre.schedule import chain_order
 
 HW = load_target()
 
@@ -144,14 +144,14 @@ def test_warm_start_plan_is_never_worse_than_its_hint_on_a_small_budget():
     pg, _ = primgraphs.mlp(M=64, K=128, N=192)
     hint = plan(pg, HW, "heuristic")
     d = plan_cpsat(pg, HW, deterministic=True, hint=decisions_from_program(pg, hint))
-    from solver.cost_model import predict_program_us
+    from solver.spyre.cost_model import predict_program_us
     assert d.stats["predicted_us"] <= predict_program_us(hint, HW) + 1e-9
 
 
 def test_never_slower_than_the_heuristic_in_its_own_order(monkeypatch):
     """A short search can end slower than the heuristic as the heuristic ordered the ops
     (the search starts from it in chain order): the heuristic's plan is returned then."""
-    from solver.cost_model import predict_program_us
+    from solver.spyre.cost_model import predict_program_us
     from solver.naive import plan_naive
 
     pg, _ = primgraphs.softmax(M=128, N=512)

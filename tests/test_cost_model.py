@@ -3,7 +3,7 @@ import pytest
 
 from simulator.hardware import load_target
 from simulator.timing import time_program
-from solver.cost_model import OpView, op_cost_parts, predict_program_us
+from solver.spyre.cost_model import OpView, op_cost_parts, predict_program_us
 from solver.emit import emit_program
 from solver.naive import plan_naive
 from solver.plan import OpPlan, PlanDecisions, Residency
@@ -60,7 +60,7 @@ def test_parts_price_every_residency_combination_exactly():
     view = OpView(op, "compute", shapes, dtypes, layouts, {"m": 32}, [])
     parts = op_cost_parts(view, HW, [False, True, True])
     assert len(parts.combos) == 4  # mx and sh may be resident, x may not
-    from solver.cost_model import op_time
+    from solver.spyre.cost_model import op_time
     for key, c in parts.combos.items():
         assert c == op_time(view, key[:-1], key[-1], HW)
     both = parts.cost((False, True), True)

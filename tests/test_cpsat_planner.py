@@ -6,8 +6,8 @@ from simulator.api import simulate
 from simulator.hardware import load_target
 from simulator.superdsc import LxMemory
 from simulator.timing import time_program
-from solver.cost_model import predict_program_us
-from solver.cpsat_planner import decisions_from_program, plan_cpsat
+from solver.spyre.cost_model import predict_program_us
+from solver.spyre.cpsat_planner import decisions_from_program, plan_cpsat
 from solver.planners import plan
 
 HW = load_target()

@@ -1,4 +1,4 @@
-"""Fused coarse-tiled groups (solver.fusion): the CP-SAT planner tiles runs of ops the
+"""Fused coarse-tiled groups (solver.spyre.fusion): the CP-SAT planner tiles runs of ops the
 timing model runs faster as one fused kernel, and never makes a plan slower."""
 from dataclasses import replace
 
@@ -6,9 +6,9 @@ import tests.primgraphs as primgraphs
 from simulator.hardware import load_target
 from simulator.timing import time_program
 from simulator.validate import validate_program
-from solver.cpsat_planner import plan_cpsat
+from solver.spyre.cpsat_planner import plan_cpsat
 from solver.emit import emit_program
-from solver.fusion import fuse_tiled_groups
+from solver.spyre.fusion import fuse_tiled_groups
 from solver.plan import PlanDecisions
 from solver.planners import plan
 

@@ -11,10 +11,10 @@ from lowering.primitives import (
 from simulator.api import simulate
 from simulator.hardware import load_target
 from simulator.superdsc import HbmMemory, LxMemory
-from solver.heuristic import plan_heuristic
-from solver.heuristic_layouts import beam_search_layouts
-from solver.heuristic_lx import LxBuffer, greedy_place
-from solver.heuristic_work import (
+from solver.baseline.passes import plan_heuristic
+from solver.baseline.propagate_layouts import beam_search_layouts
+from solver.baseline.scratchpad import LxBuffer, greedy_place
+from solver.baseline.work_division import (
     greedy_split, largest_divisor_at_most, matmul_axes, matmul_enumerated_split, matmul_split_cost_us,
 )
 from solver.planners import plan

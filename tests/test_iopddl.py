@@ -1,11 +1,11 @@
-"""IOPDDL instance loading and solution checking (solver.iopddl)."""
+"""IOPDDL instance loading and solution checking (solver.core.iopddl)."""
 import json
 from pathlib import Path
 
 import pytest
 
 from solver.core import SolveOptions, solve
-from solver.iopddl import evaluate_solution, load_best_known, load_instance, problem_from_dict
+from solver.core.iopddl import evaluate_solution, load_best_known, load_instance, problem_from_dict
 
 DATA = Path("/work/shared/iopddl")
 EXAMPLE = {"problem": {

@@ -1,5 +1,5 @@
-"""The planner steps that form fused kernels: op order (solver.schedule), split alignment and
-tile buffers in the fusion search (solver.fusion, solver.tile_buffers), and the emitter's
+"""The planner steps that form fused kernels: op order (solver.spyre.schedule), split alignment and
+tile buffers in the fusion search (solver.spyre.fusion, solver.spyre.tile_buffers), and the emitter's
 op_order check."""
 from dataclasses import replace
 
@@ -15,10 +15,10 @@ from simulator.superdsc import LxMemory
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.emit import EmitError, emit_program
-from solver.fusion import fuse_tiled_groups
+from solver.spyre.fusion import fuse_tiled_groups
 from solver.naive import plan_naive
 from solver.planners import plan
-from solver.schedule import chain_order
+from solver.spyre.schedule import chain_order
 from tests.test_timing import unary_chain
 
 HW = load_target()
@@ -121,7 +121,7 @@ def test_cpsat_plans_gated_mlp_with_a_fused_chain_and_matches_the_reference():
 def test_one_kernels_problem_does_not_cost_another_kernel_its_tile_buffers():
     """A fusion trial may be invalid elsewhere (it only ranks choices): tile buffers still go
     where the validator does not object, as long as they add no problem of their own."""
-    from solver.tile_buffers import add_tile_buffers
+    from solver.spyre.tile_buffers import add_tile_buffers
     from tests.test_timing import _plan
     a = unary_chain(256, 256, n_ops=2)
     ts = dict(a.tensors)

@@ -13,7 +13,7 @@ from simulator.validate import validate_program
 from solver import planners
 from solver.plan import PlanDecisions, Residency
 from solver.planners import PlannerFailed, plan
-from solver.strategies import GraphContext, NoLegalStrategy, op_strategies
+from solver.spyre.strategies import GraphContext, NoLegalStrategy, op_strategies
 
 HW = load_target("spyre")
 I64 = "int64"

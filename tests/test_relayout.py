@@ -1,4 +1,4 @@
-"""LX relayouts after the solve (solver.relayout): a restickify whose source and copy can
+"""LX relayouts after the solve (solver.spyre.relayout): a restickify whose source and copy can
 both stay in LX becomes an on-chip relayout when the program validates and runs faster."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from simulator.api import simulate
 from simulator.hardware import load_target
 from simulator.timing import time_program
 from solver.emit import emit_program
-from solver.heuristic import plan_heuristic
-from solver.relayout import add_lx_relayouts, relayout_candidates
+from solver.baseline.passes import plan_heuristic
+from solver.spyre.relayout import add_lx_relayouts, relayout_candidates
 
 HW = load_target()
 
@@ -49,7 +49,7 @@ def test_restickify_between_resident_tensors_becomes_an_lx_relayout():
 def test_cpsat_planner_finishes_with_relayouts():
     """The planner's steps after the solve end with this one (the CP-SAT model itself prices
     restickifies through device memory and does not choose splits for a relayout)."""
-    from solver.cpsat_planner import _finish
+    from solver.spyre.cpsat_planner import _finish
     pg = projected_keys()
     d = plan_heuristic(pg, HW)
     for op in ("proj", "scores"):

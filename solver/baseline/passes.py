@@ -5,14 +5,14 @@ Pipeline, in upstream's pass order (torch_spyre/_inductor/passes.py):
    weights, which torch-spyre's model loading transfers sticked on out_features
    (`linear_weight_sticks`);
 1. stick layouts: candidate propagation + beam search, width 64, cost = elements
-   restickified (`solver.heuristic_layouts`);
+   restickified (`solver.baseline.propagate_layouts`);
 2. restickify insertion where a consumer's rule needs another layout (done by the
    emitter, one per (tensor, layout));
 3. core work division: the matmul split enumeration, then greedy largest-divisor
-   distribution over output dims with at most one reduction dim (`solver.heuristic_work`);
+   distribution over output dims with at most one reduction dim (`solver.baseline.work_division`);
    restickify ops are divided like any other op;
 4. LX planning: upstream's eligibility rules (a denylist, PR #4065) and greedy first-fit
-   placement without eviction (`solver.heuristic_lx`); a restickify of a tensor that may
+   placement without eviction (`solver.baseline.scratchpad`); a restickify of a tensor that may
    stay in LX keeps its producer's core ownership and may read it from LX (PR #4153),
    and one whose source and copy are both placed runs on chip as an LX relayout (#3439).
 Views that are free on the device layout (a reshape of outer dims) are claimed as aliases,
@@ -38,9 +38,9 @@ from simulator.geometry import (
     reduction_split,
 )
 from simulator.superdsc import CoreSlice
-from solver.heuristic_layouts import BEAM_WIDTH, beam_search_layouts
-from solver.heuristic_lx import LxBuffer, greedy_place, lx_eligible_op
-from solver.heuristic_work import divide_work
+from solver.baseline.propagate_layouts import BEAM_WIDTH, beam_search_layouts
+from solver.baseline.scratchpad import LxBuffer, greedy_place, lx_eligible_op
+from solver.baseline.work_division import divide_work
 from solver.plan import OpPlan, PlanDecisions, Residency, restick_id
 from solver.planners import register
 
@@ -228,7 +228,7 @@ def _per_core_boxes(step: _Step, operand: int, shape) -> dict:
 def _lx_buffers(pg: PrimGraph, steps: list[_Step], stick_of, shapes, dtypes, hw,
                 relayout: bool = True) -> list[LxBuffer]:
     """Candidate LX buffers in program order, upstream's eligibility rules applied
-    (solver.heuristic_lx names them)."""
+    (solver.baseline.scratchpad names them)."""
     outputs = set(pg.outputs)
     readers: dict[str, list[tuple[int, int]]] = {}
     for k, st in enumerate(steps):

@@ -10,7 +10,7 @@ the CP-SAT objective (and what `benchmarks/cost_model_fidelity.py` measures agai
 whole-program simulation): a restickify is priced before its source layout and split are
 known (the source's first layout option, the emitter's default split), and the sum over
 ops ignores the timing model's fused coarse-tiled groups (temporal tiles are chosen after
-the solve by `solver.fusion`, priced by whole-program simulation, not by this model) and
+the solve by `solver.spyre.fusion`, priced by whole-program simulation, not by this model) and
 clone-in of resident graph inputs (never resident here).
 """
 from __future__ import annotations
@@ -160,7 +160,7 @@ def op_cost_parts(v: OpView, hw, may_reside: Optional[Sequence[bool]] = None,
 def predict_program_ns(program: Program, hw) -> float:
     """The planner's prediction of a program: each op priced with its actual operand
     residency, summed over ops, untiled (fused coarse-tiled groups are not seen here:
-    `solver.fusion` prices them by simulation)."""
+    `solver.spyre.fusion` prices them by simulation)."""
     tmap = program.tensor_map()
     shapes = {t.id: t.shape for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}

@@ -16,7 +16,7 @@ This step takes a validated program with fused kernels and, as a pipeline of sma
    over another live LX buffer);
 3. lets the validator judge: a candidate a reader does not take tile by tile from the same
    core (another split, another tiling) is named by an issue and stays in device memory;
-Whether the result is faster is the caller's question (solver.fusion times every trial).
+Whether the result is faster is the caller's question (solver.spyre.fusion times every trial).
 Nothing here is keyed on op names or shapes.
 """
 from __future__ import annotations

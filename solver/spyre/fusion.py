@@ -7,7 +7,7 @@ same core count as one coarse-tiled fused kernel, as torch-spyre's back end does
 core loads each box of an external device-memory tensor once, a member's result is on chip
 for later members on the same core, loads and compute of all members overlap across the
 tile loop, and the loop overhead is paid once. A result only the kernel uses can then be a tile buffer
-(`solver.tile_buffers`): it is never written whole. Against that stand the costs of tiling:
+(`solver.spyre.tile_buffers`): it is never written whole. Against that stand the costs of tiling:
 a small per-tile stream underfills, double buffering needs LX room, a working set past the
 spill knee derates. Whether a run gains is therefore a question for the simulator itself.
 
@@ -49,7 +49,7 @@ from simulator.timing import TimingReport, time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import OpPlan, PlanDecisions
-from solver.tile_buffers import add_tile_buffers
+from solver.spyre.tile_buffers import add_tile_buffers
 
 TILE_COUNTS = (2, 4, 8, 16, 32, 64)
 # Alternatives to the plan tried per run: (which of the run's splits, None: the planned

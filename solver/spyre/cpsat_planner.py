@@ -1,8 +1,8 @@
 """The CP-SAT planner: stick dims, restickify placement, core split and LX residency chosen
-jointly in one model, objective = predicted total time (integer ns, `solver.cost_model`).
+jointly in one model, objective = predicted total time (integer ns, `solver.spyre.cost_model`).
 
 Model (DESIGN.md "Solver"):
-- `pick[o][k]`: op o runs strategy k of `solver.strategies.op_strategies` (stick choice x
+- `pick[o][k]`: op o runs strategy k of `solver.spyre.strategies.op_strategies` (stick choice x
   core split, pruned); exactly one per op.
 - `lay[t][l]`: tensor t is sticked on dim l: fixed by its producer's pick; a weight
   (parameter, buffer, constant) chooses freely (laid out once at load time); a user input
@@ -14,13 +14,13 @@ Model (DESIGN.md "Solver"):
   when every reader's strategy reads each core's slice from the one that core wrote (same
   layout, per-core box inside the written box: `strategies.compatible_residency`), the
   producer does not split a reduction dim, no restickify reads it (the model prices
-  restickifies through device memory; `solver.relayout` tries on-chip relayouts after the
+  restickifies through device memory; `solver.spyre.relayout` tries on-chip relayouts after the
   solve), and the ops of its live window reference at most the bundle limit of
   device-memory tensors (the tensors resident there do not count).
 - LX addresses per core in whole sticks: an optional interval over op steps x an optional
   interval over [addr, addr + size) per resident tensor, `AddNoOverlap2D`, so capacity and
   fragmentation are both real. Size = the producer strategy's per-core box.
-- time[o] >= the priced time (`solver.cost_model`: the timing model's own per-op analysis)
+- time[o] >= the priced time (`solver.spyre.cost_model`: the timing model's own per-op analysis)
   of the picked strategy under the residency combination of its operands that holds (one
   enforced constraint per strategy x combination).
 - objective = sum time[o] + ring combine / loop overhead + restickify times, + 1 ns per
@@ -30,10 +30,10 @@ windows starts a bundle; the emitter cuts elsewhere at the external-tensor limit
 whose bundle still breaks the limit gets a no-good (not all of these together) and the
 model is solved again, warm-started.
 
-Fused coarse-tiled groups: after the solve, `solver.fusion` gives temporal tiles to runs of
+Fused coarse-tiled groups: after the solve, `solver.spyre.fusion` gives temporal tiles to runs of
 consecutive compute ops wherever the timing model runs them faster as one fused kernel
 (and drops planner bundle cuts inside such runs when that is faster still); it is priced by
-whole-program simulation and kept only when faster; then `solver.relayout` turns
+whole-program simulation and kept only when faster; then `solver.spyre.relayout` turns
 restickifies into on-chip LX relayouts where that validates and simulates faster. The
 returned plan's `predicted_us` is the cost-model sum minus those simulated gains.
 
@@ -68,14 +68,14 @@ from simulator.superdsc import LxMemory, Program, fused_group_key
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.core import SolveOptions, gap_of, solver_parameters
-from solver.cost_model import OpView, op_time, predict_program_ns, to_units
+from solver.spyre.cost_model import OpView, op_time, predict_program_ns, to_units
 from solver.emit import emit_program
-from solver.fusion import FUSION_TRIALS, fuse_tiled_groups
+from solver.spyre.fusion import FUSION_TRIALS, fuse_tiled_groups
 from solver.plan import OpPlan, PlanDecisions, Residency
-from solver.schedule import chain_order
+from solver.spyre.schedule import chain_order
 from solver.planners import register
-from solver.relayout import add_lx_relayouts, relayout_candidates
-from solver.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
+from solver.spyre.relayout import add_lx_relayouts, relayout_candidates
+from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
 
 # The wall-clock cap when the caller gives none. It is a cap, not the time a plan takes:
 # the budget is `default_budget_s` of the problem's size under it, each CP-SAT round stops
@@ -163,7 +163,7 @@ def _hint_decisions(pg: PrimGraph, hw, hint) -> tuple[PlanDecisions, str]:
     if isinstance(hint, Program):
         return decisions_from_program(pg, hint), f"stored {hint.stats.planner} program"
     try:
-        from solver.heuristic import plan_heuristic
+        from solver.baseline.passes import plan_heuristic
         return plan_heuristic(pg, hw), "heuristic"
     except ImportError:
         from solver.naive import plan_naive
@@ -740,7 +740,7 @@ def _repair_bundles(pg: PrimGraph, hw, sm: "SpyreModel", d: PlanDecisions, max_s
 def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[float],
           strategies: dict[str, list[Strategy]], enabled: bool = True) -> tuple[PlanDecisions, float]:
     """The final plan with fused coarse-tiled groups where the timing model finds them faster
-    (`solver.fusion`), then `_resplit_unfused`, and the simulated gain in ns (the per-op cost
+    (`solver.spyre.fusion`), then `_resplit_unfused`, and the simulated gain in ns (the per-op cost
     model the objective sums does not see fused groups, so the gain is taken from the
     simulation)."""
     if not enabled:
@@ -761,7 +761,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
 def _finish(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[float],
             strategies: dict[str, list[Strategy]], fuse: bool) -> tuple[PlanDecisions, float]:
     """The steps after the solve, each judged by simulation: fused kernels (`_fuse`), then
-    restickifies as on-chip LX relayouts (`solver.relayout`). Returns the plan and the
+    restickifies as on-chip LX relayouts (`solver.spyre.relayout`). Returns the plan and the
     simulated gain in ns."""
     d, gain_ns = _fuse(pg, hw, d, notes, deadline, strategies, fuse)
     if deadline is not None and time.perf_counter() > deadline:
@@ -831,7 +831,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
         return d
     if hint is None:
         try:
-            from solver.heuristic import plan_heuristic
+            from solver.baseline.passes import plan_heuristic
         except ImportError:
             return d
         own, name = plan_heuristic(pg, hw), "heuristic"
@@ -866,7 +866,7 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
     t0 = time.perf_counter()
     cap_s = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
     # the op order is a decision too: each chain runs straight into its consumer, so
-    # chains can become fused kernels (solver.schedule)
+    # chains can become fused kernels (solver.spyre.schedule)
     pg = chain_order(pg)
     order = [op.id for op in pg.ops]
     hint_d, hint_name = _hint_decisions(pg, hw, hint)
@@ -906,7 +906,7 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
     # planners.plan() emitting and validating it once more before it returns (a fused plan
     # with tile buffers emits and validates slower than the hint: 3% of the limit more)
     reserve_s = 2.5 * emit_s + 0.03 * limit_s
-    # and for the fusion search after it (solver.fusion): one trial per split variant and per
+    # and for the fusion search after it (solver.spyre.fusion): one trial per split variant and per
     # further tile count, the final one and the resplit after it, each about four times an
     # emit + validation (two emits, a validation or two for the tile buffers, a simulation;
     # measured on the layer graphs), and at least FUSION_SHARE of the limit: fusion gains

@@ -37,7 +37,7 @@ from simulator.geometry import (
     box_lx_bytes, core_ranges, default_core_slices, dim_chunk, make_layout, operand_box, padded,
     reduction_split,
 )
-from solver.cost_model import OpCostParts, OpView, op_cost_parts
+from solver.spyre.cost_model import OpCostParts, OpView, op_cost_parts
 
 Box = tuple
 # Graph inputs the runtime places in device memory once, at load time (weights).

@@ -28,7 +28,7 @@ from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import PlanDecisions, Residency
-from solver.tile_buffers import LxRequest, place_first_fit
+from solver.spyre.tile_buffers import LxRequest, place_first_fit
 
 
 def relayout_candidates(pg: PrimGraph, program: Program) -> list[tuple[str, str]]:
