@@ -102,6 +102,10 @@ class Hardware:
     lx_capacity_bytes: int
     bundle_tensor_limit: int
     bundle_tensor_limit_counts: str
+    # which device-memory tensors the limit counts (BUNDLE_RULES); `rule` of its entry
+    bundle_tensor_limit_rule: str
+    # LX contents survive a bundle boundary (the next kernel launch reads them by address)
+    lx_persists_across_bundles: bool
     per_core_span_bytes: int
     device_memory_bytes: int
     device_memory_usable_bytes: int
@@ -248,6 +252,23 @@ class Hardware:
             return 1.0
         return (self.lx_spill_knee_bytes / working_set_bytes_per_core) ** self.lx_spill_exponent
 
+    # --- bundles ------------------------------------------------------------------------
+    def bundle_slots(self, device_tensors, io_tensors, pool: bool) -> int:
+        """How much of `bundle_tensor_limit` a bundle uses that references `device_tensors`
+        (alias roots in device memory), by `bundle_tensor_limit_rule`:
+        - "device_memory": every one of them;
+        - "non_intermediate": the program inputs and outputs among them (`io_tensors`), plus
+          one for the pool of device-memory intermediates when the program has one (`pool`):
+          torch-spyre's fusion.py before PR #3069 gave each non-intermediate kernel argument
+          its own address segment and all pooled intermediates one shared segment;
+        - "none": nothing (no limit)."""
+        rule = self.bundle_tensor_limit_rule
+        if rule == "device_memory":
+            return len(set(device_tensors))
+        if rule == "non_intermediate":
+            return len(set(device_tensors) & set(io_tensors)) + (1 if pool else 0)
+        return 0
+
     def to_summary(self) -> dict:
         """Flat name -> value view (for CLI output and docs)."""
         out: dict[str, Any] = {}
@@ -269,7 +290,13 @@ _COMPOSITE = {
     "underfill_curve": UnderfillCurve,
 }
 _MAPPINGS = {"pt_dtype_rate_scale", "dtype_bytes"}
-_NOT_PARAMS = {"name", "digest", "description", "provenance", "bundle_tensor_limit_counts"}
+_NOT_PARAMS = {"name", "digest", "description", "provenance", "bundle_tensor_limit_counts",
+               "bundle_tensor_limit_rule"}
+# Parameters a target file may leave out, with the value that keeps an older file meaning
+# what it meant (LX contents die at a bundle boundary).
+_OPTIONAL = {"lx_persists_across_bundles": False}
+# What `bundle_tensor_limit` may count (the entry's "rule"; Hardware.bundle_slots).
+BUNDLE_RULES = ("device_memory", "non_intermediate", "none")
 
 
 def _param_names() -> list[str]:
@@ -314,6 +341,10 @@ def _convert(key: str, value: Any, field_type: str) -> Any:
         if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, int) for x in value)):
             raise HardwareError("parameter 'pt_array' must be [rows, cols]")
         return (value[0], value[1])
+    if field_type == "bool":
+        if not isinstance(value, bool):
+            raise HardwareError(f"parameter {key!r} must be true or false")
+        return value
     if field_type == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise HardwareError(f"parameter {key!r} must be an integer")
@@ -346,7 +377,7 @@ def hardware_from_dict(doc: dict, origin: str = "<dict>") -> Hardware:
         raise HardwareError(f"{origin}: 'params' must be an object")
 
     expected = _param_names()
-    missing = [k for k in expected if k not in params]
+    missing = [k for k in expected if k not in params and k not in _OPTIONAL]
     unknown = [k for k in params if k not in expected]
     if missing:
         raise HardwareError(f"{origin}: missing parameters {missing}")
@@ -356,6 +387,9 @@ def hardware_from_dict(doc: dict, origin: str = "<dict>") -> Hardware:
     types = {f.name: f.type for f in dataclasses.fields(Hardware)}
     values: dict[str, Any] = {}
     for key in expected:
+        if key not in params:
+            values[key] = _OPTIONAL[key]
+            continue
         entry = params[key]
         _check_entry(origin, key, entry)
         values[key] = _convert(key, entry["value"], str(types[key]))
@@ -363,6 +397,10 @@ def hardware_from_dict(doc: dict, origin: str = "<dict>") -> Hardware:
     counts = params["bundle_tensor_limit"].get("counts")
     if not isinstance(counts, str) or not counts.strip():
         raise HardwareError(f"{origin}: 'bundle_tensor_limit' must say what it 'counts'")
+    rule = params["bundle_tensor_limit"].get("rule", "device_memory")
+    if rule not in BUNDLE_RULES:
+        raise HardwareError(f"{origin}: 'bundle_tensor_limit' rule must be one of {list(BUNDLE_RULES)}, "
+                            f"got {rule!r}")
     _check_consistency(origin, values)
 
     provenance = MappingProxyType({
@@ -370,7 +408,8 @@ def hardware_from_dict(doc: dict, origin: str = "<dict>") -> Hardware:
     })
     digest = hashlib.sha256(canonical_json(doc).encode("ascii")).hexdigest()
     return Hardware(name=name, digest=digest, description=str(doc.get("description", "")),
-                    bundle_tensor_limit_counts=counts, provenance=provenance, **values)
+                    bundle_tensor_limit_counts=counts, bundle_tensor_limit_rule=rule,
+                    provenance=provenance, **values)
 
 
 def _check_consistency(origin: str, v: dict[str, Any]) -> None:

@@ -19,7 +19,9 @@ def test_spyre_target_facts():
     assert hw.stick_bytes == 128
     assert hw.lx_bytes_per_core == 2 * 1024 * 1024
     assert hw.lx_capacity_bytes == 1_589_376
-    assert hw.bundle_tensor_limit == 6 and "device memory" in hw.bundle_tensor_limit_counts
+    assert hw.bundle_tensor_limit == 6 and "program input or output" in hw.bundle_tensor_limit_counts
+    assert hw.bundle_tensor_limit_rule == "non_intermediate"
+    assert hw.lx_persists_across_bundles is True
     assert hw.per_core_span_bytes == 256 * 1024 * 1024
     assert hw.elems_per_stick("float16") == 64
     assert hw.elems_per_stick("float32") == 32
@@ -108,3 +110,32 @@ def test_derived_rates():
         < hw.pt_mac_per_ns("float16") < hw.pt_mac_per_ns("float16", "peak")
     assert hw.pt_pass_efficiency(64) == 1.0
     assert hw.pt_pass_efficiency(8) == pytest.approx((1 / 8) ** 0.5)
+
+
+def test_bundle_rule_and_lx_persistence():
+    hw = load_target()
+    # program inputs/outputs count one each, all device-memory intermediates one together
+    assert hw.bundle_slots({"x", "w", "t1", "t2"}, {"x", "w", "o"}, pool=True) == 3
+    assert hw.bundle_slots({"x", "w", "t1", "t2"}, {"x", "w", "o"}, pool=False) == 2
+    assert "PR #3683" in hw.provenance["lx_persists_across_bundles"]["source"]
+    doc = _doc()
+    doc["params"]["bundle_tensor_limit"]["rule"] = "device_memory"
+    assert hardware_from_dict(doc).bundle_slots({"x", "w", "t1", "t2"}, {"x"}, pool=True) == 4
+    doc["params"]["bundle_tensor_limit"]["rule"] = "none"
+    assert hardware_from_dict(doc).bundle_slots({"x", "w"}, {"x", "w"}, pool=True) == 0
+    doc["params"]["bundle_tensor_limit"]["rule"] = "segments"
+    with pytest.raises(HardwareError, match="rule"):
+        hardware_from_dict(doc)
+    # an older target file without the new keys keeps its old meaning
+    doc = _doc()
+    del doc["params"]["lx_persists_across_bundles"], doc["params"]["bundle_tensor_limit"]["rule"]
+    old = hardware_from_dict(doc)
+    assert old.lx_persists_across_bundles is False and old.bundle_tensor_limit_rule == "device_memory"
+    doc = _doc()
+    doc["params"]["lx_persists_across_bundles"]["value"] = 1
+    with pytest.raises(HardwareError, match="true or false"):
+        hardware_from_dict(doc)
+    doc = _doc()
+    del doc["params"]["lx_persists_across_bundles"]["source"]
+    with pytest.raises(HardwareError, match="source"):
+        hardware_from_dict(doc)
