@@ -24,9 +24,14 @@ tiles' partials in float32 (written after every tile: complete after the last on
 the cross-core combine of a split reduction dim. Every other op, in a kernel without a tile
 buffer or in none, runs op-major on its whole work slice (tiling there changes only timing).
 
+LX contents cross a bundle boundary only where the hardware says they do
+(`hw.lx_persists_across_bundles`); otherwise every core's LX is filled with 0xFF bytes (NaN
+in every float dtype) before each bundle after the first, as a new kernel launch may find it.
+
 Nothing here consults the validator: a wrong core->slice map leaves slices unwritten or
 written twice, an LX reader sliced differently from its producer reads another slice's
-bytes, overlapping live LX buffers clobber each other — each shows up as wrong numbers.
+bytes, overlapping live LX buffers clobber each other, an LX value read in a later bundle
+on hardware that wipes LX is NaN — each shows up as wrong numbers.
 Reads that fall outside a memory raise `RunError`.
 """
 from __future__ import annotations
@@ -334,7 +339,13 @@ def run_program(program: Program, inputs: Mapping[str, np.ndarray], hw) -> list[
     m = Machine(program, hw)
     m.load_inputs(inputs)
     tile_buffers = {t.id for t in program.tensors if isinstance(t.memory, LxMemory) and t.memory.per_tile}
+    bundle = program.ops[0].bundle if program.ops else 0
     for ks in fused_kernels(program):
+        if program.ops[ks[0]].bundle != bundle:
+            bundle = program.ops[ks[0]].bundle
+            if not hw.lx_persists_across_bundles:
+                for arr in m.lx.values():
+                    arr.fill(0xFF)   # a new kernel launch: LX holds whatever it held
         if tile_buffers and fused_group_key(program.ops[ks[0]]) is not None and any(
                 m.touches(k, tile_buffers) for k in ks):
             m.run_kernel(ks)

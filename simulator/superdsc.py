@@ -171,9 +171,10 @@ def lx_live_spans(program: "Program") -> dict[str, tuple[int, int]]:
 
 
 class Bundle(_Model):
-    """A device program: LX contents persist between its ops, never across bundles.
-    `external_tensors` are the tensors it references in device memory (counted against
-    the hardware's per-bundle limit)."""
+    """A device program (one kernel launch): LX contents persist between its ops, and across
+    bundles where the hardware says so (`hw.lx_persists_across_bundles`).
+    `external_tensors` are the tensors (alias roots) it references in device memory;
+    `hw.bundle_slots` says how much of the per-bundle limit they take."""
 
     id: int
     ops: list[str]

@@ -27,7 +27,8 @@ Codes (docs/simulator.md has the full table):
   lx_overlap          two LX buffers live at the same time overlap in address
   lx_size             an LX buffer is smaller than the slice (tile buffer: the tile) a core writes into it
   lx_live_range       an LX tensor written outside live_from or read outside its live range
-  lx_cross_bundle     an LX value read in another bundle than the one that wrote it
+  lx_cross_bundle     an LX value read in another bundle than the one that wrote it (only on hardware
+                      whose LX contents do not survive a bundle boundary: hw.lx_persists_across_bundles)
   lx_slice_mismatch   a core reads from its LX a slice it did not write (different slicing; for a
                       tile buffer: a tile-j box outside the producer's tile-j box on that core)
   lx_reduction_split  the output of an op with a split reduction dim (cross-core partial sums) in LX
@@ -40,7 +41,8 @@ Codes (docs/simulator.md has the full table):
   device_memory       a device-memory tensor ends past the usable device memory
   span_exceeded       a core's access to one tensor spans more than the per-core span
   bundle_structure    bundles do not partition the ops into consecutive groups / wrong lists
-  bundle_limit        a bundle references more external tensors than the hardware allows
+  bundle_limit        a bundle takes more of the hardware's per-bundle tensor limit than it allows
+                      (counted by hw.bundle_slots: the rule in the target file)
   alias_illegal       an alias claim whose bytes are not the output in its layout
 """
 from __future__ import annotations
@@ -104,7 +106,8 @@ def resolve_alias(tmap: dict[str, TensorDecl], t: str) -> str:
 
 def external_tensors(program: Program, op_ids: list[str], tmap: Optional[dict] = None,
                      by_id: Optional[dict] = None) -> set[str]:
-    """Device-memory tensors (alias roots) the given ops reference: what the bundle limit counts."""
+    """Device-memory tensors (alias roots) the given ops reference (`Bundle.external_tensors`);
+    `hw.bundle_slots` says how much of the per-bundle limit they take."""
     tmap = program.tensor_map() if tmap is None else tmap
     by_id = {o.id: o for o in program.ops} if by_id is None else by_id
     out: set[str] = set()
@@ -117,6 +120,24 @@ def external_tensors(program: Program, op_ids: list[str], tmap: Optional[dict] =
             if t in tmap and isinstance(tmap[t].memory, HbmMemory):
                 out.add(resolve_alias(tmap, t))
     return out
+
+
+def io_roots(program: Program, tmap: Optional[dict] = None) -> set[str]:
+    """Alias roots of the program's inputs and outputs: its non-intermediate tensors."""
+    tmap = program.tensor_map() if tmap is None else tmap
+    return {resolve_alias(tmap, t) for t in list(program.inputs) + list(program.outputs)}
+
+
+def bundle_slots_of(program: Program, hw, tmap: Optional[dict] = None) -> dict[int, int]:
+    """Bundle id -> how much of `hw.bundle_tensor_limit` it takes (`hw.bundle_slots` over the
+    device-memory tensors it references; the pool exists when any bundle references a
+    device-memory intermediate)."""
+    tmap = program.tensor_map() if tmap is None else tmap
+    by_id = {o.id: o for o in program.ops}
+    io = io_roots(program, tmap)
+    usage = {b.id: external_tensors(program, b.ops, tmap, by_id) for b in program.bundles}
+    pool = any(ext - io for ext in usage.values())
+    return {b: hw.bundle_slots(ext, io, pool) for b, ext in usage.items()}
 
 
 def _tile_order_problem(pbox, rbox) -> Optional[str]:
@@ -436,7 +457,8 @@ class _Checker:
             if not (m.live_from < k <= m.live_to):
                 self.add("lx_live_range", f"{o.id} (op {k}) reads LX tensor {tname} outside its live range "
                                           f"[{m.live_from}, {m.live_to}]", op=o.id, tensor=tname)
-            if 0 <= m.live_from < len(self.p.ops) and self.p.ops[m.live_from].bundle != o.bundle:
+            if not hw.lx_persists_across_bundles and 0 <= m.live_from < len(self.p.ops) and \
+                    self.p.ops[m.live_from].bundle != o.bundle:
                 self.add("lx_cross_bundle", f"{o.id} (bundle {o.bundle}) reads LX tensor {tname} written in "
                                             f"bundle {self.p.ops[m.live_from].bundle}", op=o.id, tensor=tname)
             if m.per_tile:
@@ -685,6 +707,11 @@ class _Checker:
         by_id = {o.id: o for o in p.ops}
         covered: list[str] = []
         prev_end = -1
+        io = io_roots(p, self.tmap)
+        exts = {b.id: external_tensors(p, [oid for oid in b.ops if oid in order], self.tmap, by_id)
+                for b in p.bundles}
+        pool = any(ext - io for ext in exts.values())
+        limit = self.hw.bundle_tensor_limit
         for b in p.bundles:
             idx = [order.get(oid) for oid in b.ops]
             if any(i is None for i in idx):
@@ -699,13 +726,16 @@ class _Checker:
                     self.add("bundle_structure", f"op {oid} is listed in bundle {b.id} but says bundle "
                                                  f"{p.ops[order[oid]].bundle}", op=oid)
             covered += b.ops
-            ext = external_tensors(p, b.ops, self.tmap, by_id)
+            ext = exts[b.id]
             if ext != set(b.external_tensors):
                 self.add("bundle_structure", f"bundle {b.id} declares external tensors "
                                              f"{sorted(b.external_tensors)}, references {sorted(ext)}")
-            if len(ext) > self.hw.bundle_tensor_limit:
-                self.add("bundle_limit", f"bundle {b.id} references {len(ext)} device-memory tensors "
-                                         f"> {self.hw.bundle_tensor_limit}: {sorted(ext)}")
+            used = self.hw.bundle_slots(ext, io, pool)
+            if used > limit:
+                counted = sorted(ext) if self.hw.bundle_tensor_limit_rule == "device_memory" else \
+                    sorted(ext & io) + (["<intermediate pool>"] if pool else [])
+                self.add("bundle_limit", f"bundle {b.id} takes {used} of its {limit} tensor slots "
+                                         f"({self.hw.bundle_tensor_limit_rule}): {counted}")
         if sorted(covered) != sorted(o.id for o in p.ops) or len(covered) != len(set(covered)):
             self.add("bundle_structure", "bundles do not cover every op exactly once")
 

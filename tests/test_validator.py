@@ -11,6 +11,7 @@ from solver.emit import emit_program
 from solver.naive import plan_naive
 from solver.plan import Residency
 from solver.planners import plan
+from tests.hw_variants import strict_bundles
 from tests.primgraphs import attention_scores, colsum, copies, mlp, softmax
 
 HW = load_target()
@@ -38,14 +39,14 @@ def naive_mlp():
     return plan(pg, HW, planner="naive")
 
 
-def _lx_softmax(**resident):
+def _lx_softmax(hw=HW, **resident):
     pg, _ = softmax(M=64, N=256)
-    d = plan_naive(pg, HW)
+    d = plan_naive(pg, hw)
     for op_id in ("amax", "sub", "exp", "sum", "div"):
         d.ops[op_id].core_split = {"m": 32}
     for t, addr in (resident or {"mx": 0, "sh": 8192, "ex": 16384, "sm": 24576}).items():
         d.resident[t] = Residency(addr)
-    return emit_program(pg, HW, d)
+    return emit_program(pg, hw, d)
 
 
 @pytest.fixture(scope="module")
@@ -235,15 +236,30 @@ def test_lx_live_range(lx_softmax):
     assert codes(d) == {"lx_live_range"}
 
 
-def test_lx_cross_bundle(lx_softmax):
-    d = _d(lx_softmax)
+def _cut_before_div(prog):
+    d = _d(prog)
     ids = [o["id"] for o in d["ops"]]
     cut = ids.index("div")
     for o in d["ops"][cut:]:
         o["bundle"] = 1
     d["bundles"] = [{"id": 0, "ops": ids[:cut], "external_tensors": ["x"]},
                     {"id": 1, "ops": ids[cut:], "external_tensors": ["p"]}]
-    assert codes(d) == {"lx_cross_bundle"}
+    return d
+
+
+def test_lx_cross_bundle():
+    """Where LX contents die at a bundle boundary, div (bundle 1) may not read ex and sm
+    written in bundle 0."""
+    hw = strict_bundles()
+    prog = _lx_softmax(hw=hw)
+    assert validate_program(prog, hw) == []
+    assert {i.code for i in validate_program(_cut_before_div(prog), hw)} == {"lx_cross_bundle"}
+
+
+def test_lx_read_in_a_later_bundle_is_valid_where_lx_persists(lx_softmax):
+    """Spyre (hw.lx_persists_across_bundles): the next kernel launch reads LX by address."""
+    assert HW.lx_persists_across_bundles
+    assert codes(_cut_before_div(lx_softmax)) == set()
 
 
 def test_lx_slice_mismatch(lx_softmax):
@@ -292,24 +308,51 @@ def test_span_exceeded():
     assert codes(emit_program(pg, HW, d)) == {"span_exceeded"}
 
 
-def test_bundle_structure_and_limit(naive_mlp):
+def _extra_relu(d, out, is_output):
+    """A copy of relu writing a new device-memory tensor `out`, added to bundle 0."""
+    d["tensors"].append(dict(_t(d, "o"), id=out, is_output=is_output,
+                             memory={"kind": "hbm", "offset": (10 + len(d["tensors"])) * 2 ** 20,
+                                     "alias_of": None}))
+    if is_output:
+        d["outputs"].append(out)
+    extra = copy.deepcopy(_op(d, "relu"))
+    extra["id"], extra["prim"]["id"] = f"relu_{out}", f"relu_{out}"
+    extra["prim"]["output"]["tensor"] = out
+    d["ops"].append(extra)
+    d["bundles"][0]["ops"].append(extra["id"])
+    d["bundles"][0]["external_tensors"].append(out)
+
+
+def test_bundle_structure_and_limit():
+    """The old count (every device-memory tensor), on a target that says so."""
+    hw = strict_bundles()
+    naive_mlp = plan(mlp()[0], hw, planner="naive")
+    codes_ = lambda d: {i.code for i in validate_program(d, hw)}  # noqa: E731
     d = _d(naive_mlp)
     d["ops"][2]["bundle"] = 7
-    assert "bundle_structure" in codes(d)
+    assert "bundle_structure" in codes_(d)
     d = _d(naive_mlp)
     d["bundles"][0]["external_tensors"] = ["x"]
-    assert codes(d) == {"bundle_structure"}
-    d = _d(naive_mlp)   # x w b y z o: 6 device-memory tensors; one more op reading a new tensor
+    assert codes_(d) == {"bundle_structure"}
+    d = _d(naive_mlp)   # x w b y z o: 6 device-memory tensors; one more op writing a new tensor
     assert len(d["bundles"]) == 1 and len(d["bundles"][0]["external_tensors"]) == 6
-    d["tensors"].append(dict(_t(d, "o"), id="o2", is_output=False,
-                             memory={"kind": "hbm", "offset": 10 * 2 ** 20, "alias_of": None}))
-    extra = copy.deepcopy(_op(d, "relu"))
-    extra["id"], extra["prim"]["id"] = "relu2", "relu2"
-    extra["prim"]["output"]["tensor"] = "o2"
-    d["ops"].append(extra)
-    d["bundles"][0]["ops"].append("relu2")
-    d["bundles"][0]["external_tensors"].append("o2")
-    assert codes(d) == {"bundle_limit"}
+    _extra_relu(d, "o2", is_output=False)
+    assert codes_(d) == {"bundle_limit"}
+
+
+def test_bundle_limit_counts_inputs_outputs_and_the_pool(naive_mlp):
+    """Spyre: program inputs and outputs count one each, device-memory intermediates one
+    together. x w b o + the pool (y, z) = 5 slots; a new intermediate is free, a new output
+    takes the sixth slot, a second one is one too many."""
+    d = _d(naive_mlp)
+    assert len(d["bundles"]) == 1 and len(d["bundles"][0]["external_tensors"]) == 6
+    _extra_relu(d, "t2", is_output=False)
+    _extra_relu(d, "o2", is_output=True)
+    assert codes(d) == set()
+    _extra_relu(d, "o3", is_output=True)
+    got = validate_program(d, HW)
+    assert {i.code for i in got} == {"bundle_limit"}
+    assert "7 of its 6" in got[0].message and "<intermediate pool>" in got[0].message
 
 
 def test_alias_illegal():
