@@ -9,8 +9,10 @@
   everything else a stick-aligned device-memory offset (a free alias copy shares its
   input's offset);
 - core slices (coreIdToWkSlice_), num_cores_used;
-- bundles: consecutive ops, cut where the planner asked and wherever the next op would push
-  the bundle past the hardware's external-tensor limit, never inside an LX live range;
+- bundles: the shared partition step (solver.bundles.partition): consecutive ops, cut where
+  the planner asked and wherever the next op would push the bundle past the hardware's
+  per-bundle tensor limit, never inside a live range the hardware forbids cutting (every LX
+  range when LX does not persist across bundles; tile buffers always);
 - stats: planner, hardware digest, compiler version and whatever the planner measured.
 
 It does not judge legality: the validator does (solver.planners.plan always runs it).
@@ -32,6 +34,7 @@ from simulator.geometry import (
 from simulator.superdsc import (
     Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
 )
+from solver.bundles import OpSequence, kernel_key, partition
 from solver.plan import OpPlan, PlanDecisions, restick_id
 
 # Device-memory allocations are aligned to this many bytes (a multiple of the stick).
@@ -81,7 +84,20 @@ def _ordered_ops(pg: PrimGraph, order: list[str]) -> list[PrimOp]:
     return [by_id[oid] for oid in order]
 
 
-def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
+class _Build:
+    """The program's ops in order (restickify ops included) and the tensors' layouts."""
+
+    def __init__(self, items, restick_made, consumers_of_restick, shapes, dtypes, roles, layouts,
+                 produced, resident):
+        self.items: list[_Item] = items
+        self.restick_made: dict[str, str] = restick_made   # restick tensor id -> source tensor id
+        self.consumers_of_restick: dict[str, list[tuple[PrimOp, int]]] = consumers_of_restick
+        self.shapes, self.dtypes, self.roles, self.layouts = shapes, dtypes, roles, layouts
+        self.produced: set[str] = produced
+        self.resident: dict = resident
+
+
+def _build_items(pg: PrimGraph, hw, decisions: PlanDecisions) -> _Build:
     stick_bytes = hw.stick_bytes
     op_ids = {op.id for op in pg.ops}
     unknown = sorted(set(decisions.ops) - op_ids)
@@ -144,9 +160,83 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
     for it in items:
         if it.kind == "restickify" and it.src in resident and it.dst in resident:
             it.kind = "relayout"
+    return _Build(items, restick_made, consumers_of_restick, shapes, dtypes, roles, layouts, produced,
+                  resident)
+
+
+def _live_ranges(items: list[_Item], resident) -> dict[str, tuple[int, int]]:
+    """LX-resident tensor -> (producer index, last reader index): its LX live range."""
+    producer_index: dict[str, int] = {}
+    last_reader: dict[str, int] = {}
+    for k, it in enumerate(items):
+        producer_index[it.prim.output.tensor] = k
+        for acc in it.prim.inputs:
+            last_reader[acc.tensor] = k
+    return {t: (producer_index[t], max(last_reader.get(t, producer_index[t]), producer_index[t]))
+            for t in resident if t in producer_index}
+
+
+def _bundle_starts(items: list[_Item], decisions: PlanDecisions) -> set[int]:
+    """Op indices of the planner's bundle starts (moved back over restickify ops that feed
+    the op, so a copy runs in its consumer's bundle)."""
+    item_index = {it.prim.id: k for k, it in enumerate(items)}
+    starts = set()
+    for op_id in decisions.bundle_starts:
+        k = item_index.get(op_id)
+        if k is None:
+            raise EmitError(f"bundle start {op_id!r} is not an op")
+        while k > 0 and items[k - 1].kind in ("restickify", "relayout") and \
+                items[k - 1].dst in (a.tensor for a in items[k].prim.inputs):
+            k -= 1
+        starts.add(k)
+    return starts
+
+
+def _cores(plan: Optional[OpPlan]) -> int:
+    if plan is None:
+        return 1
+    if plan.core_slices is not None:
+        return max(1, len(plan.core_slices))
+    n = 1
+    for f in plan.core_split.values():
+        n *= max(1, int(f))
+    return n
+
+
+def _op_sequence(pg: PrimGraph, items: list[_Item], alias_of: dict[str, str], resident,
+                 lx_ranges: dict[str, tuple[int, int]]) -> OpSequence:
+    root = lambda t: alias_of.get(t, t)  # noqa: E731
+    refs = [frozenset(root(t) for t in [a.tensor for a in it.prim.inputs] + [it.prim.output.tensor])
+            for it in items]
+    io = frozenset(root(t) for t in list(pg.inputs) + list(pg.outputs))
+    per_tile = frozenset(t for t, r in resident.items() if getattr(r, "per_tile", False))
+    keys = [kernel_key(it.kind, it.plan.temporal_tiles if it.plan is not None else {}, _cores(it.plan),
+                       alias=bool(it.plan is not None and it.plan.alias)) for it in items]
+    return OpSequence(refs=refs, io=io, lx_ranges=dict(lx_ranges), per_tile=per_tile & set(lx_ranges),
+                      kernel_key=keys)
+
+
+def op_sequence(pg: PrimGraph, hw, decisions: PlanDecisions) -> tuple[OpSequence, set[int]]:
+    """The program `emit_program` would make of `decisions`, as the partition step sees it
+    (solver.bundles.OpSequence), and the op indices where the planner asks for a bundle start."""
+    b = _build_items(pg, hw, decisions)
+    alias_of: dict[str, str] = {}
+    for it in b.items:
+        if it.kind == "compute" and it.plan.alias and it.prim.inputs:
+            src = it.prim.inputs[0].tensor
+            alias_of[it.prim.output.tensor] = alias_of.get(src, src)
+    seq = _op_sequence(pg, b.items, alias_of, b.resident, _live_ranges(b.items, b.resident))
+    return seq, _bundle_starts(b.items, decisions)
+
+
+def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
+    stick_bytes = hw.stick_bytes
+    build = _build_items(pg, hw, decisions)
+    items, restick_made, consumers_of_restick = build.items, build.restick_made, build.consumers_of_restick
+    shapes, dtypes, roles, layouts = build.shapes, build.dtypes, build.roles, build.layouts
+    produced, resident = build.produced, build.resident
 
     # -- splits and slices -----------------------------------------------------------------
-    item_index = {it.prim.id: k for k, it in enumerate(items)}
     splits: dict[str, dict[str, int]] = {}
     slices: dict[str, list[CoreSlice]] = {}
     slice_cache: dict[tuple, list[CoreSlice]] = {}
@@ -221,16 +311,9 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
                for t in tensor_order]
 
     # -- ops and bundles -----------------------------------------------------------------------
-    starts = set()
-    for op_id in decisions.bundle_starts:
-        k = item_index.get(op_id)
-        if k is None:
-            raise EmitError(f"bundle start {op_id!r} is not an op")
-        while k > 0 and items[k - 1].kind in ("restickify", "relayout") and \
-                items[k - 1].dst in (a.tensor for a in items[k].prim.inputs):
-            k -= 1
-        starts.add(k)
-    bundle_of = _cut_bundles(items, memories, alias_of, hw.bundle_tensor_limit, starts)
+    lx_ranges = {t: (m.live_from, m.live_to) for t, m in memories.items() if isinstance(m, LxMemory)}
+    seq = _op_sequence(pg, items, alias_of, resident, lx_ranges)
+    bundle_of = partition(seq, hw, _bundle_starts(items, decisions)).bundle_of
 
     ops: list[OpDecl] = []
     for k, it in enumerate(items):
@@ -321,40 +404,3 @@ def _external(items: list[_Item], member: list[int], memories: dict, alias_of: d
     for k in member:
         out |= _hbm_refs(items[k], memories, alias_of)
     return out
-
-
-def _cut_bundles(items: list[_Item], memories: dict, alias_of: dict[str, str], limit: int,
-                 starts: set[int]) -> list[int]:
-    """Bundle index per op: greedy, cutting before an op that would push the bundle past
-    `limit` external tensors (or where the planner asked), never inside an LX live range.
-    When the limit is hit inside a live range, the cut moves back to the latest legal point
-    (before the range opened) if the bundle from there fits."""
-    n = len(items)
-    legal = [k > 0 for k in range(n)]  # cutting before op k keeps every LX range in one bundle
-    for m in memories.values():
-        if isinstance(m, LxMemory):
-            for k in range(m.live_from + 1, min(m.live_to, n - 1) + 1):
-                legal[k] = False
-    refs = [_hbm_refs(it, memories, alias_of) for it in items]
-    bundle_of: list[int] = []
-    b, start = 0, 0
-    cur: set[str] = set()
-    for k in range(n):
-        if legal[k] and (k in starts or len(cur | refs[k]) > limit):
-            b, start, cur = b + 1, k, set()
-        elif len(cur | refs[k]) > limit and k > start:
-            j = max((j for j in range(start + 1, k) if legal[j]), default=None)
-            if j is not None:
-                tail: set[str] = set()
-                for q in range(j, k + 1):
-                    tail |= refs[q]
-                if len(tail) <= limit:
-                    b, start = b + 1, j
-                    for q in range(j, k):
-                        bundle_of[q] = b
-                    cur = tail - refs[k]
-                    for q in range(j, k):
-                        cur |= refs[q]
-        cur |= refs[k]
-        bundle_of.append(b)
-    return bundle_of

@@ -11,9 +11,11 @@ from solver.emit import EmitError, emit_program
 from solver.naive import plan_naive
 from solver.plan import OpPlan, PlanDecisions, Residency, restick_id
 from solver.planners import plan
+from tests.hw_variants import spyre_variant, strict_bundles
 from tests.primgraphs import ALL, attention_scores, copies, softmax
 
 HW = load_target()
+STRICT = strict_bundles()
 
 
 def _two_consumers():
@@ -76,29 +78,45 @@ def test_resident_chain_gets_lx_live_ranges_and_relayout():
     assert len({o.bundle for o in prog.ops}) == 1
 
 
-def test_bundles_respect_the_external_tensor_limit():
-    n = 12
+def _exp_chain(n=12):
+    from lowering.primitives import PrimGraph
     tensors = {"t0": PrimTensor("t0", (64, 64), "float16", "user_input")}
     ops = []
     for i in range(n):
         tensors[f"t{i + 1}"] = PrimTensor(f"t{i + 1}", (64, 64), "float16")
         ops.append(PrimOp(f"e{i}", (IterDim("m", 64), IterDim("n", 64)), (Access(f"t{i}", (0, 1)),),
                           Access(f"t{i + 1}", (0, 1)), PointwiseBody(Call("exp", (In(0),)))))
-    from lowering.primitives import PrimGraph
-    pg = PrimGraph("chain", tensors, ops, ["t0"], [f"t{n}"])
-    prog = plan(pg, HW, planner="naive")
+    return PrimGraph("chain", tensors, ops, ["t0"], [f"t{n}"])
+
+
+def test_bundles_respect_the_external_tensor_limit():
+    """Counted as the old program model did (every device-memory tensor; LX dies at a
+    bundle boundary): a chain of 12 ops needs several bundles."""
+    hw = STRICT
+    pg = _exp_chain()
+    prog = plan(pg, hw, planner="naive")
     assert len(prog.bundles) > 1
     for b in prog.bundles:
-        assert len(b.external_tensors) <= HW.bundle_tensor_limit
+        assert len(b.external_tensors) <= hw.bundle_tensor_limit
         assert set(b.external_tensors) == external_tensors(prog, b.ops)
     # residency forbids a cut: keep t3..t5 in LX, the cut must not fall between e2 and e5
-    d = plan_naive(pg, HW)
+    d = plan_naive(pg, hw)
     d.resident["t3"] = Residency(0)
     d.resident["t4"] = Residency(4096)
-    prog = emit_program(pg, HW, d)
-    assert validate_program(prog, HW) == []
+    prog = emit_program(pg, hw, d)
+    assert validate_program(prog, hw) == []
     b = {o.id: o.bundle for o in prog.ops}
     assert b["e2"] == b["e3"] == b["e4"]
+
+
+def test_intermediates_in_device_memory_share_one_slot():
+    """On Spyre the limit counts program inputs and outputs, and all device-memory
+    intermediates together as one pool (torch-spyre fusion.py before PR #3069): the chain
+    is one bundle (t0, t12 and the pool: 3 of 6 slots)."""
+    pg = _exp_chain()
+    prog = plan(pg, HW, planner="naive")
+    assert len(prog.bundles) == 1 and len(prog.bundles[0].external_tensors) == 13
+    assert validate_program(prog, HW) == []
 
 
 def test_alias_copy_shares_bytes():
@@ -190,9 +208,8 @@ def test_naive_reduces_spans_over_the_per_core_limit():
     assert "span_exceeded" in {i.code for i in validate_program(emit_program(pg, HW, d), HW)}
 
 
-def test_bundle_cut_moves_before_an_lx_range_when_the_limit_hits_inside_it():
-    """A chain where each op adds device-memory tensors: the greedy cut would fall inside the
-    live range of an LX-resident tensor; the emitter cuts before the range instead."""
+def _add_chain():
+    """t_{i+1} = t_i + w_i over 8 ops, each reading its own parameter."""
     from lowering.primitives import PrimGraph
     tensors = {"t0": PrimTensor("t0", (64, 64), "float16", "user_input")}
     ops = []
@@ -202,14 +219,48 @@ def test_bundle_cut_moves_before_an_lx_range_when_the_limit_hits_inside_it():
         ops.append(PrimOp(f"a{i}", (IterDim("m", 64), IterDim("n", 64)),
                           (Access(f"t{i}", (0, 1)), Access(f"w{i}", (0, 1))), Access(f"t{i + 1}", (0, 1)),
                           PointwiseBody(Call("add", (In(0), In(1))))))
-    pg = PrimGraph("chain2", tensors, ops, ["t0"] + [f"w{i}" for i in range(8)], ["t8"])
-    d = plan_naive(pg, HW)
+    return PrimGraph("chain2", tensors, ops, ["t0"] + [f"w{i}" for i in range(8)], ["t8"])
+
+
+def test_bundle_cut_moves_before_an_lx_range_when_the_limit_hits_inside_it():
+    """A chain where each op adds device-memory tensors: the greedy cut would fall inside the
+    live range of an LX-resident tensor; where LX dies at a bundle boundary the emitter
+    cuts before the range instead."""
+    hw = STRICT
+    pg = _add_chain()
+    d = plan_naive(pg, hw)
     # greedy fills bundle 0 with a0..a2 (6 tensors) and would cut before a3, inside the live
     # range of t3 (a2 -> a3): the cut moves back before a2
     d.resident["t3"] = Residency(0)
-    prog = emit_program(pg, HW, d)
-    assert validate_program(prog, HW) == []
+    prog = emit_program(pg, hw, d)
+    assert validate_program(prog, hw) == []
     b = {o.id: o.bundle for o in prog.ops}
     assert b["a2"] == b["a3"] and b["a1"] != b["a2"]
     for bd in prog.bundles:
-        assert len(bd.external_tensors) <= HW.bundle_tensor_limit
+        assert len(bd.external_tensors) <= hw.bundle_tensor_limit
+
+
+def test_bundle_cut_inside_an_lx_range_where_lx_persists():
+    """On Spyre LX contents survive a bundle boundary: the greedy cut stays where the limit
+    hits (pool + t0 + w0..w3 = 6 slots, so a4 starts bundle 1), inside t4's live range
+    (a3 -> a4), the program is valid and its functional run matches the interpreter. The
+    same program on a target whose LX is wiped at a bundle boundary reads garbage."""
+    from lowering.interpreter import interpret
+    from simulator.api import compare
+    from simulator.run import run_program
+    from tests.primgraphs import inputs_for
+
+    pg = _add_chain()
+    d = plan_naive(pg, HW)
+    d.resident["t4"] = Residency(0)
+    prog = emit_program(pg, HW, d)
+    assert validate_program(prog, HW) == []
+    b = {o.id: o.bundle for o in prog.ops}
+    assert b["a3"] == 0 and b["a4"] == 1
+    inp = inputs_for(pg)
+    ref = interpret(pg, inp)
+    assert compare(run_program(prog, inp, HW), ref)[1] < 2e-3
+    wiped = spyre_variant(lx_persists=False)
+    assert not compare(run_program(prog, inp, wiped), ref)[1] < 2e-3   # NaN or wrong
+    assert "lx_cross_bundle" in {i.code for i in validate_program(prog.to_dict() | {"stats": {
+        **prog.stats.model_dump(), "hardware_digest": wiped.digest}}, wiped)}

@@ -18,11 +18,12 @@ Pipeline, in upstream's pass order (torch_spyre/_inductor/passes.py):
 Views that are free on the device layout (a reshape of outer dims) are claimed as aliases,
 as Inductor's ReinterpretView makes them free upstream.
 
-Where our program model is stricter than upstream (LX contents never cross a bundle, and
-a bundle references at most `hw.bundle_tensor_limit` device-memory tensors), residencies
-whose live range would force a bundle past that limit are dropped, longest first, until
-the program validates. docs/baseline.md lists where this follows upstream and where it
-had to guess.
+Bundles are cut by the shared partition step (solver.bundles), as for every planner. On a
+target whose LX contents do not survive a bundle boundary (`hw.lx_persists_across_bundles`
+false; on Spyre they do, as upstream's planner assumes), residencies whose live range would
+force a bundle past `hw.bundle_tensor_limit` are dropped, longest first
+(`solver.bundles.fit_bundles`). docs/baseline.md lists where this follows upstream and where
+it had to guess.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from simulator.superdsc import CoreSlice
 from solver.baseline.propagate_layouts import BEAM_WIDTH, beam_search_layouts
 from solver.baseline.scratchpad import LxBuffer, greedy_place, lx_eligible_op
 from solver.baseline.work_division import divide_work
+from solver.bundles import fit_bundles
 from solver.plan import OpPlan, PlanDecisions, Residency, restick_id
 from solver.planners import register
 
@@ -169,7 +171,8 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
         placed = [b for b in buffers if b.address is not None]
         for b in placed:
             decisions.resident[b.name] = Residency(lx_address=b.address, size_per_core=b.size)
-        dropped = _fit_bundles(pg, hw, steps, decisions)
+        decisions, drop = fit_bundles(pg, hw, decisions)
+        dropped = len(drop)
         relayouts = sum(1 for st in steps if st.restick_of is not None and st.restick_of in decisions.resident
                         and st.prim.inputs[0].tensor in decisions.resident)
         notes.append(f"LX: {len(buffers)} eligible buffers, {len(placed)} placed first-fit, "
@@ -276,48 +279,6 @@ def _covers(boxes, full) -> bool:
         return False
     return all(min(b[j][0] for b in boxes) == full[j][0] and max(b[j][1] for b in boxes) == full[j][1]
                for j in range(len(full)))
-
-
-def _fit_bundles(pg: PrimGraph, hw, steps: list[_Step], decisions: PlanDecisions) -> int:
-    """Drop residencies until bundling can respect the external-tensor limit; returns how
-    many were dropped.
-
-    Replays the emitter's bundling (solver.emit: greedy cuts before an op that would push
-    the bundle past the limit, never inside an LX live range) over the steps; where a bundle
-    overflows because no cut is allowed, the longest live range spanning that op leaves LX
-    and the replay starts again."""
-    alias_root: dict[str, str] = {}
-    for st in steps:
-        if st.alias:
-            src = st.prim.inputs[0].tensor
-            alias_root[st.prim.output.tensor] = alias_root.get(src, src)
-    index_of_producer = {st.prim.output.tensor: k for k, st in enumerate(steps)}
-    last_reader: dict[str, int] = {}
-    for k, st in enumerate(steps):
-        for acc in st.prim.inputs:
-            last_reader[acc.tensor] = k
-    dropped = 0
-    while True:
-        ranges = {t: (index_of_producer[t], last_reader.get(t, index_of_producer[t]))
-                  for t in decisions.resident}
-        cur: set[str] = set()
-        victim = None
-        for k, st in enumerate(steps):
-            refs = {alias_root.get(t, t) for t in [a.tensor for a in st.prim.inputs] + [st.prim.output.tensor]
-                    if t not in decisions.resident}
-            if len(cur | refs) <= hw.bundle_tensor_limit or k == 0:
-                cur |= refs
-                continue
-            spanning = [(hi - lo, t) for t, (lo, hi) in ranges.items() if lo < k <= hi]
-            if not spanning:
-                cur = refs  # the emitter cuts here
-                continue
-            victim = max(spanning)[1]
-            break
-        if victim is None:
-            return dropped
-        del decisions.resident[victim]
-        dropped += 1
 
 
 register("heuristic", plan_heuristic)

@@ -1,0 +1,171 @@
+"""Bundles: the one partition step every planner uses.
+
+A bundle is one device program (one kernel launch). The hardware file says what limits it:
+- `hw.bundle_tensor_limit`, counted by `hw.bundle_slots` (the target's rule: on Spyre the
+  program inputs and outputs a bundle references, plus one for the pool of device-memory
+  intermediates);
+- `hw.lx_persists_across_bundles`: when false, LX contents die at a bundle boundary, so no
+  cut may fall inside an LX live range. A tile buffer (`per_tile`) exists only inside its
+  fused kernel's tile loop, so no cut ever falls inside its live range.
+
+`partition(seq, hw, starts)` cuts a program's ops (in order) into bundles greedily: an op
+joins the current bundle unless that would take the bundle past the limit. The cut then
+goes at the latest point where the new bundle fits, preferring a point outside a fused
+coarse-tiled run (consecutive compute ops with the same temporal tile count > 1 on the
+same cores: a cut there would split one kernel into two) and never inside a live range
+that must not be cut. Where no such point exists the bundle stays over the limit and the
+partition says which LX live ranges are in the way (`blocked`).
+
+`fit_residencies(seq, hw)` drops residencies, the longest live range across the first
+blocked op first, until nothing is blocked (nothing to do when LX persists across bundles);
+`fit_bundles(pg, hw, decisions)` does it on plan decisions. The emitter (solver.emit) calls
+`partition` for every planner's program; planners that choose residencies call
+`fit_bundles` (solver.baseline.passes; the CP-SAT planner can do the same).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Optional
+
+
+@dataclass(frozen=True)
+class OpSequence:
+    """What the partition step needs of a program, in op order (restickify ops included)."""
+
+    refs: list[frozenset[str]]                  # per op: alias roots of every tensor it reads or writes
+    io: frozenset[str]                          # alias roots of the program inputs and outputs
+    lx_ranges: dict[str, tuple[int, int]]       # LX-resident tensor -> (producer index, last reader index)
+    per_tile: frozenset[str] = frozenset()      # resident tile buffers
+    kernel_key: list[Optional[tuple]] = field(default_factory=list)  # per op: fused-run key or None
+
+    def device_refs(self) -> list[frozenset[str]]:
+        """Per op, the tensors it references in device memory (resident tensors are in LX)."""
+        lx = set(self.lx_ranges)
+        return [frozenset(r - lx) for r in self.refs]
+
+
+@dataclass
+class Partition:
+    bundle_of: list[int]                        # bundle index per op
+    over_limit: list[int] = field(default_factory=list)   # bundles past the limit
+    blocked: Optional[int] = None               # first op where a needed cut was kept out by LX
+    blocking: list[str] = field(default_factory=list)     # LX tensors whose live range spans that op
+
+    @property
+    def fits(self) -> bool:
+        return not self.over_limit
+
+
+def kernel_key(kind: str, temporal_tiles: dict, cores: int, alias: bool = False) -> Optional[tuple]:
+    """The fused coarse-tiled run key of an op (simulator.superdsc.fused_group_key without
+    the bundle): compute ops (not alias copies) with more than one temporal tile, by tile
+    count and cores."""
+    if kind != "compute" or alias:
+        return None
+    tiles = 1
+    for f in temporal_tiles.values():
+        tiles *= max(1, int(f))
+    return (tiles, cores) if tiles > 1 else None
+
+
+def uncuttable(seq: OpSequence, hw) -> dict[int, list[str]]:
+    """Op index k -> the LX tensors whose live range forbids a cut before op k."""
+    out: dict[int, list[str]] = {}
+    n = len(seq.refs)
+    for t, (a, b) in seq.lx_ranges.items():
+        if hw.lx_persists_across_bundles and t not in seq.per_tile:
+            continue
+        for k in range(a + 1, min(b, n - 1) + 1):
+            out.setdefault(k, []).append(t)
+    return out
+
+
+def partition(seq: OpSequence, hw, starts: Iterable[int] = ()) -> Partition:
+    """Bundle index per op (module docstring). `starts`: op indices where the planner asks
+    for a new bundle (honoured where a cut is allowed)."""
+    n = len(seq.refs)
+    starts = set(starts)
+    limit = hw.bundle_tensor_limit
+    no_cut = uncuttable(seq, hw)
+    keys = seq.kernel_key or [None] * n
+    inside_run = [k > 0 and keys[k] is not None and keys[k] == keys[k - 1] for k in range(n)]
+    dev = seq.device_refs()
+    pool = any(r - seq.io for r in dev)
+
+    def slots(tensors) -> int:
+        return hw.bundle_slots(tensors, seq.io, pool)
+
+    def cut_point(start: int, k: int) -> Optional[int]:
+        """Latest j in (start, k] to start a bundle so that ops j..k fit, outside a fused
+        run if possible; None when every such j is inside an uncuttable live range."""
+        tail: set[str] = set()
+        fallback = None
+        for j in range(k, start, -1):
+            tail |= dev[j]
+            if j < k and slots(tail) > limit:
+                break
+            if j in no_cut:
+                continue
+            if not inside_run[j]:
+                return j
+            if fallback is None:
+                fallback = j
+        return fallback
+
+    part = Partition(bundle_of=[])
+    b, start = 0, 0
+    cur: set[str] = set()
+    for k in range(n):
+        if k > start and k in starts and k not in no_cut:
+            b, start, cur = b + 1, k, set()
+        elif k > start and slots(cur | dev[k]) > limit:
+            j = cut_point(start, k)
+            if j is None:
+                if part.blocked is None:
+                    part.blocked = k
+                    part.blocking = sorted(no_cut.get(k, []))
+            else:
+                b, start = b + 1, j
+                cur = set()
+                for q in range(j, k):
+                    part.bundle_of[q] = b
+                    cur |= dev[q]
+        cur |= dev[k]
+        part.bundle_of.append(b)
+    members: dict[int, set[str]] = {}
+    for k, bk in enumerate(part.bundle_of):
+        members.setdefault(bk, set()).update(dev[k])
+    part.over_limit = [bk for bk, ts in sorted(members.items()) if slots(ts) > limit]
+    return part
+
+
+def fit_residencies(seq: OpSequence, hw, starts: Iterable[int] = ()) -> list[str]:
+    """Residencies to drop (in the order dropped) so that no bundle is over the limit for
+    want of a cut inside an LX live range: each round drops the longest live range across
+    the first blocked op. [] when LX persists across bundles and no tile buffer is in the way."""
+    starts = list(starts)
+    ranges = dict(seq.lx_ranges)
+    dropped: list[str] = []
+    while True:
+        part = partition(replace(seq, lx_ranges=ranges, per_tile=seq.per_tile & set(ranges)), hw, starts)
+        if part.blocked is None or not part.blocking:
+            return dropped
+        k = part.blocked
+        victim = max(part.blocking, key=lambda t: (ranges[t][1] - ranges[t][0], t))
+        assert ranges[victim][0] < k <= ranges[victim][1]
+        del ranges[victim]
+        dropped.append(victim)
+
+
+def fit_bundles(pg, hw, decisions):
+    """`decisions` with the residencies `fit_residencies` drops removed, and the dropped
+    tensor ids: the program the emitter makes of it keeps every bundle within the limit
+    wherever a cut can do it (only a single op past the limit cannot be helped)."""
+    from solver.emit import op_sequence
+
+    seq, starts = op_sequence(pg, hw, decisions)
+    drop = fit_residencies(seq, hw, starts)
+    if not drop:
+        return decisions, []
+    resident = {t: r for t, r in decisions.resident.items() if t not in set(drop)}
+    return replace(decisions, resident=resident), drop
