@@ -72,11 +72,13 @@ def register(name: str, fn: PlannerFn) -> None:
 
 
 def ensure_registered(name: str) -> None:
-    """Planners living in modules that register themselves on import (cpsat, heuristic)."""
+    """Planners living in modules that register themselves on import (cpsat, heuristic,
+    torch-spyre-coopt)."""
     if name in PLANNERS:
         return
     import importlib
-    for module in ("solver.spyre.cpsat_planner", "solver.baseline.passes"):
+    for module in ("solver.spyre.cpsat_planner", "solver.baseline.passes",
+                   "solver.baseline.coopt_ilp_solver_ortools"):
         try:
             importlib.import_module(module)
         except ImportError:
