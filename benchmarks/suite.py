@@ -2,13 +2,15 @@
 
 Service-side (no torch): graphs are read from the committed documents under
 benchmarks/graphs/<suite>/ (regenerate them with benchmarks/graphs/make_graphs.py), lowered,
-planned with naive, heuristic (the torch-spyre baseline) and cpsat, validated (plan() always
+planned with naive, heuristic (the torch-spyre baseline), torch-spyre-coopt (upstream's joint
+CP-SAT co-optimizer, the second baseline) and cpsat, validated (plan() always
 validates) and timed by the simulator's timing model. `sticksat bench` is the CLI.
 
-Per graph: naive_us, heuristic_us, cpsat_us (simulated), lower_bound_us and split_bound_us (solver.lower_bound),
+Per graph: naive_us, heuristic_us, torch-spyre-coopt_us (attribute `coopt_us`), cpsat_us (simulated), lower_bound_us and split_bound_us (solver.lower_bound),
 cpsat_gap and cpsat_bound_us (the solver's own gap and proven bound, in its cost model's
 units), solve_s (cpsat wall time), valid (every planner's program passed the validator, and with numerics every functional run matched the reference).
-Per suite: the geometric mean of heuristic_us / cpsat_us.
+Per suite: the geometric means of heuristic_us / cpsat_us and of torch-spyre-coopt_us / cpsat_us
+(the `coopt/cpsat` column).
 """
 from __future__ import annotations
 
@@ -23,7 +25,14 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 GRAPHS_DIR = Path(__file__).resolve().parent / "graphs"
-PLANNER_NAMES = ("naive", "heuristic", "cpsat")
+PLANNER_NAMES = ("naive", "heuristic", "torch-spyre-coopt", "cpsat")
+# planners with a time limit and a deterministic mode (bench passes --time-limit / --deterministic)
+SEARCH_PLANNERS = ("cpsat", "torch-spyre-coopt")
+
+
+def _attr(planner: str) -> str:
+    """BenchRow attribute of a planner's simulated time (`torch-spyre-coopt` -> `coopt_us`)."""
+    return "coopt_us" if planner == "torch-spyre-coopt" else f"{planner}_us"
 # Functional runs keep every tensor in numpy byte arrays: graphs whose tensors total more
 # than this are timed but not run.
 NUMERICS_MAX_BYTES = 64 * 2**20
@@ -37,6 +46,7 @@ class BenchRow:
     ops: int = 0
     naive_us: Optional[float] = None
     heuristic_us: Optional[float] = None
+    coopt_us: Optional[float] = None          # torch-spyre-coopt (reported as torch-spyre-coopt_us)
     cpsat_us: Optional[float] = None
     lower_bound_us: Optional[float] = None
     per_op_bound_us: Optional[float] = None
@@ -47,6 +57,7 @@ class BenchRow:
     cpsat_status: Optional[str] = None
     solve_s: Optional[float] = None
     heuristic_solve_s: Optional[float] = None
+    coopt_solve_s: Optional[float] = None
     cpsat_notes: list[str] = field(default_factory=list)   # the plan's own account (stats.notes)
     # with numerics: per planner, max relative error of the functional run vs the reference
     max_rel_err: dict[str, float] = field(default_factory=dict)
@@ -57,6 +68,13 @@ class BenchRow:
     def speedup_vs_heuristic(self) -> Optional[float]:
         if self.heuristic_us and self.cpsat_us:
             return self.heuristic_us / self.cpsat_us
+        return None
+
+    @property
+    def speedup_vs_coopt(self) -> Optional[float]:
+        """torch-spyre-coopt_us / cpsat_us (the `coopt/cpsat` column)."""
+        if self.coopt_us and self.cpsat_us:
+            return self.coopt_us / self.cpsat_us
         return None
 
 
@@ -73,13 +91,27 @@ class BenchReport:
     def geomean_speedup_vs_heuristic(self) -> Optional[float]:
         return geomean(r.speedup_vs_heuristic for r in self.rows)
 
+    @property
+    def geomean_speedup_vs_coopt(self) -> Optional[float]:
+        return geomean(r.speedup_vs_coopt for r in self.rows)
+
     def to_dict(self) -> dict:
         return {
             "suite": self.suite, "date": self.date, "machine": self.machine,
             "time_limit_s": self.time_limit_s, "deterministic": self.deterministic,
-            "graphs": [dict(asdict(r), speedup_vs_heuristic=r.speedup_vs_heuristic) for r in self.rows],
+            "graphs": [_row_dict(r) for r in self.rows],
             "geomean_speedup_vs_heuristic": self.geomean_speedup_vs_heuristic,
+            "geomean_speedup_vs_coopt": self.geomean_speedup_vs_coopt,
         }
+
+
+def _row_dict(r: BenchRow) -> dict:
+    d = asdict(r)
+    d["torch-spyre-coopt_us"] = d.pop("coopt_us")
+    d["torch-spyre-coopt_solve_s"] = d.pop("coopt_solve_s")
+    d["speedup_vs_heuristic"] = r.speedup_vs_heuristic
+    d["coopt/cpsat"] = r.speedup_vs_coopt
+    return d
 
 
 def geomean(values: Iterable[Optional[float]]) -> Optional[float]:
@@ -162,7 +194,7 @@ def run_graph(name: str, doc, hw, time_limit_s: float = 10.0, deterministic: boo
     run_numerics = numerics and sum(t.nbytes for t in pg.tensors.values()) <= NUMERICS_MAX_BYTES
     for planner in planners:
         kwargs = {}
-        if planner == "cpsat":
+        if planner in SEARCH_PLANNERS:
             kwargs = dict(time_limit_s=time_limit_s, deterministic=deterministic)
         t0 = time.perf_counter()
         try:
@@ -173,7 +205,7 @@ def run_graph(name: str, doc, hw, time_limit_s: float = 10.0, deterministic: boo
             row.errors[planner] = _short(exc)
             ok = False
             continue
-        setattr(row, f"{planner}_us", simulated)
+        setattr(row, _attr(planner), simulated)
         if run_numerics:
             from simulator.api import simulate
 
@@ -185,6 +217,8 @@ def run_graph(name: str, doc, hw, time_limit_s: float = 10.0, deterministic: boo
                 row.max_rel_err[planner] = res.max_rel_err
         if planner == "heuristic":
             row.heuristic_solve_s = wall
+        if planner == "torch-spyre-coopt":
+            row.coopt_solve_s = wall
         if planner == "cpsat":
             row.solve_s = wall
             row.cpsat_gap = program.stats.gap
@@ -212,7 +246,10 @@ def run_suite(suite: str, time_limit_s: float = 10.0, deterministic: bool = Fals
 
 
 # -- reporting ----------------------------------------------------------------------------------
-COLUMNS = ("graph", "naive_us", "heuristic_us", "cpsat_us", "lower_bound_us", "cpsat_gap", "solve_s", "valid")
+COLUMNS = ("graph", "naive_us", "heuristic_us", "coopt_us", "cpsat_us", "lower_bound_us", "cpsat_gap", "solve_s", "valid")
+
+
+_HEAD = {"coopt_us": "torch-spyre-coopt_us"}
 
 
 def _fmt(v) -> str:
@@ -226,14 +263,16 @@ def _fmt(v) -> str:
 
 
 def format_table(report: BenchReport) -> str:
-    head = list(COLUMNS) + ["speedup"]
+    head = [_HEAD.get(c, c) for c in COLUMNS] + ["speedup", "coopt/cpsat"]
     lines = [head]
     for r in report.rows:
-        lines.append([_fmt(getattr(r, c)) for c in COLUMNS] + [_fmt(r.speedup_vs_heuristic)])
+        lines.append([_fmt(getattr(r, c)) for c in COLUMNS] + [_fmt(r.speedup_vs_heuristic),
+                                                             _fmt(r.speedup_vs_coopt)])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths)))
            for line in lines]
     out.append(f"geomean_speedup_vs_heuristic: {_fmt(report.geomean_speedup_vs_heuristic)}")
+    out.append(f"geomean_speedup_vs_coopt: {_fmt(report.geomean_speedup_vs_coopt)}")
     for r in report.rows:
         for planner, msg in r.errors.items():
             out.append(f"{r.graph}: {planner}: {msg}")
@@ -246,25 +285,27 @@ def markdown_section(report: BenchReport, chart_name: Optional[str] = None) -> s
         f"## Suite `{report.suite}`",
         "",
         f"Run {report.date} on {m.get('cpu') or m.get('machine')} ({m.get('machine')}, {m.get('nproc')} cores, "
-        f"Python {m.get('python')}); cpsat time limit {report.time_limit_s:g} s"
+        f"Python {m.get('python')}); cpsat and torch-spyre-coopt time limit {report.time_limit_s:g} s"
         f"{', deterministic' if report.deterministic else ''}. Times are simulated µs "
         f"(simulator.timing); lower bounds from solver.lower_bound.",
         "",
-        "| graph | naive_us | heuristic_us | cpsat_us | lower_bound_us | split_bound_us | datasheet_bound_us "
-        "| heuristic/cpsat | cpsat/lower_bound | cpsat/split_bound | cpsat_gap | cpsat_bound_us (model) "
-        "| solve_s | valid |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| graph | naive_us | heuristic_us | torch-spyre-coopt_us | cpsat_us | lower_bound_us | split_bound_us "
+        "| datasheet_bound_us | heuristic/cpsat | coopt/cpsat | cpsat/lower_bound | cpsat/split_bound | cpsat_gap "
+        "| cpsat_bound_us (model) | solve_s | coopt_solve_s | valid |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in report.rows:
         ratio = (r.cpsat_us / r.lower_bound_us) if r.cpsat_us and r.lower_bound_us else None
         split_ratio = (r.cpsat_us / r.split_bound_us) if r.cpsat_us and r.split_bound_us else None
         lines.append("| " + " | ".join([
-            r.graph, _fmt(r.naive_us), _fmt(r.heuristic_us), _fmt(r.cpsat_us), _fmt(r.lower_bound_us),
-            _fmt(r.split_bound_us), _fmt(r.datasheet_bound_us), _fmt(r.speedup_vs_heuristic), _fmt(ratio),
-            _fmt(split_ratio), _fmt(r.cpsat_gap), _fmt(r.cpsat_bound_us), _fmt(r.solve_s),
+            r.graph, _fmt(r.naive_us), _fmt(r.heuristic_us), _fmt(r.coopt_us), _fmt(r.cpsat_us),
+            _fmt(r.lower_bound_us), _fmt(r.split_bound_us), _fmt(r.datasheet_bound_us),
+            _fmt(r.speedup_vs_heuristic), _fmt(r.speedup_vs_coopt), _fmt(ratio), _fmt(split_ratio),
+            _fmt(r.cpsat_gap), _fmt(r.cpsat_bound_us), _fmt(r.solve_s), _fmt(r.coopt_solve_s),
             _fmt(r.valid)]) + " |")
     lines += ["", f"Geometric-mean speedup of cpsat over the heuristic: "
-                  f"**{_fmt(report.geomean_speedup_vs_heuristic)}**"]
+                  f"**{_fmt(report.geomean_speedup_vs_heuristic)}**; over the co-optimizer baseline "
+                  f"(torch-spyre-coopt): **{_fmt(report.geomean_speedup_vs_coopt)}**"]
     errs = [f"- `{r.graph}` {p}: {msg}" for r in report.rows for p, msg in r.errors.items()]
     if errs:
         lines += ["", "Failures (reported, not hidden):", *errs]
@@ -281,10 +322,11 @@ def write_chart(report: BenchReport, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [r for r in report.rows if any(getattr(r, f"{p}_us") for p in PLANNER_NAMES)]
+    rows = [r for r in report.rows if any(getattr(r, _attr(p)) for p in PLANNER_NAMES)]
     if not rows:
         return False
-    series = [("naive", "naive_us"), ("heuristic (torch-spyre)", "heuristic_us"), ("cpsat", "cpsat_us"),
+    series = [("naive", "naive_us"), ("heuristic (torch-spyre)", "heuristic_us"),
+              ("torch-spyre-coopt", "coopt_us"), ("cpsat", "cpsat_us"),
               ("split-aware bound", "split_bound_us"), ("lower bound", "lower_bound_us")]
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.5))

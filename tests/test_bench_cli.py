@@ -29,9 +29,11 @@ def test_bench_tiny_json(capsys):
             assert g["lower_bound_us"] <= g["cpsat_us"]
             assert g["speedup_vs_heuristic"] == g["heuristic_us"] / g["cpsat_us"]
             speedups.append(g["speedup_vs_heuristic"])
+            if g["torch-spyre-coopt_us"] is not None:
+                assert g["coopt/cpsat"] == g["torch-spyre-coopt_us"] / g["cpsat_us"]
         assert g["valid"] == (not g["errors"])
         # --numerics: every planner's program was run and compared with the reference
-        ran = {p for p in ("naive", "heuristic", "cpsat") if g[f"{p}_us"] is not None}
+        ran = {p for p in ("naive", "heuristic", "torch-spyre-coopt", "cpsat") if g[f"{p}_us"] is not None}
         assert set(g["max_rel_err"]) == ran
         assert all(e < 5e-2 for e in g["max_rel_err"].values())
     if speedups:

@@ -1,9 +1,10 @@
 """`sticksat bench`: plan and simulate a committed benchmark suite with every planner.
 
 Reads the graph documents under benchmarks/graphs/<suite>/ (it never captures: the
-service side has no torch), runs naive, heuristic (torch-spyre baseline) and cpsat, and
-prints per graph naive_us, heuristic_us, cpsat_us, lower_bound_us, cpsat_gap, solve_s, valid
-plus geomean_speedup_vs_heuristic. `--write-docs FILE` also writes the suite's table and
+service side has no torch), runs naive, heuristic (torch-spyre baseline), torch-spyre-coopt
+(upstream's joint CP-SAT co-optimizer, the second baseline) and cpsat, and prints per graph
+naive_us, heuristic_us, torch-spyre-coopt_us, cpsat_us, lower_bound_us, cpsat_gap, solve_s,
+valid, the speedups heuristic/cpsat and coopt/cpsat, plus their geomeans. `--write-docs FILE` also writes the suite's table and
 bar chart into the benchmarks document.
 """
 from __future__ import annotations
@@ -36,10 +37,12 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="plan + simulate a benchmark suite with every planner")
     p.add_argument("--suite", default="layers", help="suite name (a directory under benchmarks/graphs; "
                                                      "default: layers)")
-    p.add_argument("--time-limit", type=float, default=10.0, help="cpsat time limit per graph, s (default 10)")
-    p.add_argument("--deterministic", action="store_true", help="cpsat deterministic mode")
+    p.add_argument("--time-limit", type=float, default=10.0,
+                   help="cpsat and torch-spyre-coopt time limit per graph, s (default 10)")
+    p.add_argument("--deterministic", action="store_true", help="cpsat and torch-spyre-coopt deterministic mode")
     p.add_argument("--only", help="run only graphs whose name contains this")
-    p.add_argument("--planners", default="naive,heuristic,cpsat", help="comma-separated planners to run")
+    p.add_argument("--planners", default="naive,heuristic,torch-spyre-coopt,cpsat",
+                   help="comma-separated planners to run")
     p.add_argument("--graphs-dir", type=Path, help="directory holding the suites (default: benchmarks/graphs)")
     p.add_argument("--numerics", action="store_true",
                    help="also run every program functionally and compare with the reference "
