@@ -28,12 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from lowering.primitives import DTYPE_BYTES, PrimOp
-from solver.baseline.work_division import (
-    BMM_BATCH_SPLIT_US, CORE_UNDERUSE_US, LARGE_M_TILE_SHAPE_US, M_LANE_UNDERUSE_US, M_TILE_UNDERFILL_ROWS,
-    M_TILE_UNDERFILL_US, PSUM_US_PER_CORE_ELEM_BMM, PSUM_US_PER_CORE_ELEM_SHARED, SHARED_DOWN_N_SPLIT_US,
-    SHARED_N_TILE_TARGET, SHARED_NARROW_OUTPUT_REF, TARGET_M_TIE_PASSES, TARGET_N_TILE_ELEMS, WIDE_N_TILE_US,
-    _pt_efficiency_inverse, matmul_axes,
-)
+from solver.baseline.work_division import matmul_axes, matmul_execution_us, matmul_preferences_us
 
 # PR #3810: "A value of 0.46 is sent to the solver, so that the solver minimizes both
 # compute and memory" (1.0 would make the kernel time max(compute, mem)).
@@ -69,8 +64,8 @@ def matmul_reading(op: PrimOp) -> Optional[MatmulReading]:
 def matmul_compute_us(hw, op: PrimOp, reading: MatmulReading, split: Mapping[str, int],
                       dtype: str) -> float:
     """`_matmul_split_cost(..., include_hbm=False)`: the execution estimate without its
-    operand-traffic term, plus the additive ranking preferences (solver.baseline.work_division
-    has the full formula and its constants)."""
+    operand-traffic term, plus the additive ranking preferences (both from
+    solver.baseline.work_division, which has the formula and its constants)."""
     dims = op.iter_dims
 
     def size_split(i: Optional[int]) -> tuple[int, int]:
@@ -80,34 +75,9 @@ def matmul_compute_us(hw, op: PrimOp, reading: MatmulReading, split: Mapping[str
 
     B = math.prod(dims[i].size for i in reading.batch) if reading.batch else 1
     b = math.prod(split.get(dims[i].name, 1) for i in reading.batch) if reading.batch else 1
-    (M, ms), (N, ns), (K, ks) = size_split(reading.m), size_split(reading.n), size_split(reading.k)
-    cores_used = b * ms * ns * ks
-    peak_mac_per_us = hw.pt_peak_mac_per_ns_per_core * 1e3
-    m_tile = max(1, M // ms)
-    compute = _pt_efficiency_inverse(m_tile, hw.pt_rows_per_pass) * (B * M * N * K / cores_used) / peak_mac_per_us
-    if ks > 1:
-        compute *= 2                      # PR #4616: a cross-core reduction runs on one corelet
-    coeff = PSUM_US_PER_CORE_ELEM_SHARED if reading.shared_weight else PSUM_US_PER_CORE_ELEM_BMM
-    psum = max(0, ks - 1) * (B * M * N) / (b * ms * ns) * coeff
-    # the ranking preferences, as in work_division.matmul_split_cost_us
-    n_tile = N // ns if ns else N
-    rows = hw.pt_rows_per_pass
-    target_m = max(rows // 2, min(hw.cores // 2, max(1, M // (TARGET_M_TIE_PASSES * rows))))
-    m_lane = max(0.0, math.log2(target_m / ms)) * M_LANE_UNDERUSE_US if reading.m is not None else 0.0
-    m_underfill = max(0.0, math.log2(M_TILE_UNDERFILL_ROWS / m_tile)) * M_TILE_UNDERFILL_US
-    wide_n = max(0.0, math.log2(max(1, n_tile) / TARGET_N_TILE_ELEMS)) * WIDE_N_TILE_US
-    filled = 1.0 if m_tile >= M_TILE_UNDERFILL_ROWS else 0.0
-    k_over_n = max(0.0, math.log2(max(1, K) / max(1, N)))
-    if reading.shared_weight:
-        shape = (filled * max(0.0, math.log2(SHARED_NARROW_OUTPUT_REF / max(1, N)))
-                 * max(0.0, math.log2(max(1, n_tile) / SHARED_N_TILE_TARGET)) * LARGE_M_TILE_SHAPE_US / 4
-                 + k_over_n * math.log2(ns) * SHARED_DOWN_N_SPLIT_US)
-        batch_split = 0.0
-    else:
-        shape = filled * k_over_n * math.log2(ns) * LARGE_M_TILE_SHAPE_US
-        batch_split = math.log2(b) * BMM_BATCH_SPLIT_US
-    core_underuse = max(0.0, math.log2(hw.cores / cores_used)) * CORE_UNDERUSE_US
-    return compute + psum + m_lane + m_underfill + wide_n + shape + core_underuse + batch_split
+    axes = ((B, b), size_split(reading.m), size_split(reading.n), size_split(reading.k))
+    execution = matmul_execution_us(hw, *axes, DTYPE_BYTES[dtype], reading.shared_weight, include_hbm=False)
+    return execution + matmul_preferences_us(hw, *axes, reading.shared_weight, has_m=reading.m is not None)
 
 
 def op_compute_us(hw, op: PrimOp, split: Mapping[str, int], dtypes: list[str]) -> float:

@@ -50,7 +50,7 @@ from typing import Optional
 import numpy as np
 from ortools.sat.python import cp_model
 
-from lowering.op_rules import ANY, legal_core_splits, restickify_prim, split_granules
+from lowering.op_rules import legal_core_splits
 from lowering.primitives import PrimGraph, PrimOp
 from simulator.geometry import (
     box_lx_bytes, core_ranges, default_core_slices, first_slice_spans, layout_nbytes, make_layout, operand_box,
@@ -58,12 +58,11 @@ from simulator.geometry import (
 )
 from solver.baseline.coopt_cost_model import OVERLAP_GAMMA, bytes_ns, kernel_ns, op_compute_us
 from solver.baseline.passes import (
-    _covers, _free_alias, _per_core_boxes, _Step, linear_weight_sticks, plan_heuristic,
+    _covers, _per_core_boxes, _Step, divide_steps, linear_weight_sticks, plan_heuristic,
 )
 from solver.baseline.propagate_layouts import beam_search_layouts
 from solver.baseline.scratchpad import lx_eligible_op
-from solver.baseline.work_division import divide_work
-from solver.plan import OpPlan, PlanDecisions, Residency, restick_id
+from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.planners import register
 
 PLANNER_NAME = "torch-spyre-coopt"
@@ -156,42 +155,9 @@ def _build_steps(pg: PrimGraph, hw):
     stick_of = dict(layouts.stick_of)
     shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
     dtypes = {t.id: t.dtype for t in pg.tensors.values()}
-    steps: list[_Step] = []
-    step_dtypes: list[list[str]] = []
-    choices = {}
-    for op in pg.ops:
-        ch = layouts.choices[op.id]
-        choices[op.id] = ch
-        effective, reads = [], []
-        for spec, acc in zip(ch.inputs, op.inputs):
-            t = acc.tensor
-            if spec is None or spec == ANY or spec == stick_of[t]:
-                effective.append(stick_of[t])
-                reads.append(acc)
-                continue
-            rid = restick_id(t, spec)
-            reads.append(type(acc)(rid, acc.dims))
-            if rid not in stick_of:
-                stick_of[rid], shapes[rid], dtypes[rid] = spec, shapes[t], dtypes[t]
-                prim = restickify_prim(f"restick:{rid}", t, rid, shapes[t])
-                gran = split_granules(prim, [stick_of[t]], spec, [dtypes[t]] * 2, stick_bytes)
-                split = divide_work(prim, gran, hw, [dtypes[t]] * 2)
-                steps.append(_Step(prim, split, gran, restick_of=rid))
-                step_dtypes.append([dtypes[t]] * 2)
-            effective.append(spec)
-        dts = [dtypes[a.tensor] for a in op.inputs] + [dtypes[op.output.tensor]]
-        gran = split_granules(op, effective, ch.output, dts, stick_bytes)
-        split = divide_work(op, gran, hw, dts)
-        if op.body.kind == "grouped_matmul":
-            from solver.baseline.passes import _grouped_span_split
-            split = _grouped_span_split(op, split, gran, effective, ch, shapes, dtypes, hw)
-        alias = _free_alias(op, stick_of, shapes, dtypes, stick_bytes)
-        if alias:
-            split = {}
-        prim = op if tuple(reads) == op.inputs else PrimOp(op.id, op.iter_dims, tuple(reads), op.output,
-                                                           op.body, op.source)
-        steps.append(_Step(prim, split, gran, alias=alias))
-        step_dtypes.append(dts)
+    divided = divide_steps(pg, hw, layouts, stick_of, shapes, dtypes)
+    steps, step_dtypes = divided.steps, divided.step_dtypes
+    choices = {op.id: layouts.choices[op.id] for op in pg.ops}
     return steps, step_dtypes, choices, stick_of, shapes, dtypes, input_sticks
 
 

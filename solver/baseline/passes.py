@@ -28,7 +28,7 @@ it had to guess.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from lowering.op_rules import (
     ANY, check_split, copy_is_alias, restickify_prim, split_granules,
@@ -115,52 +115,22 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
     shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
     dtypes = {t.id: t.dtype for t in pg.tensors.values()}
 
-    steps: list[_Step] = []
-    producer_step: dict[str, _Step] = {}
     outputs = set(pg.outputs)
-    for op in pg.ops:
-        ch = layouts.choices[op.id]
-        effective = []
-        reads = []   # the op's accesses with restickified inputs read from their copies
-        for spec, acc in zip(ch.inputs, op.inputs):
-            t = acc.tensor
-            if spec is None or spec == ANY or spec == stick_of[t]:
-                effective.append(stick_of[t])
-                reads.append(acc)
-                continue
-            rid = restick_id(t, spec)
-            reads.append(type(acc)(rid, acc.dims))
-            if rid not in stick_of:
-                stick_of[rid], shapes[rid], dtypes[rid] = spec, shapes[t], dtypes[t]
-                prim = restickify_prim(f"restick:{rid}", t, rid, shapes[t])
-                gran = split_granules(prim, [stick_of[t]], spec, [dtypes[t]] * 2, stick_bytes)
-                split = divide_work(prim, gran, hw, [dtypes[t]] * 2)
-                step = _Step(prim, split, gran, restick_of=rid)
-                prod = producer_step.get(t)
-                if lx_planning and lx_planner_relayout and prod is not None and t not in outputs \
-                        and _may_stay_in_lx(prod):
-                    kept = _follow_ownership(prod, step)
-                    if kept is not None:
-                        step = kept
-                decisions.restick_ops[rid] = OpPlan(
-                    core_split=step.split,
-                    core_slices=None if step.slices is None else [(c.core, dict(c.slice)) for c in step.slices])
-                steps.append(step)
-                producer_step[rid] = step
-            effective.append(spec)
-        dts = [dtypes[a.tensor] for a in op.inputs] + [dtypes[op.output.tensor]]
-        gran = split_granules(op, effective, ch.output, dts, stick_bytes)
-        split = divide_work(op, gran, hw, dts)
-        if op.body.kind == "grouped_matmul":
-            split = _grouped_span_split(op, split, gran, effective, ch, shapes, dtypes, hw)
-        alias = _free_alias(op, stick_of, shapes, dtypes, stick_bytes)
-        if alias:
-            split = {}  # nothing moves
-        decisions.ops[op.id] = OpPlan(stick=ch, core_split=split, alias=alias)
-        prim = op if tuple(reads) == op.inputs else PrimOp(op.id, op.iter_dims, tuple(reads), op.output,
-                                                           op.body, op.source)
-        steps.append(_Step(prim, split, gran, alias=alias))
-        producer_step[op.output.tensor] = steps[-1]
+
+    def keep_ownership(source: str, step: _Step, producer_step: dict[str, _Step]) -> _Step:
+        prod = producer_step.get(source)
+        if lx_planning and lx_planner_relayout and prod is not None and source not in outputs \
+                and _may_stay_in_lx(prod):
+            return _follow_ownership(prod, step) or step
+        return step
+
+    divided = divide_steps(pg, hw, layouts, stick_of, shapes, dtypes, keep_ownership)
+    steps = divided.steps
+    decisions.ops.update(divided.op_plans)
+    for rid, step in divided.restick_steps.items():
+        decisions.restick_ops[rid] = OpPlan(
+            core_split=step.split,
+            core_slices=None if step.slices is None else [(c.core, dict(c.slice)) for c in step.slices])
 
     notes = [f"{len(decisions.input_sticks)} Linear weights transferred sticked on out_features",
              f"beam search (width {beam_width}): {layouts.restick_elements} elements restickified, "
@@ -179,6 +149,69 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
                      f"{dropped} dropped for bundle limits, {relayouts} restickifies on chip (LX relayout)")
     decisions.stats["notes"] = notes
     return decisions
+
+
+@dataclass
+class DividedSteps:
+    """The program's ops in emitted order (compute ops and the restickifies the layout
+    pass inserts), each with its division: what the layout and work-division passes give
+    every later pass (LX planning here, the co-optimizer's menus)."""
+
+    steps: list[_Step]
+    step_dtypes: list[list[str]]              # per step: its inputs' dtypes, then the output's
+    op_plans: dict[str, OpPlan]               # per graph op: stick choice, split, alias
+    restick_steps: dict[str, _Step]           # per restick id
+
+
+def divide_steps(pg: PrimGraph, hw, layouts, stick_of: dict, shapes: dict, dtypes: dict,
+                 restick_hook: Optional[Callable[[str, _Step, dict], _Step]] = None) -> DividedSteps:
+    """Walk the ops in order: insert a restickify (its greedy division) for each input the
+    op's stick choice needs in another layout, read it from the copy, and divide the op
+    (`divide_work`). `restick_hook(source, step, producer_step)` may replace a new
+    restickify's step (the heuristic's LX relayout keeps its producer's ownership).
+    `stick_of`, `shapes`, `dtypes` gain the restickified copies."""
+    stick_bytes = hw.stick_bytes
+    out = DividedSteps([], [], {}, {})
+    producer_step: dict[str, _Step] = {}
+    for op in pg.ops:
+        ch = layouts.choices[op.id]
+        effective = []
+        reads = []   # the op's accesses with restickified inputs read from their copies
+        for spec, acc in zip(ch.inputs, op.inputs):
+            t = acc.tensor
+            if spec is None or spec == ANY or spec == stick_of[t]:
+                effective.append(stick_of[t])
+                reads.append(acc)
+                continue
+            rid = restick_id(t, spec)
+            reads.append(type(acc)(rid, acc.dims))
+            if rid not in stick_of:
+                stick_of[rid], shapes[rid], dtypes[rid] = spec, shapes[t], dtypes[t]
+                prim = restickify_prim(f"restick:{rid}", t, rid, shapes[t])
+                gran = split_granules(prim, [stick_of[t]], spec, [dtypes[t]] * 2, stick_bytes)
+                step = _Step(prim, divide_work(prim, gran, hw, [dtypes[t]] * 2), gran, restick_of=rid)
+                if restick_hook is not None:
+                    step = restick_hook(t, step, producer_step)
+                out.restick_steps[rid] = step
+                out.steps.append(step)
+                out.step_dtypes.append([dtypes[t]] * 2)
+                producer_step[rid] = step
+            effective.append(spec)
+        dts = [dtypes[a.tensor] for a in op.inputs] + [dtypes[op.output.tensor]]
+        gran = split_granules(op, effective, ch.output, dts, stick_bytes)
+        split = divide_work(op, gran, hw, dts)
+        if op.body.kind == "grouped_matmul":
+            split = _grouped_span_split(op, split, gran, effective, ch, shapes, dtypes, hw)
+        alias = _free_alias(op, stick_of, shapes, dtypes, stick_bytes)
+        if alias:
+            split = {}  # nothing moves
+        out.op_plans[op.id] = OpPlan(stick=ch, core_split=split, alias=alias)
+        prim = op if tuple(reads) == op.inputs else PrimOp(op.id, op.iter_dims, tuple(reads), op.output,
+                                                           op.body, op.source)
+        out.steps.append(_Step(prim, split, gran, alias=alias))
+        out.step_dtypes.append(dts)
+        producer_step[op.output.tensor] = out.steps[-1]
+    return out
 
 
 def _free_alias(op: PrimOp, stick_of, shapes, dtypes, stick_bytes: int) -> bool:

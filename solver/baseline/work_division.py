@@ -104,7 +104,8 @@ def _pt_efficiency_inverse(m_tile: float, rows_per_pass: int) -> float:
 
 
 def matmul_execution_us(hw, batch: tuple[int, int], m: tuple[int, int], n: tuple[int, int],
-                        k: tuple[int, int], dtype_bytes: int, shared_weight: bool = False) -> float:
+                        k: tuple[int, int], dtype_bytes: int, shared_weight: bool = False,
+                        include_hbm: bool = True) -> float:
     """Upstream's `_matmul_execution_cost`: estimated kernel time (µs) of [B,M,K]@[B,K,N]
     under a (b, m, n, k) split; each argument is (size in elements, split factor).
     - compute: MACs per core over the PT peak, derated when a core's M tile is shorter than
@@ -113,7 +114,9 @@ def matmul_execution_us(hw, batch: tuple[int, int], m: tuple[int, int], n: tuple
     - operand traffic at peak bandwidth, derated by (sharers / COHORT_LIMIT) ** 0.75 where
       more than COHORT_LIMIT cores share a load (sharers: max(m, n) for a shared weight,
       n for a true BMM); a shared weight is loaded once, not once per batch;
-    - partial sums: (k - 1) hops of each core's output tile."""
+    - partial sums: (k - 1) hops of each core's output tile.
+    `include_hbm=False` leaves the traffic term out (upstream's `include_hbm`, as the
+    co-optimizer's objective uses it)."""
     (B, b), (M, ms), (N, ns), (K, ks) = batch, m, n, k
     cores_used = b * ms * ns * ks
     if cores_used == 0 or cores_used > hw.cores:
@@ -127,7 +130,7 @@ def matmul_execution_us(hw, batch: tuple[int, int], m: tuple[int, int], n: tuple
     moved = (B * M * K + weight_batches * K * N + B * M * N) * dtype_bytes
     sharers = max(ms, ns) if shared_weight else ns
     cohort = max(1.0, (sharers / COHORT_LIMIT) ** COHORT_PENALTY_EXPONENT)
-    hbm_us = moved / (hw.dram_peak_gbps * 1e3) * cohort
+    hbm_us = moved / (hw.dram_peak_gbps * 1e3) * cohort if include_hbm else 0.0
     psum_coeff = PSUM_US_PER_CORE_ELEM_SHARED if shared_weight else PSUM_US_PER_CORE_ELEM_BMM
     psum_us = max(0, ks - 1) * (B * M * N) / (b * ms * ns) * psum_coeff
     return compute_us + hbm_us + psum_us
@@ -136,18 +139,26 @@ def matmul_execution_us(hw, batch: tuple[int, int], m: tuple[int, int], n: tuple
 def matmul_split_cost_us(hw, batch: tuple[int, int], m: tuple[int, int], n: tuple[int, int],
                          k: tuple[int, int], dtype_bytes: int, shared_weight: bool = False) -> float:
     """Upstream's `_matmul_split_cost`: the execution estimate plus its additive ranking
-    preferences (M lanes under the target, M tiles under 16 rows, per-core N over 512,
-    splitting a narrow N when K >> N, idle cores, a true BMM's batch split)."""
+    preferences (`matmul_preferences_us`)."""
     execution = matmul_execution_us(hw, batch, m, n, k, dtype_bytes, shared_weight)
     if execution == math.inf:
         return execution
+    return execution + matmul_preferences_us(hw, batch, m, n, k, shared_weight)
+
+
+def matmul_preferences_us(hw, batch: tuple[int, int], m: tuple[int, int], n: tuple[int, int],
+                          k: tuple[int, int], shared_weight: bool = False, has_m: bool = True) -> float:
+    """The additive ranking preferences of upstream's `_matmul_split_cost` (µs): M lanes
+    under the target, M tiles under 16 rows, per-core N over 512, splitting a narrow N
+    when K >> N, idle cores, a true BMM's batch split. `has_m=False`: the loop nest has
+    no M dim (no lane term)."""
     (_, b), (M, ms), (N, ns), (K, ks) = batch, m, n, k
     cores_used = b * ms * ns * ks
     m_tile = M // ms if ms else 1
     n_tile = N // ns if ns else N
     rows = hw.pt_rows_per_pass
     target_m = max(rows // 2, min(hw.cores // 2, max(1, M // (TARGET_M_TIE_PASSES * rows))))
-    m_lane = max(0.0, math.log2(target_m / ms)) * M_LANE_UNDERUSE_US
+    m_lane = max(0.0, math.log2(target_m / ms)) * M_LANE_UNDERUSE_US if has_m else 0.0
     m_underfill = max(0.0, math.log2(M_TILE_UNDERFILL_ROWS / max(1, m_tile))) * M_TILE_UNDERFILL_US
     wide_n = max(0.0, math.log2(max(1, n_tile) / TARGET_N_TILE_ELEMS)) * WIDE_N_TILE_US
     filled = 1.0 if m_tile >= M_TILE_UNDERFILL_ROWS else 0.0
@@ -161,7 +172,7 @@ def matmul_split_cost_us(hw, batch: tuple[int, int], m: tuple[int, int], n: tupl
         shape = filled * k_over_n * math.log2(ns) * LARGE_M_TILE_SHAPE_US
         batch_split = math.log2(b) * BMM_BATCH_SPLIT_US
     core_underuse = max(0.0, math.log2(hw.cores / cores_used)) * CORE_UNDERUSE_US
-    return execution + m_lane + m_underfill + wide_n + shape + core_underuse + batch_split
+    return m_lane + m_underfill + wide_n + shape + core_underuse + batch_split
 
 
 def _divisors(n: int) -> list[int]:
