@@ -263,12 +263,7 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
             slices[it.prim.id] = [CoreSlice(core=0, slice={})]
 
     # -- memory -------------------------------------------------------------------------------
-    producer_index: dict[str, int] = {}
-    last_reader: dict[str, int] = {}
-    for k, it in enumerate(items):
-        producer_index[it.prim.output.tensor] = k
-        for acc in it.prim.inputs:
-            last_reader[acc.tensor] = k
+    live = _live_ranges(items, resident)
     alias_of: dict[str, str] = {}
     for it in items:
         if it.kind == "compute" and it.plan.alias:
@@ -287,7 +282,7 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
     for t in tensor_order:
         if t in resident:
             r = resident[t]
-            k = producer_index[t]
+            k, last = live[t]
             it = items[k]
             gran = op_granules(it.prim, layouts, dtypes, stick_bytes)
             tiles = it.plan.temporal_tiles if (r.per_tile and it.plan is not None) else {}
@@ -295,7 +290,7 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
                                          tiles, gran, shapes[t], layouts[t], dtypes[t])
             size = r.size_per_core if r.size_per_core is not None else padded(need, stick_bytes)
             memories[t] = LxMemory(lx_address=r.lx_address, size_per_core=size,
-                                   live_from=k, live_to=max(last_reader.get(t, k), k),
+                                   live_from=k, live_to=last,
                                    per_tile=r.per_tile)
         elif t in alias_of:
             continue
