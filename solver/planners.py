@@ -2,7 +2,8 @@
 
 A planner is a callable `(pg, hw, *, time_limit_s, deterministic, hint) -> PlanDecisions`
 (or a ready `Program`). `plan()` emits the program, stamps solve time, and ALWAYS runs the
-simulator's validator: a program it returns has passed; otherwise it raises `PlanInvalid`.
+simulator's validator: a program it returns has passed; one that fails (`PlanInvalid`)
+counts as a planner failure.
 Register a planner with one line: `PLANNERS["name"] = callable` (or `register("name", fn)`).
 
 No planner failure reaches the caller as a crash: when the requested planner raises or
