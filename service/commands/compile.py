@@ -22,6 +22,8 @@ def register(sub) -> None:
                    help="fail when the planner fails, instead of falling back to the next planner "
                         "(cpsat -> heuristic -> naive)")
     p.add_argument("-o", "--output", default="-", help="program JSON path ('-': stdout)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress and no summary on stderr (errors and warnings only)")
     p.set_defaults(func=run)
 
 
@@ -67,6 +69,24 @@ def run(args) -> int:
     text = program.to_json(indent=1)
     if args.output == "-":
         sys.stdout.write(text + "\n")
+        sys.stdout.flush()
     else:
         Path(args.output).write_text(text)
+    if not args.quiet:
+        print_summary(program, hw)
     return 0
+
+
+def print_summary(program, hw, stream=None) -> None:
+    """The compile summary (simulator.report.summary_lines) on stderr: stdout stays the
+    program when it is written there."""
+    from simulator.report import summary_lines
+    from simulator.timing import time_program
+
+    try:
+        timing = time_program(program, hw)
+    except Exception:  # noqa: BLE001 - the summary never fails a compile that succeeded
+        timing = None
+    stream = stream or sys.stderr
+    for line in summary_lines(program, timing):
+        print(line, file=stream)
