@@ -12,6 +12,11 @@ heuristic -> naive), logs a warning and records in the program's stats which pla
 asked for and why it failed (`fallback_from`, `fallback_reason`, a note). With
 `fallback=False` (the backend's and service's strict mode) it raises `PlannerFailed`
 instead, naming the op when the failure is about one.
+
+Progress: `plan(..., events=sink)` calls `sink` with typed events (`solver.events`): the
+planner's phases and CP-SAT incumbents (planners that take an `events` keyword), the
+validation and lower-bound phases, fallbacks, and last `Finished` (or `Failed` before the
+exception propagates). Without a sink, nothing changes.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from lowering.primitives import PrimGraph
 from simulator.superdsc import Program
 from simulator.validate import ProgramIssue, validate_program
 from solver.emit import emit_program
+from solver.events import EventSink, Failed, Fallback, Finished, Phase, emit
 from solver.naive import plan_naive
 from solver.plan import PlanDecisions
 
@@ -90,9 +96,26 @@ def ensure_registered(name: str) -> None:
 
 def plan(pg: PrimGraph, hw=None, planner: str = DEFAULT_PLANNER, time_limit_s: Optional[float] = None,
          deterministic: bool = False, hint: Optional[Union[PlanDecisions, Program]] = None,
-         fallback: bool = True) -> Program:
+         fallback: bool = True, events: Optional[EventSink] = None) -> Program:
     """The validated program of `planner` for `pg`; on failure the next planner of
-    `FALLBACK_CHAIN` (unless `fallback` is False: then `PlannerFailed`)."""
+    `FALLBACK_CHAIN` (unless `fallback` is False: then `PlannerFailed`). `events`: an
+    optional progress sink (module docstring)."""
+    if events is None:
+        return _plan(pg, hw, planner, time_limit_s, deterministic, hint, fallback)
+    try:
+        program = _plan(pg, hw, planner, time_limit_s, deterministic, hint, fallback, events)
+    except Exception as exc:
+        emit(events, lambda: Failed(planner, _reason(exc)))
+        raise
+    s = program.stats
+    emit(events, lambda: Finished(s.planner, s.solver_status, s.predicted_us, s.lower_bound_us, s.gap,
+                                  s.solve_seconds))
+    return program
+
+
+def _plan(pg: PrimGraph, hw, planner: str, time_limit_s: Optional[float], deterministic: bool,
+          hint: Optional[Union[PlanDecisions, Program]], fallback: bool,
+          events: Optional[EventSink] = None) -> Program:
     if hw is None:
         from simulator.hardware import load_target
         hw = load_target()
@@ -100,7 +123,7 @@ def plan(pg: PrimGraph, hw=None, planner: str = DEFAULT_PLANNER, time_limit_s: O
     if planner not in PLANNERS:
         raise KeyError(f"unknown planner {planner!r}; known: {sorted(PLANNERS)}")
     try:
-        return _plan_with(pg, hw, planner, time_limit_s, deterministic, hint)
+        return _plan_with(pg, hw, planner, time_limit_s, deterministic, hint, events)
     except GraphError:
         raise  # the client's graph, not the planner: the caller reports it as such
     except Exception as exc:  # noqa: BLE001 - any planner bug becomes a fallback or a clear error
@@ -110,7 +133,8 @@ def plan(pg: PrimGraph, hw=None, planner: str = DEFAULT_PLANNER, time_limit_s: O
         if not fallback or nxt is None:
             raise PlannerFailed(planner, reason, op) from exc
     log.warning("sticksat: planner %s failed on graph %s (%s); falling back to %s", planner, pg.name, reason, nxt)
-    program = plan(pg, hw, nxt, time_limit_s, deterministic, None, fallback=True)
+    emit(events, lambda: Fallback(planner, nxt, reason))
+    program = _plan(pg, hw, nxt, time_limit_s, deterministic, None, True, events)
     stats = program.stats
     # the outermost call runs last: the requested planner's failure is the one reported
     stats.fallback_from, stats.fallback_reason = planner, reason
@@ -134,21 +158,38 @@ def _next_planner(planner: str) -> Optional[str]:
     return None
 
 
+def _takes_events(fn) -> bool:
+    import inspect
+    try:
+        return "events" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _plan_with(pg: PrimGraph, hw, planner: str, time_limit_s: Optional[float], deterministic: bool,
-               hint: Optional[Union[PlanDecisions, Program]]) -> Program:
+               hint: Optional[Union[PlanDecisions, Program]], events: Optional[EventSink] = None) -> Program:
     t0 = time.perf_counter()
-    result = PLANNERS[planner](pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint)
-    if isinstance(result, PlanDecisions):
-        result.stats.setdefault("solve_seconds", time.perf_counter() - t0)
-        program = emit_program(pg, hw, result)
+    fn = PLANNERS[planner]
+    if events is not None and _takes_events(fn):
+        result = fn(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint, events=events)
+    elif events is not None:
+        with Phase(events, planner, "plan"):
+            result = fn(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint)
     else:
-        program = result
-    issues = validate_program(program, hw)
+        result = fn(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint)
+    with Phase(events, planner, "validation"):
+        if isinstance(result, PlanDecisions):
+            result.stats.setdefault("solve_seconds", time.perf_counter() - t0)
+            program = emit_program(pg, hw, result)
+        else:
+            program = result
+        issues = validate_program(program, hw)
     if issues:
         raise PlanInvalid(planner, issues)
     if program.stats.lower_bound_us is None:
         # every program says how far from the machine's limit it could at best be
         from solver.lower_bound import lower_bound
 
-        program.stats.lower_bound_us = lower_bound(pg, hw).lower_bound_us
+        with Phase(events, planner, "lower bound"):
+            program.stats.lower_bound_us = lower_bound(pg, hw).lower_bound_us
     return program

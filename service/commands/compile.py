@@ -51,9 +51,15 @@ def run(args) -> int:
         print(json.dumps({"error": "io", "message": str(e)}), file=sys.stderr)
         return 2
     hw = load_target(args.hardware)
+    progress = None if args.quiet else make_progress(sys.stderr)
     try:
-        program = plan(pg, hw, planner=args.planner, time_limit_s=args.time_limit,
-                       deterministic=args.deterministic, fallback=not args.strict)
+        try:
+            program = plan(pg, hw, planner=args.planner, time_limit_s=args.time_limit,
+                           deterministic=args.deterministic, fallback=not args.strict,
+                           events=progress)
+        finally:
+            if progress is not None:
+                progress.close()
     except PlannerFailed as e:
         cause = e.__cause__
         issues = [i.to_json() for i in cause.issues] if isinstance(cause, PlanInvalid) else []
@@ -90,3 +96,87 @@ def print_summary(program, hw, stream=None) -> None:
     stream = stream or sys.stderr
     for line in summary_lines(program, timing):
         print(line, file=stream)
+
+
+# -- live progress --------------------------------------------------------------------------------
+def make_progress(stream):
+    """The live progress sink for a terminal (`rich` when installed, else plain lines), or
+    None when `stream` is not a TTY: then nothing is computed for progress at all."""
+    if not getattr(stream, "isatty", lambda: False)():
+        return None
+    try:
+        return RichProgress(stream)
+    except ImportError:
+        return PlainProgress(stream)
+
+
+def _incumbent_text(ev) -> str:
+    from simulator.report import fmt_pct, fmt_us
+    return (f"round {ev.round}: incumbent {fmt_us(ev.objective_us)}, bound {fmt_us(ev.bound_us)}, "
+            f"gap {fmt_pct(ev.gap)} after {ev.wall_s:.1f} s")
+
+
+def _line(ev) -> str | None:
+    """A finished-phase or terminal event as one line (None for the others)."""
+    from simulator.report import fmt_s, fmt_us
+    k = ev.kind
+    if k == "phase_finished":
+        return f"{ev.planner}: {ev.phase} done in {fmt_s(ev.seconds)}" + (f" ({ev.detail})" if ev.detail else "")
+    if k == "fallback":
+        return f"{ev.planner} failed ({ev.reason}); falling back to {ev.next_planner}"
+    if k == "finished":
+        return f"{ev.planner}: finished, status {ev.status or '-'}, predicted {fmt_us(ev.predicted_us)}"
+    if k == "failed":
+        return f"{ev.planner}: failed ({ev.reason})"
+    return None
+
+
+class PlainProgress:
+    """One line per finished phase; incumbents at most twice a second."""
+
+    def __init__(self, stream):
+        self.stream, self.last = stream, 0.0
+
+    def __call__(self, ev) -> None:
+        import time
+        if ev.kind == "incumbent":
+            now = time.perf_counter()
+            if now - self.last < 0.5:
+                return
+            self.last = now
+            text = "  " + _incumbent_text(ev)
+        else:
+            text = _line(ev)
+        if text:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class RichProgress:
+    """A spinner with the current phase and the incumbent/bound/gap, and one printed line per
+    finished phase (rich, on stderr)."""
+
+    def __init__(self, stream):
+        from rich.console import Console
+        self.console = Console(file=stream)
+        self.status = self.console.status("planning", spinner="dots")
+        self.status.start()
+        self.phase = "planning"
+
+    def __call__(self, ev) -> None:
+        from rich.markup import escape
+        k = ev.kind
+        if k == "phase_started":
+            self.phase = f"{ev.planner}: {ev.phase}" + (f" ({ev.detail})" if ev.detail else "")
+            self.status.update(escape(self.phase))
+        elif k == "incumbent":
+            self.status.update(f"{escape(self.phase)}  [bold]{escape(_incumbent_text(ev))}[/bold]")
+        else:
+            text = _line(ev)
+            if text:
+                self.console.print(("[green]✓[/green] " if k == "phase_finished" else "") + escape(text))
+
+    def close(self) -> None:
+        self.status.stop()

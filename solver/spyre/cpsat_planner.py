@@ -68,6 +68,7 @@ from simulator.superdsc import LxMemory, Program, fused_group_key
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.core import SolveOptions, gap_of, solver_parameters
+from solver.events import EventSink, Incumbent, PhaseFinished, PhaseStarted, emit
 from solver.spyre.cost_model import OpView, op_time, predict_program_ns, to_units
 from solver.emit import emit_program
 from solver.spyre.fusion import FUSION_TRIALS, fuse_tiled_groups
@@ -817,15 +818,17 @@ def _resplit_unfused(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
 def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                hint: Union[PlanDecisions, Program, None] = None, num_workers: int = 2,
                keep: int = 4, keep_resident: int = 2, max_rounds: int = 4, fuse: bool = True,
-               budget: str = "scaled", **_ignored) -> PlanDecisions:
+               budget: str = "scaled", events: Optional[EventSink] = None, **_ignored) -> PlanDecisions:
     """Plan `pg` (`_plan_chain_ordered`), never predicted slower than the hint as its own
     planner ordered it: the search starts from the hint in this planner's op order
     (`schedule.chain_order`), where it can be slower than in the order it was made for, and
     a short budget may not win that back (the 2-layer toy GPT-2: heuristic 26.23 us in
-    source order, the plan after a 1 s deterministic search 26.32 us)."""
+    source order, the plan after a 1 s deterministic search 26.32 us).
+    `events`: an optional progress sink (solver.events): phases, and each improving
+    incumbent and bound of the CP-SAT solve; it never changes the plan."""
     d = _plan_chain_ordered(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint,
                             num_workers=num_workers, keep=keep, keep_resident=keep_resident,
-                            max_rounds=max_rounds, fuse=fuse, budget=budget)
+                            max_rounds=max_rounds, fuse=fuse, budget=budget, events=events)
     pred_us = d.stats.get("predicted_us")
     if pred_us is None or isinstance(hint, Program):
         return d
@@ -855,7 +858,8 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
 
 def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], deterministic: bool,
                         hint: Union[PlanDecisions, Program, None], num_workers: int, keep: int,
-                        keep_resident: int, max_rounds: int, fuse: bool, budget: str) -> PlanDecisions:
+                        keep_resident: int, max_rounds: int, fuse: bool, budget: str,
+                        events: Optional[EventSink] = None) -> PlanDecisions:
     """Plan `pg`. `time_limit_s` (default `DEFAULT_TIME_LIMIT_S`) caps the wall clock;
     `budget="scaled"` (the default) plans within `default_budget_s` of the problem's size
     under that cap and stops each CP-SAT round once its plan is proven within the gap
@@ -869,6 +873,7 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
     # chains can become fused kernels (solver.spyre.schedule)
     pg = chain_order(pg)
     order = [op.id for op in pg.ops]
+    _phase(events, "hint", True, "the starting plan")
     hint_d, hint_name = _hint_decisions(pg, hw, hint)
     hint_d = replace(hint_d, op_order=[])  # the hint runs in this planner's order
     t_emit = time.perf_counter()
@@ -880,9 +885,12 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
         hint_d, hint_name = plan_naive(pg, hw), f"naive (the {hint_name} hint was invalid)"
         hint_prog, _ = _program_or_none(pg, hw, hint_d)
     hint_ns = predict_program_ns(hint_prog, hw) if hint_prog is not None else float("inf")
+    _phase(events, "hint", False, f"{hint_name}, predicted {hint_ns / 1000:.4g} us")
 
+    _phase(events, "strategies", True, f"{len(pg.ops)} ops")
     ctx, strategies, sm = build_model(pg, hw, hint_d, keep=keep, keep_resident=keep_resident)
     n_strategies = sum(len(v) for v in strategies.values())
+    _phase(events, "strategies", False, f"{n_strategies} strategies over {len(pg.ops)} ops")
     # the wall-clock budget of the whole plan (the model build above included): from the
     # problem's size and stakes, never more than the caller's limit; counts and the cost
     # model's prediction, never a measured time, so a deterministic plan gets the same
@@ -893,6 +901,7 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
     # sharpen the hint by local search on the model's objective (a bounded share of the
     # budget; it stops sooner when no single move improves)
     elapsed = time.perf_counter() - t0
+    _phase(events, "local search", True, "sharpening the hint")
     if deterministic:  # a pass count, not the wall clock, bounds it
         start_d = sm.local_search(hint_d, None, max_passes=3)
     else:
@@ -915,6 +924,7 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
     if start_prog is not None and predict_program_ns(start_prog, hw) < hint_ns:
         hint_d, hint_prog, hint_ns = start_d, start_prog, predict_program_ns(start_prog, hw)
         hint_name += " + local search"
+    _phase(events, "local search", False, f"start predicted {hint_ns / 1000:.4g} us")
     sm.add_hint(hint_d)
     objective = sum(sm.objective_terms)
     sm.m.Minimize(objective)
@@ -928,6 +938,7 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
                  if budget == "scaled" else " (fixed)")]
 
     t_solve = time.perf_counter()
+    _phase(events, "solve", True, f"budget {limit_s:.1f} s")
     best_d, best_prog, best_pred, status, obj, bound = None, None, float("inf"), "UNKNOWN", None, None
     for round_ in range(max_rounds):
         remaining = limit_s - (time.perf_counter() - t0) - reserve_s - fusion_s
@@ -949,7 +960,12 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
         # reduction (measured on a 143-op graph: 3.3 s, model 2447 -> 2021 variables); the
         # complete hint and LNS do better with that time
         solver.parameters.cp_model_presolve = False
-        st = solver.Solve(sm.m)
+        if events is not None:
+            progress = _ProgressCallback(events, round_, t_solve)
+            solver.best_bound_callback = progress.on_bound
+            st = solver.Solve(sm.m, progress)
+        else:
+            st = solver.Solve(sm.m)
         status = solver.StatusName(st)
         if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
@@ -980,13 +996,16 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
         sm.m.ClearHints()
         sm.add_hint(d)
     phase["solve"] = time.perf_counter() - t_solve
+    _phase(events, "solve", False, f"{status}" + (f", gap {gap_of(obj, bound):.2%}" if obj is not None else ""))
     deadline = None if deterministic else t0 + limit_s - reserve_s
     if best_prog is not None:
         pred_ns = predict_program_ns(best_prog, hw)
         if pred_ns <= hint_ns:
             t_finish = time.perf_counter()
+            _phase(events, "fusion", True, "fused kernels and LX relayouts")
             best_d, gain_ns = _finish(pg, hw, best_d, notes, deadline, strategies, fuse)
             phase["fusion and relayouts"] = time.perf_counter() - t_finish
+            _phase(events, "fusion", False, f"simulated gain {gain_ns / 1000:.4g} us")
             notes.append(_phase_note(phase))
             best_d.stats.update(
                 predicted_us=(pred_ns - gain_ns) / 1000.0, solver_status=status, objective=obj / 1000.0,
@@ -1000,8 +1019,10 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
         notes.append(f"no valid cpsat plan (status {status}): returning the hint")
     hint_d = replace(hint_d, planner="cpsat", stats={})
     t_finish = time.perf_counter()
+    _phase(events, "fusion", True, "fused kernels and LX relayouts")
     hint_d, gain_ns = _finish(pg, hw, hint_d, notes, deadline, strategies, fuse)
     phase["fusion and relayouts"] = time.perf_counter() - t_finish
+    _phase(events, "fusion", False, f"simulated gain {gain_ns / 1000:.4g} us")
     notes.append(_phase_note(phase))
     solve_s = time.perf_counter() - t0
     hint_d.stats.update(predicted_us=(hint_ns - gain_ns) / 1000.0, solver_status=status,
@@ -1011,6 +1032,54 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
                         solve_seconds=solve_s, notes=notes)
     hint_d.op_order = order
     return hint_d
+
+
+# -- progress events (solver.events): only emitted when the caller passes a sink ---------------
+_PHASE_T0: dict[tuple[int, str], float] = {}
+
+
+def _phase(events: Optional[EventSink], name: str, start: bool, detail: str = "") -> None:
+    if events is None:
+        return
+    key = (id(events), name)
+    if start:
+        _PHASE_T0[key] = time.perf_counter()
+        emit(events, lambda: PhaseStarted("cpsat", name, detail))
+    else:
+        t0 = _PHASE_T0.pop(key, time.perf_counter())
+        emit(events, lambda: PhaseFinished("cpsat", name, time.perf_counter() - t0, detail))
+
+
+class _ProgressCallback(cp_model.CpSolverSolutionCallback):
+    """Emits an `Incumbent` for each improving solution and each better proven bound of one
+    CP-SAT round (objective and bound in us of the cost model)."""
+
+    def __init__(self, events: EventSink, round_: int, t0: float):
+        super().__init__()
+        self.events, self.round, self.t0 = events, round_, t0
+        self.objective: Optional[float] = None
+        self.bound: Optional[float] = None
+        self.solutions = 0
+
+    def _emit(self) -> None:
+        obj, bound = self.objective, self.bound
+        emit(self.events, lambda: Incumbent(
+            "cpsat", self.round, time.perf_counter() - self.t0,
+            None if obj is None else obj / 1000.0, None if bound is None else bound / 1000.0,
+            gap_of(obj, bound), self.solutions))
+
+    def on_solution_callback(self) -> None:
+        self.solutions += 1
+        self.objective = self.ObjectiveValue()
+        bound = self.BestObjectiveBound()
+        if self.bound is None or bound > self.bound:
+            self.bound = bound
+        self._emit()
+
+    def on_bound(self, bound: float) -> None:
+        if self.bound is None or bound > self.bound:
+            self.bound = bound
+            self._emit()
 
 
 def _phase_note(phase: dict[str, float]) -> str:
