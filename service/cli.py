@@ -12,9 +12,11 @@ COMMANDS: dict[str, str] = {
     "serve": "service.commands.serve",
     "compile": "service.commands.compile",
     "simulate": "service.commands.simulate",
+    "report": "service.commands.report",
     "bench": "service.commands.bench",
     "calibrate": "service.commands.calibrate",
     "validate": "service.commands.validate",
+    "iopddl": "service.commands.iopddl",
 }
 
 
