@@ -19,7 +19,8 @@ from pathlib import Path
 from solver.core import SolveOptions, best_start, evaluate, presolve, solve
 from solver.core.iopddl import load_best_known, load_instance
 
-DATA = Path(os.environ.get("IOPDDL_DIR", "/work/shared/iopddl"))
+# the instances live next to the repository: ../shared/iopddl/ from its root
+DATA = Path(os.environ.get("IOPDDL_DIR", Path(__file__).resolve().parents[1].parent / "shared" / "iopddl"))
 
 
 def run(letter: str, time_limit: float, workers: int, pair_limit: int, dominance: bool = True) -> dict:
