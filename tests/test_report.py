@@ -43,3 +43,62 @@ def test_compile_prints_summary_on_stderr_only(graph_file, tmp_path, capsys):
     assert main(["compile", str(graph_file), "--planner", "heuristic", "-o", str(tmp_path / "q.json"),
                  "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_report_per_op_times_sum_to_simulated_total(graph_file, tmp_path, capsys):
+    from simulator.report import build_report, render_text
+    for planner in ("naive", "heuristic"):
+        prog = Program.from_json(_compile(graph_file, tmp_path, planner).read_text())
+        timing = time_program(prog)
+        rep = build_report(prog, timing)
+        assert len(rep.ops) == len(prog.ops)
+        assert abs(sum(r.simulated_us for r in rep.ops) - timing.total_us) <= 1e-9 * max(1.0, timing.total_us)
+        assert abs(sum(r.share for r in rep.ops) - 1.0) < 1e-9
+        times = [r.simulated_us for r in sorted(rep.ops, key=lambda r: -r.simulated_us)]
+        text = render_text(rep)
+        assert "ops by simulated time" in text and "roofline" in text
+        mm = next(r for r in rep.ops if r.opfunc == "matmul")
+        assert mm.source == "mm" and mm.macs == 16 * 64 * 96 and 0 < mm.compute_fraction < 1
+        assert times[0] == max(r.simulated_us for r in rep.ops)
+
+
+def test_report_on_layer_graph_lists_restickifies_with_consumers():
+    from pathlib import Path
+    from service.commands.compile import load_primgraph
+    from simulator.report import build_report
+    from solver.planners import plan
+    pg = load_primgraph(str(Path(__file__).parent.parent / "benchmarks/graphs/tiny/gpt2_tiny_block16.json"))
+    prog = plan(pg, planner="heuristic")
+    rep = build_report(prog, time_program(prog))
+    assert rep.restickifies
+    for x in rep.restickifies:
+        assert x.consumers and x.from_stick != x.to_stick
+    assert abs(sum(r.simulated_us for r in rep.ops) - rep.total_us) < 1e-6
+
+
+def test_diff_against_itself_is_empty_and_against_other_is_not(graph_file, tmp_path, capsys):
+    from simulator.report import diff_programs
+    a = _compile(graph_file, tmp_path, "naive", "a.json")
+    b = _compile(graph_file, tmp_path, "heuristic", "b.json")
+    pa, pb = Program.from_json(a.read_text()), Program.from_json(b.read_text())
+    ta, tb = time_program(pa), time_program(pb)
+    d = diff_programs(pa, ta, pa, ta)
+    assert d["ops"] == [] and d["delta_us"] == 0
+    d2 = diff_programs(pa, ta, pb, tb)
+    assert d2["ops"] and abs(d2["delta_us"] - (tb.total_us - ta.total_us)) < 1e-9
+    capsys.readouterr()
+    assert main(["report", str(a), "--against", str(a), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["diff"]["ops"] == []
+    assert abs(sum(r["simulated_us"] for r in out["ops"]) - out["total_us"]) < 1e-9
+    assert main(["report", str(a), "--against", str(b), "--top", "3", "--graph", str(graph_file)]) == 0
+    text = capsys.readouterr().out
+    assert "diff against" in text and "differing decisions" in text
+
+
+def test_report_rejects_a_program_of_another_graph(graph_file, tmp_path, capsys):
+    from pathlib import Path
+    a = _compile(graph_file, tmp_path, "naive", "a.json")
+    other = Path(__file__).parent.parent / "benchmarks/graphs/tiny/linear_tiny_m16_k64_n128.json"
+    assert main(["report", str(a), "--graph", str(other)]) == 2
+    assert "different_graphs" in capsys.readouterr().err
