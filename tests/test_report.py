@@ -102,3 +102,33 @@ def test_report_rejects_a_program_of_another_graph(graph_file, tmp_path, capsys)
     other = Path(__file__).parent.parent / "benchmarks/graphs/tiny/linear_tiny_m16_k64_n128.json"
     assert main(["report", str(a), "--graph", str(other)]) == 2
     assert "different_graphs" in capsys.readouterr().err
+
+
+def test_html_report_is_self_contained_with_tables_and_plots(graph_file, tmp_path, capsys):
+    from html.parser import HTMLParser
+    a = _compile(graph_file, tmp_path, "naive", "a.json")
+    b = _compile(graph_file, tmp_path, "heuristic", "b.json")
+    html = tmp_path / "r.html"
+    assert main(["report", str(b), "--against", str(a), "--html", str(html)]) == 0
+    text = html.read_text()
+
+    class P(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.ids, self.tags, self.external = set(), [], []
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            self.tags.append(tag)
+            if "id" in a:
+                self.ids.add(a["id"])
+            for k in ("src", "href"):
+                if a.get(k):
+                    self.external.append(a[k])
+
+    p = P()
+    p.feed(text)
+    assert {"ops", "timeline", "roofline", "lx", "diff", "roofline-table"} <= p.ids
+    assert p.external == [] and "<script" not in text      # nothing loaded from elsewhere
+    assert p.tags.count("svg") == 3 and "circle" in p.tags and "rect" in p.tags
+    assert "mm" in text and "relu" in text
