@@ -15,7 +15,7 @@ _CSS = """
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:12px} th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:left}
-th{background:#f5f5f5;position:sticky;top:0} td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f5f5f5;position:sticky;top:0} td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .bar{display:inline-block;height:9px;background:#4e79a7;vertical-align:middle}
 .kv span{display:inline-block;margin-right:18px} .kv b{font-weight:600}
 .notes{font-size:12px;color:#555} svg{background:#fff;border:1px solid #ddd}
