@@ -165,9 +165,16 @@ def lower_document(doc: GraphDocument) -> PrimGraph:
             outs = handler(ctx, na)
         except GraphError:
             raise
-        except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError) as e:
+        except (TypeError, ValueError, IndexError, KeyError, AttributeError, ArithmeticError) as e:
             # malformed arguments reach a lowering as wrong Python types or counts
             raise GraphError("bad_argument", f"{node.target}: cannot lower these arguments ({e})", node.id) from e
+        except (AssertionError, RecursionError) as e:
+            # shapes or ranks a lowering assumed it would never see (the validator names
+            # the known cases precisely; this keeps the rest a client error, not a crash)
+            why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise GraphError("bad_argument", f"{node.target}: cannot lower a node with these arguments and "
+                             f"shapes (inputs {[list(getattr(a, 'shape', ())) for a in na.args if hasattr(a, 'shape')]}, "
+                             f"outputs {[list(s) for s in shapes]}; {why})", node.id) from e
         if len(outs) != len(node.outputs):
             raise GraphError("shape_mismatch", f"{node.target} produces {len(outs)} outputs, "
                              f"the node declares {len(node.outputs)}", node.id)

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from lowering.errors import GraphError
 from lowering.graph_format import (
+    FloatArg,
     GraphDocument,
     ListArg,
     Node,
@@ -156,6 +157,9 @@ def _node_refs(node: Node) -> list[TensorRef]:
 def find_problems(doc: GraphDocument, check_support: bool = True) -> list[GraphError]:
     """All problems found, in a stable order (structure first, then metadata, then op
     support). A problem in the structure stops the later checks, which assume it."""
+    problems = non_finite_problems(doc)
+    if problems:
+        return problems
     problems = _check_ids(doc)
     if problems:
         return problems
@@ -290,6 +294,62 @@ def _meta_problems(meta: TensorMeta, where: str, node_id: str) -> list[GraphErro
         problems.append(GraphError(
             "shape_mismatch", f"{where} has a rank-{len(meta.shape)} shape but "
             f"{len(meta.stride)} strides", node_id))
+        return problems
+    if problems:
+        return problems
+    for axis, size in enumerate(meta.shape):
+        if size == 0:
+            problems.append(GraphError(
+                "zero_size", f"{where} has shape {list(meta.shape)} with a zero-size dim {axis}; "
+                f"sticksat compiles no empty tensors (run such a graph in eager torch)", node_id))
+            return problems
+    # The last element addressed must lie in a storage the format can describe (sizes are
+    # bounded by 2^40 elements): a stride or offset beyond it addresses no real storage.
+    last = meta.storage_offset + sum((size - 1) * stride for size, stride in zip(meta.shape, meta.stride))
+    if last >= MAX_STORAGE_ELEMENTS:
+        problems.append(GraphError(
+            "bad_strides", f"{where} with shape {list(meta.shape)}, strides {list(meta.stride)} and storage "
+            f"offset {meta.storage_offset} addresses element {last}, beyond any storage "
+            f"(at most {MAX_STORAGE_ELEMENTS} elements)", node_id))
+    return problems
+
+
+# Sizes in the format are at most 2^40 (graph_format.Size); so is the storage a tensor views.
+MAX_STORAGE_ELEMENTS = 2**40
+
+
+def non_finite_problems(doc: GraphDocument) -> list[GraphError]:
+    """Bare NaN/Infinity literals (or numbers such as 1e999 that overflow to infinity)
+    in float arguments or constant values: JSON has no such numbers, and the canonical
+    form (hash) cannot hold them. Non-finite floats travel as the strings 'inf', '-inf',
+    'nan'."""
+    def bad(value: Any) -> bool:
+        return isinstance(value, float) and not math.isfinite(value)
+
+    def walk(args: Any) -> Iterator[float]:
+        stack = [args]
+        while stack:
+            a = stack.pop()
+            if isinstance(a, (list, tuple)):
+                stack.extend(a)
+            elif isinstance(a, dict):
+                stack.extend(a.values())
+            elif isinstance(a, ListArg):
+                stack.extend(a.items)
+            elif isinstance(a, FloatArg) and bad(a.value):
+                yield a.value
+
+    hint = "non-finite floats travel as the strings 'inf', '-inf', 'nan'"
+    problems = []
+    for node in doc.nodes:
+        for value in walk([list(node.args), dict(node.kwargs)]):
+            problems.append(GraphError("schema", f"node '{node.id}' has a float argument {value!r} written as a "
+                                       f"bare NaN/Infinity or an overflowing literal; {hint}", node.id))
+            break
+    for c in doc.constants:
+        if any(bad(v) for v in c.values):
+            problems.append(GraphError("schema", f"constant '{c.id}' has a value written as a bare NaN/Infinity "
+                                       f"or an overflowing literal; {hint}", c.id))
     return problems
 
 

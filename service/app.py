@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import platform
 import time
@@ -145,6 +146,11 @@ class _ServiceMiddleware:
 
         try:
             if scope["method"] in ("POST", "PUT", "PATCH"):
+                refused = _content_type_problem(scope)
+                if refused is not None:
+                    self.metrics.rejected.labels("unsupported_media_type").inc()
+                    await refused(scope, receive, send_wrapper)
+                    return
                 body_or_response = await self._read_body(scope, receive)
                 if isinstance(body_or_response, Response):
                     await body_or_response(scope, receive, send_wrapper)
@@ -187,6 +193,25 @@ class _ServiceMiddleware:
         return problem_response(413, "body_too_large",
                                 f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes",
                                 headers={"Connection": "close"})
+
+
+def _content_type_problem(scope) -> Optional[Response]:
+    """415 unless the body is declared JSON (application/json or application/*+json).
+    A web page can make a browser POST text/plain, form or multipart bodies to any
+    origin without a CORS preflight; refusing them keeps a page a developer visits from
+    starting compiles on their localhost service."""
+    value = ""
+    for name, raw in scope.get("headers", []):
+        if name == b"content-type":
+            value = raw.decode("latin-1")
+            break
+    media = value.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return None
+    shown = f"Content-Type {media!r}" if media else "no Content-Type"
+    return problem_response(415, "unsupported_media_type",
+                            f"{shown}: request bodies are JSON (Content-Type: application/json)",
+                            instance=scope.get("path"), headers={"Accept-Post": "application/json"})
 
 
 def _replay(body: bytes, receive):
@@ -328,10 +353,20 @@ def create_app(config: ServiceConfig) -> FastAPI:
         return await _compile(state, body, received_at)
 
     # -- simulate ------------------------------------------------------------------
+    # Parsed here like /compile (FastAPI's own parsing answers an undocumented 400 for a
+    # body json.loads cannot take, e.g. one nested too deeply).
     @app.post("/simulate", summary="program → validation result, simulated timing, optional trace",
-              responses=openapi_responses(413, 422, 500, 503, 504))
-    async def simulate_route(body: SimulateRequest) -> dict[str, Any]:
-        return await _simulate(state, body)
+              responses=openapi_responses(413, 422, 500, 503, 504),
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": {"$ref": "#/components/schemas/SimulateRequest"}}}}})
+    async def simulate_route(request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body = SimulateRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            return _body_validation_problem(exc.errors(include_url=False), _json_or_none(raw), request.url.path)
+        return Response(json.dumps(_json_safe(await _simulate(state, body)), allow_nan=False),
+                        media_type="application/json")
 
     # -- store ---------------------------------------------------------------------
     @app.get("/programs/{key}", summary="a stored program with its stats", responses=openapi_responses(404, 422))
@@ -367,7 +402,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
     # /compile parses its own body (see compile_route): publish the model it parses with.
-    _, request_defs = models_json_schema([(CompileRequest, "validation")],
+    _, request_defs = models_json_schema([(CompileRequest, "validation"), (SimulateRequest, "validation")],
                                          ref_template="#/components/schemas/{model}")
     for name, definition in request_defs.get("$defs", {}).items():
         components.setdefault(name, definition)
@@ -386,10 +421,24 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
+def _json_safe(value: Any) -> Any:
+    """Non-finite floats (an error of inf when outputs differ in shape) as the strings
+    'inf', '-inf', 'nan', as in graph documents: JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def _json_or_none(raw: bytes) -> Any:
+    """The body as Python objects for locating a validation error, or None when it does
+    not parse (invalid JSON, or nested deeper than Python's recursion limit)."""
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -437,7 +486,17 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
     config, metrics, store = state.config, state.metrics, state.store
     opts = body.options
     try:
-        doc = body.graph if body.graph is not None else pipeline.document_from_export(body.export)
+        try:
+            doc = body.graph if body.graph is not None else pipeline.document_from_export(body.export)
+        except RecursionError:
+            raise GraphError("schema", "the exported program is nested too deeply") from None
+        # Bare NaN/Infinity literals parse (pydantic accepts them) but have no canonical
+        # form: name them before hashing.
+        from lowering.validate import non_finite_problems
+
+        non_finite = non_finite_problems(doc)
+        if non_finite:
+            raise non_finite[0]
         pipeline.check_graph_limits(doc, config.limits)
         options = pipeline.resolve_options(opts.planner, opts.time_limit_s, opts.deterministic, opts.target,
                                            opts.strict)
@@ -563,6 +622,18 @@ async def _simulate(state: ServiceState, body: SimulateRequest) -> dict[str, Any
         raise _graph_error_problem(exc) from None
     if body.numerics and body.graph is None:
         raise ProblemError(422, "invalid_option", "numerics needs the graph document (the reference)")
+    from lowering.primitives import DTYPE_BYTES
+
+    for k, tensor in enumerate(body.program.tensors):
+        if tensor.dtype not in DTYPE_BYTES:
+            raise ProblemError(422, "schema", f"program.tensors[{k}].dtype: unknown dtype {tensor.dtype!r} "
+                                              f"(tensor {tensor.id!r}); known: {sorted(DTYPE_BYTES)}")
+    if body.graph is not None:
+        from lowering.validate import non_finite_problems
+
+        non_finite = non_finite_problems(body.graph)
+        if non_finite:
+            raise _graph_error_problem(non_finite[0])
     job = pipeline.SimulateJob(program=body.program.to_json(),
                                graph=body.graph.to_json() if body.graph is not None else None,
                                target=target, numerics=body.numerics, trace=body.trace)

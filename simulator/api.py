@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
+from lowering.errors import GraphError
 from lowering.primitives import PrimGraph
 from simulator.run import RunError, run_program
 from simulator.superdsc import Program
@@ -103,6 +104,23 @@ def _as_primgraph(graph) -> PrimGraph:
     return lower_document(graph)
 
 
+def _check_graph_matches(prog: Program, pg: PrimGraph) -> None:
+    """The reference graph must declare the program's inputs with the same
+    shapes: GraphError("graph_mismatch") otherwise (numerics with another graph)."""
+    tmap = prog.tensor_map()
+    for role, names, graph_names in (("input", prog.inputs, pg.inputs),):
+        if len(dict.fromkeys(names)) != len(dict.fromkeys(graph_names)):
+            raise GraphError("graph_mismatch", f"the program has {len(dict.fromkeys(names))} {role}s, "
+                                               f"the graph {len(dict.fromkeys(graph_names))}")
+        for name in names:
+            t = tmap.get(name)
+            g = pg.tensors.get(name)
+            if t is None or g is None or tuple(t.shape) != tuple(g.shape):
+                raise GraphError("graph_mismatch", f"program {role} {name!r} "
+                                 f"{'has shape ' + str(list(t.shape)) if t is not None else 'is undeclared'}, the graph "
+                                 f"{'declares ' + str(list(g.shape)) if g is not None else 'has no such tensor'}")
+
+
 def compare(outputs: list[np.ndarray], reference: list[np.ndarray]) -> tuple[float, float]:
     max_abs = 0.0
     max_rel = 0.0
@@ -155,6 +173,8 @@ def simulate(program: Union[Program, dict, str, bytes], hw=None, inputs: Optiona
                 write_trace(report, trace)
     if numerics or inputs is not None:
         pg = _as_primgraph(graph) if graph is not None else None
+        if pg is not None:
+            _check_graph_matches(prog, pg)
         feed = dict(inputs) if inputs is not None else random_inputs(prog, pg, seed)
         try:
             res.outputs = run_program(prog, feed, hw)
@@ -163,8 +183,12 @@ def simulate(program: Union[Program, dict, str, bytes], hw=None, inputs: Optiona
             res.errors.append(ProgramIssue("run_error", str(e)))
             return res
         if pg is not None:
-            from lowering.interpreter import interpret
-            res.reference = interpret(pg, feed)
+            from lowering.interpreter import InterpreterError, interpret
+            try:
+                res.reference = interpret(pg, feed)
+            except InterpreterError as e:
+                raise GraphError("graph_mismatch", f"the graph is not the one this program was compiled "
+                                                   f"from: {e}") from None
             res.max_abs_err, res.max_rel_err = compare(res.outputs, res.reference)
         else:
             res.notes.append("no graph given: outputs not compared with a reference")

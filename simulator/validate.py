@@ -289,6 +289,10 @@ class _Checker:
                 ok = False
                 continue
             if prim.kind == "copy" and role == "input":
+                if any(d is not None and not (0 <= d < n_it) for d in acc.dims):
+                    self.add("shape_mismatch", f"{op_id}: copy input {acc.tensor} maps dims {list(acc.dims)}, "
+                                               f"the loop nest has {n_it}", op=op_id, tensor=acc.tensor)
+                    ok = False
                 continue  # read whole through the copy's strided maps
             for j, d in enumerate(acc.dims):
                 if d is None:
@@ -750,9 +754,14 @@ def validate_program(program: Union[Program, dict, str, bytes], hw) -> list[Prog
         ck.add("hardware_mismatch", f"program targets {prog.hardware!r} digest {prog.stats.hardware_digest[:12]}, "
                                     f"hardware is {hw.name!r} digest {hw.digest[:12]}")
     ck.check_tensors()
-    ck.check_ops()
-    ck.check_tile_buffers()
-    ck.check_kernel_order()
-    ck.check_memory()
-    ck.check_bundles()
+    if any(i.code == "schema" for i in ck.issues):
+        return ck.issues  # the later checks read every tensor's dtype and declaration
+    for check in (ck.check_ops, ck.check_tile_buffers, ck.check_kernel_order, ck.check_memory, ck.check_bundles):
+        try:
+            check()
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError, AssertionError) as e:
+            # A malformed program a check did not foresee: still a verdict, never a crash.
+            ck.add("schema", f"malformed program ({check.__name__.removeprefix('check_')} check: "
+                             f"{type(e).__name__}: {e})")
+            break
     return ck.issues

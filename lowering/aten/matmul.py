@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from lowering.aten.context import Ctx, NodeArgs, View, expr_fn, register
-from lowering.aten.pointwise import as_operand, emit_pointwise
+from lowering.aten.pointwise import as_operand, broadcast_shapes, emit_pointwise
 from lowering.primitives import Access, Const, IterDim, MatmulBody
 
 
@@ -73,6 +73,9 @@ def _addmm(ctx: Ctx, node: NodeArgs):
     beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
     mm = emit_matmul(ctx, node, x, y, x.dtype, f"{node.id}.mm")
     b = as_operand(node, bias)
+    if isinstance(b, View) and broadcast_shapes(node, [tuple(mm.shape), tuple(b.shape)]) != tuple(mm.shape):
+        raise node.fail("shape_mismatch", f"{node.target}: bias of shape {list(b.shape)} does not broadcast "
+                                          f"to the product's shape {list(mm.shape)}")
 
     def build(e):
         prod = e[0] if alpha == 1 else expr_fn("mul", e[0], Const(float(alpha)))

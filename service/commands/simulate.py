@@ -24,7 +24,12 @@ def run(args) -> int:
     from simulator.api import simulate
     from simulator.hardware import load_target
 
-    hw = load_target(args.hardware)
+    try:
+        hw = load_target(args.hardware)
+    except Exception as e:  # noqa: BLE001 - an unknown name or an unreadable/invalid target file
+        print(json.dumps({"valid": False, "errors": [{"code": "unknown_target", "message": str(e)}],
+                          "simulated_us": None}))
+        return 2
     try:
         text = Path(args.program).read_bytes()
     except OSError as e:
@@ -41,7 +46,12 @@ def run(args) -> int:
             err = {"code": getattr(e, "code", "io"), "message": getattr(e, "message", str(e))}
             print(json.dumps({"valid": False, "errors": [err], "simulated_us": None, "graph_error": True}))
             return 2
-    res = simulate(text, hw, graph=graph, numerics=args.numerics, trace=args.trace, seed=args.seed)
+    from lowering.errors import GraphError
+    try:
+        res = simulate(text, hw, graph=graph, numerics=args.numerics, trace=args.trace, seed=args.seed)
+    except GraphError as e:  # the graph given for the reference is not this program's
+        print(json.dumps({"valid": False, "errors": [e.to_dict()], "simulated_us": None, "graph_error": True}))
+        return 2
     out = res.to_json()
     if args.json:
         print(json.dumps(out))
