@@ -142,6 +142,9 @@ class _ServiceMiddleware:
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
                 status_holder["status"] = message["status"]
+                if message["status"] == 500 and not any(k.lower() == b"connection" for k, _ in
+                                                        message.get("headers", [])):
+                    message = {**message, "headers": list(message.get("headers", [])) + [(b"connection", b"close")]}
             await send(message)
 
         try:

@@ -83,6 +83,10 @@ def problem_response(status: int, code: str, detail: str, *, node: Optional[str]
                      errors: Optional[list[dict[str, Any]]] = None, instance: Optional[str] = None,
                      headers: Optional[dict[str, str]] = None, title: Optional[str] = None) -> Response:
     body = problem_body(status, code, detail, node=node, errors=errors, instance=instance, title=title)
+    if status == 500:
+        # After an internal error the server may drop the connection (uvicorn does when the
+        # exception propagates past the response): tell the client not to reuse it.
+        headers = {**(headers or {}), "Connection": "close"}
     return Response(json.dumps(body), status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
