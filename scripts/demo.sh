@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-.venv/bin/pip install -q -c constraints.txt -e '.[torch]'
+.venv/bin/pip install -q -c constraints.txt -e '.[torch,cli]'
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 .venv/bin/python -m backend.demo "$@"

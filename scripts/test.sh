@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-.venv/bin/pip install -q -c constraints.txt -e '.[torch,test,bench]'
+.venv/bin/pip install -q -c constraints.txt -e '.[torch,test,bench,cli]'
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 .venv/bin/python -m pytest -q "$@"
