@@ -124,8 +124,7 @@ def _post_json(url: str, body: bytes, options: RemoteOptions, sleep: Callable[[f
             # The response may take as long as the solve: widen the timeout now.
             conn.sock.settimeout(options.effective_read_timeout())
             try:
-                conn.request("POST", path, body=body, headers={
-                    "Content-Type": "application/json", "Accept": "application/json, application/problem+json"})
+                conn.request("POST", path, body=body, headers=_headers())
                 reply = conn.getresponse()
                 status, data, retry_after = reply.status, reply.read(), reply.getheader("Retry-After")
             except (socket.timeout, TimeoutError):
@@ -156,6 +155,19 @@ def _post_json(url: str, body: bytes, options: RemoteOptions, sleep: Callable[[f
             raise GraphError(problem.get("code", "invalid_graph"), detail, problem.get("node"))
         raise RemoteCompileError(f"{url}: {status} {detail}", status=status, problem=problem)
     raise ServiceUnavailable(f"sticksat service at {url} unavailable after {attempts} attempts: {last_reason}")
+
+
+ENV_TOKEN = "STICKSAT_TOKEN"
+
+
+def _headers() -> dict[str, str]:
+    """JSON in and out; the bearer token when $STICKSAT_TOKEN is set (a service started
+    with a token answers 401 without it)."""
+    headers = {"Content-Type": "application/json", "Accept": "application/json, application/problem+json"}
+    token = os.environ.get(ENV_TOKEN)
+    if token:
+        headers["Authorization"] = f"Bearer {token.strip()}"
+    return headers
 
 
 def _problem_of(data: bytes) -> dict:

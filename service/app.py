@@ -9,6 +9,7 @@ a repeated compile a lookup.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import math
 import os
@@ -57,6 +58,8 @@ class ServiceConfig:
     # Without a client deadline a compile waits at most this long (or its time limit
     # plus a minute, whichever is longer).
     default_deadline_s: float = 300.0
+    # Bearer token every request but /healthz and /readyz must carry (None: no auth).
+    token: Optional[str] = field(default=None, repr=False)
 
 
 # -- request and response models -----------------------------------------------------
@@ -127,10 +130,11 @@ class _ServiceMiddleware:
     The body is read here, up to the limit, and replayed to the app: a chunked upload
     without Content-Length is bounded as well as a declared one."""
 
-    def __init__(self, app, max_body_bytes: int, metrics: ServiceMetrics):
+    def __init__(self, app, max_body_bytes: int, metrics: ServiceMetrics, token: Optional[str] = None):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        self.token = token.encode() if token else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -148,6 +152,13 @@ class _ServiceMiddleware:
             await send(message)
 
         try:
+            if self.token is not None and scope.get("path") not in OPEN_PATHS and not self._authorized(scope):
+                self.metrics.rejected.labels("unauthorized").inc()
+                await problem_response(401, "unauthorized", "this service needs 'Authorization: Bearer <token>' "
+                                       "(the token of STICKSAT_TOKEN or --token-file)", instance=scope.get("path"),
+                                       headers={"WWW-Authenticate": 'Bearer realm="sticksat"'})(
+                    scope, receive, send_wrapper)
+                return
             if scope["method"] in ("POST", "PUT", "PATCH"):
                 refused = _content_type_problem(scope)
                 if refused is not None:
@@ -165,6 +176,14 @@ class _ServiceMiddleware:
             label = getattr(route, "path", None) or "unmatched"
             self.metrics.requests.labels(label, scope["method"], str(status_holder["status"])).inc()
             self.metrics.request_seconds.labels(label).observe(time.perf_counter() - started)
+
+    def _authorized(self, scope) -> bool:
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, presented = value.partition(b" ")
+                # constant time in the token's contents (hmac.compare_digest)
+                return scheme.lower() == b"bearer" and hmac.compare_digest(presented.strip(), self.token)
+        return False
 
     async def _read_body(self, scope, receive):
         declared = None
@@ -196,6 +215,10 @@ class _ServiceMiddleware:
         return problem_response(413, "body_too_large",
                                 f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes",
                                 headers={"Connection": "close"})
+
+
+# Probes answer without the token (they reveal nothing but liveness and worker counts).
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 def _content_type_problem(scope) -> Optional[Response]:
@@ -394,7 +417,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
                 "programs": [p.summary(COMPILER_VERSION) for p in state.store.programs_for_graph(graph_hash)]}
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    app.add_middleware(_ServiceMiddleware, max_body_bytes=config.max_body_bytes, metrics=metrics)
+    app.add_middleware(_ServiceMiddleware, max_body_bytes=config.max_body_bytes, metrics=metrics,
+                       token=config.token)
     return app
 
 
@@ -666,6 +690,7 @@ def config_from_env() -> ServiceConfig:
         store_path=os.environ.get("STICKSAT_STORE", default_store_path()),
         workers=int(os.environ.get("STICKSAT_WORKERS", "1")),
         queue_limit=int(os.environ.get("STICKSAT_QUEUE_LIMIT", "8")),
+        token=os.environ.get("STICKSAT_TOKEN") or None,
     )
 
 

@@ -18,6 +18,7 @@ PROBLEM_MEDIA_TYPE = "application/problem+json"
 
 _TITLES = {
     400: "Bad request",
+    401: "Unauthorized",
     404: "Not found",
     405: "Method not allowed",
     413: "Request body too large",

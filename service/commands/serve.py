@@ -24,8 +24,24 @@ def register(sub) -> None:
     p.add_argument("--max-nodes", type=int, default=None, help="graph node limit (422 beyond)")
     p.add_argument("--max-total-elements", type=int, default=None,
                    help="limit on the summed elements of all graph tensors (422 beyond)")
+    p.add_argument("--token-file", default=None,
+                   help="require 'Authorization: Bearer <token>' on every route but /healthz and /readyz; "
+                        "the token is this file's content (default: $STICKSAT_TOKEN; neither: no auth)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
+
+
+def resolve_token(token_file=None):
+    """The bearer token: the file's content (stripped) or $STICKSAT_TOKEN; None for none.
+    An empty token is refused (it would let every request in)."""
+    if token_file:
+        from pathlib import Path
+
+        token = Path(token_file).read_text().strip()
+        if not token:
+            raise SystemExit(f"sticksat serve: token file {token_file} is empty")
+        return token
+    return os.environ.get("STICKSAT_TOKEN") or None
 
 
 def run(args) -> int:
@@ -51,6 +67,7 @@ def run(args) -> int:
         queue_limit=args.queue_limit,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         limits=limits,
+        token=resolve_token(args.token_file),
     )
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_config=None,
                 log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5)
