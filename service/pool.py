@@ -64,6 +64,7 @@ class SolverPool:
         self._ready = asyncio.Event()
         self._on_inflight_change = on_inflight_change
         self._recent_seconds: list[float] = []
+        self._started: dict[str, float] = {}  # key -> monotonic start of the jobs in flight
 
     # -- lifecycle -----------------------------------------------------------------
     def _new_executor(self) -> ProcessPoolExecutor:
@@ -111,13 +112,17 @@ class SolverPool:
         return len(self._inflight)
 
     def retry_after_s(self) -> int:
-        """A client-facing guess of when a slot frees: the median recent job time times
-        the queue depth per worker, at least one second."""
-        if not self._recent_seconds:
-            return 1
-        recent = sorted(self._recent_seconds)
-        median = recent[len(recent) // 2]
-        return max(1, math.ceil(median * max(1, self.inflight) / self.workers))
+        """A client-facing estimate of when the backlog drains: the jobs in flight
+        (queued plus running, at least one) times the mean recent job time, spread over
+        the workers; at least one second. Without a finished job yet, the mean is the
+        age of the oldest job in flight (a lower bound of its time: a 30 s solve that
+        has not finished is not a 1 s wait)."""
+        if self._recent_seconds:
+            mean = sum(self._recent_seconds) / len(self._recent_seconds)
+        else:
+            now = time.monotonic()
+            mean = max((now - t for t in self._started.values()), default=1.0)
+        return max(1, math.ceil(max(1, self.inflight) * mean / self.workers))
 
     def submit(self, key: str, fn: Callable[..., Any], *args: Any,
                on_done: Optional[Callable[[Any], Awaitable[None] | None]] = None) -> tuple[asyncio.Future, bool]:
@@ -135,7 +140,7 @@ class SolverPool:
         result_future: asyncio.Future = loop.create_future()
         self._inflight[key] = result_future
         self._changed()
-        started = time.monotonic()
+        started = self._started[key] = time.monotonic()
         try:
             work = loop.run_in_executor(self._executor, fn, *args)
         except BrokenProcessPool:
@@ -172,6 +177,7 @@ class SolverPool:
                 exc: Optional[BaseException] = None) -> None:
         if self._inflight.get(key) is future:
             del self._inflight[key]
+            self._started.pop(key, None)
             self._changed()
         if future.done():
             return
