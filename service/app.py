@@ -366,7 +366,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     # pydantic-core) rather than by FastAPI (json.loads, then validation of the Python
     # objects): a cache hit is mostly parsing. The OpenAPI body schema is declared below.
     @app.post("/compile", summary="graph document → validated SuperDSC program + stats",
-              response_model=CompileResponse, responses=openapi_responses(413, 422, 500, 503, 504),
+              response_model=CompileResponse, responses=openapi_responses(401, 413, 415, 422, 500, 503, 504),
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"$ref": "#/components/schemas/CompileRequest"}}}}})
     async def compile_route(request: Request) -> Response:
@@ -382,7 +382,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     # Parsed here like /compile (FastAPI's own parsing answers an undocumented 400 for a
     # body json.loads cannot take, e.g. one nested too deeply).
     @app.post("/simulate", summary="program → validation result, simulated timing, optional trace",
-              responses=openapi_responses(413, 422, 500, 503, 504),
+              responses=openapi_responses(401, 413, 415, 422, 500, 503, 504),
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"$ref": "#/components/schemas/SimulateRequest"}}}}})
     async def simulate_route(request: Request) -> Response:
@@ -395,7 +395,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
                         media_type="application/json")
 
     # -- store ---------------------------------------------------------------------
-    @app.get("/programs/{key}", summary="a stored program with its stats", responses=openapi_responses(404, 422))
+    @app.get("/programs/{key}", summary="a stored program with its stats", responses=openapi_responses(401, 404, 422))
     async def get_program(key: str = Path(pattern=r"^[0-9a-f]{64}$")) -> dict[str, Any]:
         record = state.store.get_program(key)
         if record is None:
@@ -407,7 +407,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         return out
 
     @app.get("/graphs/{graph_hash}", summary="a stored graph document and its programs",
-             responses=openapi_responses(404, 422))
+             responses=openapi_responses(401, 404, 422))
     async def get_graph(graph_hash: str = Path(pattern=r"^[0-9a-f]{64}$")) -> dict[str, Any]:
         record = state.store.get_graph(graph_hash)
         if record is None:
@@ -433,6 +433,15 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                                          ref_template="#/components/schemas/{model}")
     for name, definition in request_defs.get("$defs", {}).items():
         components.setdefault(name, definition)
+    # Exactly one of graph/export (the model's validator): say so in the schema.
+    components["CompileRequest"]["oneOf"] = [{"required": ["graph"]}, {"required": ["export"]}]
+    protected = {"401": openapi_responses(401)[401]}
+    for path, path_item in schema.get("paths", {}).items():
+        if path in OPEN_PATHS:
+            continue
+        for operation in path_item.values():
+            operation.setdefault("responses", {}).update(
+                {k: v for k, v in protected.items() if k not in operation["responses"]})
     # Errors come from our handlers as problem+json; FastAPI's default 422 schema would
     # describe a body we never send.
     components.pop("HTTPValidationError", None)

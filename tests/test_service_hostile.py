@@ -22,6 +22,8 @@ MAX_NODES = 60
 RSS_LIMIT_BYTES = 2 * 1024**3
 
 COMPILE_CASES = compile_cases()
+# route -> statuses the corpus got (checked against the OpenAPI document at the end)
+SEEN: dict[str, set[int]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +61,10 @@ def _check(resp: httpx.Response, case: Case) -> None:
 
 
 def _post(server, case: Case) -> httpx.Response:
-    return httpx.post(server.url + case.route, content=case.body, headers={"content-type": case.content_type},
+    resp = httpx.post(server.url + case.route, content=case.body, headers={"content-type": case.content_type},
                       timeout=120)
+    SEEN.setdefault(case.route, set()).add(resp.status_code)
+    return resp
 
 
 def test_corpus_is_large_enough(program):
@@ -165,3 +169,29 @@ def test_cli_simulate_hostile(program, tmp_path, capsys):
             if verdict["valid"] is not False or not verdict["errors"]:
                 failures.append(f"{case.name}: {verdict}")
     assert not failures, failures
+
+
+def test_openapi_documents_what_the_corpus_got(server):
+    """Runs after the corpus: every status it produced is documented for its route (as
+    problem+json for errors), and the request schema says exactly one of graph/export."""
+    spec = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    assert SEEN, "the corpus tests did not run first"
+    for route, statuses in SEEN.items():
+        documented = spec["paths"][route]["post"]["responses"]
+        for status in statuses:
+            assert str(status) in documented, (route, status, sorted(documented))
+            if status >= 400:
+                assert "application/problem+json" in documented[str(status)]["content"], (route, status)
+    for path, item in spec["paths"].items():
+        for operation in item.values():
+            if path not in ("/healthz", "/readyz"):
+                assert "401" in operation["responses"], path
+    for route in ("/compile", "/simulate"):
+        documented = set(spec["paths"][route]["post"]["responses"])
+        assert {"401", "413", "415", "422", "503", "504"} <= documented, (route, documented)
+        assert "400" not in documented
+    compile_schema = spec["components"]["schemas"]["CompileRequest"]
+    assert compile_schema["oneOf"] == [{"required": ["graph"]}, {"required": ["export"]}]
+    assert spec["paths"]["/simulate"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"] \
+        .endswith("/SimulateRequest")
+    assert "SimulateRequest" in spec["components"]["schemas"]
