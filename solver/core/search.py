@@ -24,8 +24,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
-from solver.core import (FORBIDDEN_COST, Reduction, StrategyProblem, Timeline, evaluate,
-                         presolve, tree_dp_start)
+from solver.core import (FORBIDDEN_COST, Reduction, SolveOptions, StrategyProblem, Timeline,
+                         evaluate, presolve, solve, tree_dp_start)
 
 
 class LocalState:
@@ -210,21 +210,23 @@ def _window_model(state: LocalState, window: list[int], pair_limit: int):
             lo = int(t[~forb].min()) if (~forb).any() else 0
             const += lo
             if t.size <= pair_limit:
+                # pair booleans with marginal equalities to both ends (tight local polytope)
+                z = {}
                 for a in range(t.shape[0]):
-                    row = []
                     for b in range(t.shape[1]):
-                        if forb[a, b]:
-                            model.AddBoolOr([picks[iu][a].Not(), picks[iv][b].Not()])
-                        elif t[a, b] > lo:
-                            row.append(b)
-                    if not row:
-                        continue
-                    # cost t[a,b]-lo paid when both picked: pair boolean >= a + b - 1
-                    for b in row:
-                        z = model.NewBoolVar("")
-                        model.AddBoolOr([picks[iu][a].Not(), picks[iv][b].Not(), z])
-                        obj_vars.append(z)
-                        obj_coefs.append(int(t[a, b] - lo))
+                        if not forb[a, b]:
+                            var = model.NewBoolVar("")
+                            z[a, b] = var
+                            model.AddHint(var, a == state.k[u] and b == state.k[v])
+                            if t[a, b] > lo:
+                                obj_vars.append(var)
+                                obj_coefs.append(int(t[a, b] - lo))
+                for a in range(t.shape[0]):
+                    model.Add(cp_model.LinearExpr.Sum([z[a, b] for b in range(t.shape[1]) if (a, b) in z])
+                              == picks[iu][a])
+                for b in range(t.shape[1]):
+                    model.Add(cp_model.LinearExpr.Sum([z[a, b] for a in range(t.shape[0]) if (a, b) in z])
+                              == picks[iv][b])
             else:
                 ku = model.NewIntVar(0, t.shape[0] - 1, "")
                 kv = model.NewIntVar(0, t.shape[1] - 1, "")
@@ -305,6 +307,20 @@ def _ball(state: LocalState, seed_nodes: list[int], size: int, rng: random.Rando
     return out
 
 
+def _costly_node(state: LocalState, rng: random.Random) -> int:
+    """A node drawn with probability proportional to the square root of what it and its
+    incident edges cost under the current choice."""
+    p = state.p
+    ch = [int(state.alive[x][state.k[x]]) for x in range(p.num_nodes)]
+    w = np.array([float(p.node_costs[x][ch[x]]) for x in range(p.num_nodes)])
+    for (u, v), t in zip(p.edges, p.edge_costs):
+        c = float(t[ch[u], ch[v]])
+        w[u] += c / 2
+        w[v] += c / 2
+    w = np.sqrt(np.maximum(w, 0)) + 1e-9
+    return int(np.searchsorted(np.cumsum(w), rng.random() * w.sum()))
+
+
 @dataclass
 class SearchResult:
     choice: Optional[list[int]]
@@ -326,7 +342,8 @@ def trivial_bound(problem: StrategyProblem, red: Reduction) -> int:
 
 def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int = 2, seed: int = 1,
              log: Optional[Callable[[str], None]] = None, window: int = 120,
-             pair_limit: int = 256) -> SearchResult:
+             pair_limit: int = 256, solve_cap: float = 1.0, full_share: float = 0.8,
+             full_pair_limit: int = 400_000) -> SearchResult:
     """Best feasible choice found within `time_limit_s` (wall clock, all phases)."""
     t_start = time.perf_counter()
     deadline = t_start + time_limit_s
@@ -361,13 +378,25 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     size = min(window, n)
     iters = accepted = 0
     tl = st.tl
-    while time.perf_counter() < deadline - 0.2:
+    # the full model (CP-SAT's own LNS on the tight pair formulation, hinted with the best
+    # choice) gets the last part of the budget when it is small enough to build quickly
+    pair_terms = 0
+    for (u, v), t in zip(problem.edges, problem.edge_costs):
+        size_uv = len(red.alive[u]) * len(red.alive[v])
+        pair_terms += size_uv if size_uv <= 2048 else len(red.alive[u]) + len(red.alive[v])
+    use_full = full_share > 0 and pair_terms <= full_pair_limit
+    lns_deadline = deadline - full_share * time_limit_s if use_full else deadline
+    stats["pair_terms"] = pair_terms
+    while time.perf_counter() < lns_deadline - 0.2:
         iters += 1
         if st.has_limit and rng.random() < 0.3 and tl.n_steps:
             t = rng.randrange(tl.n_steps)
             live = np.flatnonzero((tl.start <= t) & (tl.end > t)).tolist()
             rng.shuffle(live)
             seeds = live[: max(1, size // 4)] or [rng.randrange(n)]
+        elif rng.random() < 0.6:
+            # around an edge or node paying much now (sampled by cost): where gains are
+            seeds = [_costly_node(st, rng)]
         else:
             seeds = [rng.randrange(n)]
         win = _ball(st, seeds, size, rng)
@@ -376,7 +405,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         prm = solver.parameters
         prm.num_workers = max(1, workers)
         prm.random_seed = rng.randrange(1 << 30)
-        prm.max_time_in_seconds = max(0.1, min(3.0, deadline - time.perf_counter() - 0.1))
+        prm.max_time_in_seconds = max(0.1, min(solve_cap, lns_deadline - time.perf_counter() - 0.1))
         prm.cp_model_probing_level = 0
         prm.symmetry_level = 0
         status = solver.Solve(model)
@@ -403,7 +432,20 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             size = max(20, int(size * 0.85))
         if iters % 20 == 0:
             say(f"lns {iters}: cost {cur_cost}, window {size}, {time.perf_counter() - t_start:.0f}s")
-    stats.update(lns_iterations=iters, lns_improvements=accepted, final_window=size)
+    stats.update(lns_iterations=iters, lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
     choice = st.choice()
+    if use_full and deadline - time.perf_counter() > 2:
+        t_full = time.perf_counter()
+        left = deadline - t_full
+        # building the model takes time too: roughly 1 s per 100k pair terms
+        cap = max(1.0, left - 1.0 - pair_terms / 100_000)
+        sol = solve(problem, SolveOptions(time_limit_s=cap, num_workers=workers, seed=seed),
+                    hint=choice, reduction=red)
+        if sol.bound is not None:
+            bound = max(bound, float(sol.bound))
+        if sol.choice is not None and sol.cost is not None and sol.cost < cur_cost:
+            choice, cur_cost = list(sol.choice), sol.cost
+        stats.update(full_cost=sol.cost, full_s=round(time.perf_counter() - t_full, 1))
+        say(f"full model: {sol.cost} ({sol.status}), bound {sol.bound}")
     ev = evaluate(problem, choice)
     return SearchResult(choice, ev.cost, ev.feasible, bound, time.perf_counter() - t_start, stats)
