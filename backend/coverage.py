@@ -37,6 +37,7 @@ GRAD_MODE = "grad_mode"
 DYNAMIC_SHAPES = "dynamic_shapes"
 SERIALIZATION = "serialization_error"
 SERVICE_UNREACHABLE = "service_unreachable"
+ZERO_SIZE = "zero_size"
 
 
 @dataclass

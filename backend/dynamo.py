@@ -137,6 +137,9 @@ def compile_graph(gm: torch.fx.GraphModule, input_kinds: Sequence[str], input_na
         try:
             return _compile_with(gm, input_kinds, input_names, opts, SticksatSupport(targets, excluded))
         except GraphError as e:
+            if e.code == "zero_size" and not opts.strict:
+                # an empty tensor (e.g. a KV cache before its first token): format v1 has none
+                return _eager_whole_graph(gm, f"{coverage.ZERO_SIZE}: {e.message}", opts)
             if opts.strict or e.code not in _FALLBACK_CODES or e.node not in names or e.node in excluded:
                 raise
             excluded[e.node] = f"{e.code}: {e.message}"

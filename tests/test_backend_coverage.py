@@ -172,3 +172,24 @@ def test_as_strided_restride_runs_on_device():
         out = _compile(f)(x)
     assert torch.allclose(out, f(x), atol=1e-6)
     assert cov.fallback_ops == {} and cov.device_fraction == 1.0
+
+
+def test_a_graph_with_an_empty_tensor_runs_in_eager_torch_with_its_reason(caplog):
+    """Graph format v1 has no empty tensors (422 zero_size at the service); the backend runs
+    such a graph in eager torch and says why, instead of failing the user's model."""
+    import torch
+
+    from backend import track_coverage
+
+    class Cat(torch.nn.Module):
+        def forward(self, x, e):
+            return torch.cat([x, e], dim=1) * 2
+
+    torch._dynamo.reset()
+    x, e = torch.randn(4, 64), torch.randn(4, 0)
+    compiled = torch.compile(Cat(), backend="sticksat", dynamic=False, options={"planner": "heuristic"})
+    with torch.no_grad(), track_coverage() as cov, caplog.at_level("WARNING", logger="sticksat"):
+        out = compiled(x, e)
+    assert torch.equal(out, torch.cat([x, e], dim=1) * 2)
+    assert cov.graphs and cov.graphs[-1].reason.startswith("zero_size")
+    assert any("zero_size" in r.message for r in caplog.records)
