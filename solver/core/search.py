@@ -25,7 +25,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from solver.core import (FORBIDDEN_COST, Reduction, SolveOptions, StrategyProblem, Timeline,
-                         evaluate, presolve, solve, tree_dp_start)
+                         evaluate, local_search, presolve, solve, tree_dp_start)
 
 
 class LocalState:
@@ -342,8 +342,9 @@ def trivial_bound(problem: StrategyProblem, red: Reduction) -> int:
 
 def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int = 2, seed: int = 1,
              log: Optional[Callable[[str], None]] = None, window: int = 120,
-             pair_limit: int = 256, solve_cap: float = 1.0, full_share: float = 0.8,
-             full_pair_limit: int = 400_000) -> SearchResult:
+             pair_limit: int = 4096, solve_cap: float = 1.0, full_share: float = 0.8,
+             full_pair_limit: int = 400_000,
+             window_presolve: bool = True) -> SearchResult:
     """Best feasible choice found within `time_limit_s` (wall clock, all phases)."""
     t_start = time.perf_counter()
     deadline = t_start + time_limit_s
@@ -355,14 +356,21 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     stats: dict = {"presolve_s": round(time.perf_counter() - t_start, 2),
                    "strategies_kept": red.num_strategies}
     starts = [("least-usage", feasibility_first_start(problem, red))]
-    starts.append(("spanning-forest DP", tree_dp_start(problem, red)))
+    dp = tree_dp_start(problem, red)
+    starts.append(("spanning-forest DP", dp))
+    if problem.num_nodes <= 2000:
+        # the core's older local search (ratio repair from the DP start): slower, kept
+        # for small instances where it sometimes lands closer
+        ls = local_search(problem, red, start=dp)
+        if ls is not None:
+            starts.append(("DP + local_search", ls))
     best_state, best_cost = None, None
     for name, ch in starts:
         st = LocalState(problem, red, ch)
         if not _repair(st, deadline):
             say(f"start {name}: memory repair failed")
             continue
-        st.descent(min(deadline, time.perf_counter() + 0.25 * time_limit_s))
+        st.descent(min(deadline, time.perf_counter() + 0.05 * time_limit_s))
         ev = evaluate(problem, st.choice())
         say(f"start {name}: {ev.cost if ev.feasible else 'infeasible ' + ev.reason}")
         if ev.feasible and (best_cost is None or ev.cost < best_cost):
@@ -377,6 +385,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     n = problem.num_nodes
     size = min(window, n)
     iters = accepted = 0
+    status_counts: dict[str, int] = {}
     tl = st.tl
     # the full model (CP-SAT's own LNS on the tight pair formulation, hinted with the best
     # choice) gets the last part of the budget when it is small enough to build quickly
@@ -408,7 +417,10 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         prm.max_time_in_seconds = max(0.1, min(solve_cap, lns_deadline - time.perf_counter() - 0.1))
         prm.cp_model_probing_level = 0
         prm.symmetry_level = 0
+        prm.cp_model_presolve = window_presolve
         status = solver.Solve(model)
+        sname = solver.StatusName(status)
+        status_counts[sname] = status_counts.get(sname, 0) + 1
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             old = st.k.copy()
             oldprof = st.prof.copy()
@@ -424,7 +436,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
                 cur_cost = ev.cost
             else:
                 st.k, st.prof = old, oldprof
-            if status == cp_model.OPTIMAL and solver.WallTime() < 1.0:
+            if status == cp_model.OPTIMAL and solver.WallTime() < solve_cap:
                 size = min(n, int(size * 1.15) + 1)
         else:
             size = max(20, int(size * 0.7))
@@ -432,7 +444,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             size = max(20, int(size * 0.85))
         if iters % 20 == 0:
             say(f"lns {iters}: cost {cur_cost}, window {size}, {time.perf_counter() - t_start:.0f}s")
-    stats.update(lns_iterations=iters, lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
+    stats.update(lns_status=status_counts, lns_iterations=iters, lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
     choice = st.choice()
     if use_full and deadline - time.perf_counter() > 2:
         t_full = time.perf_counter()
