@@ -288,16 +288,26 @@ def _window_model(state: LocalState, window: list[int], pair_limit: int):
     return model, picks
 
 
-def _ball(state: LocalState, seed_nodes: list[int], size: int, rng: random.Random) -> list[int]:
+def _ball(state: LocalState, seed_nodes: list[int], size: int, rng: random.Random,
+          max_terms: Optional[int] = None) -> list[int]:
+    """Breadth-first ball around the seeds: at most `size` nodes and (when given) about
+    `max_terms` pair terms inside (the model size, not the node count, sets solve time)."""
     seen = set(seed_nodes)
     frontier = list(seed_nodes)
     out = list(seed_nodes)
+    terms = 0
+    nalive = [len(a) for a in state.alive] if max_terms is not None else None
     while frontier and len(out) < size:
         nxt = []
         rng.shuffle(frontier)
         for x in frontier:
             for _, _, y in state.incident[x]:
                 if y not in seen:
+                    if max_terms is not None:
+                        add = sum(nalive[y] * nalive[z] for _, _, z in state.incident[y] if z in seen)
+                        if terms + add > max_terms and len(out) > 1:
+                            continue
+                        terms += add
                     seen.add(y)
                     out.append(y)
                     nxt.append(y)
@@ -344,7 +354,8 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
              log: Optional[Callable[[str], None]] = None, window: int = 120,
              pair_limit: int = 4096, solve_cap: float = 1.0, full_share: float = 0.8,
              full_pair_limit: int = 400_000,
-             window_presolve: bool = True) -> SearchResult:
+             window_presolve: bool = True, time_share: float = 0.3,
+             window_terms: int = 20_000) -> SearchResult:
     """Best feasible choice found within `time_limit_s` (wall clock, all phases)."""
     t_start = time.perf_counter()
     deadline = t_start + time_limit_s
@@ -386,6 +397,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     size = min(window, n)
     iters = accepted = 0
     status_counts: dict[str, int] = {}
+    terms_cap = float(window_terms)
     tl = st.tl
     # the full model (CP-SAT's own LNS on the tight pair formulation, hinted with the best
     # choice) gets the last part of the budget when it is small enough to build quickly
@@ -398,7 +410,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     stats["pair_terms"] = pair_terms
     while time.perf_counter() < lns_deadline - 0.2:
         iters += 1
-        if st.has_limit and rng.random() < 0.3 and tl.n_steps:
+        if st.has_limit and rng.random() < time_share and tl.n_steps:
             t = rng.randrange(tl.n_steps)
             live = np.flatnonzero((tl.start <= t) & (tl.end > t)).tolist()
             rng.shuffle(live)
@@ -408,7 +420,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             seeds = [_costly_node(st, rng)]
         else:
             seeds = [rng.randrange(n)]
-        win = _ball(st, seeds, size, rng)
+        win = _ball(st, seeds, size, rng, max_terms=int(terms_cap))
         model, picks = _window_model(st, win, pair_limit)
         solver = cp_model.CpSolver()
         prm = solver.parameters
@@ -438,13 +450,16 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
                 st.k, st.prof = old, oldprof
             if status == cp_model.OPTIMAL and solver.WallTime() < solve_cap:
                 size = min(n, int(size * 1.15) + 1)
+                if solver.WallTime() < 0.4 * solve_cap:
+                    terms_cap *= 1.1
         else:
             size = max(20, int(size * 0.7))
+            terms_cap = max(2000.0, terms_cap * 0.7)
         if status != cp_model.OPTIMAL:
             size = max(20, int(size * 0.85))
         if iters % 20 == 0:
             say(f"lns {iters}: cost {cur_cost}, window {size}, {time.perf_counter() - t_start:.0f}s")
-    stats.update(lns_status=status_counts, lns_iterations=iters, lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
+    stats.update(lns_status=status_counts, final_terms=int(terms_cap), lns_iterations=iters, lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
     choice = st.choice()
     if use_full and deadline - time.perf_counter() > 2:
         t_full = time.perf_counter()
