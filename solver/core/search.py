@@ -4,18 +4,22 @@
   whenever anything does; cost is then improved only by moves that keep memory feasible;
 - local search: single-node moves with incremental cost (the node's row against its
   neighbours' current choices) and memory deltas (the usage profile on the compressed
-  timeline), best-improvement descent plus simulated-annealing perturbation;
+  timeline), best-improvement descent (simulated annealing with random single-node moves
+  was tried on V and gained under 1%: most random moves are forbidden or break memory);
 - large-neighbourhood search: CP-SAT on windows of the graph (a breadth-first ball around a
-  random node, sometimes grown from the nodes live at a random time), every node outside
+  random node or one drawn by what it costs now, sometimes grown from the nodes live at a
+  random time), every node outside
   fixed; fixed neighbours become node costs, fixed nodes' usage the per-step memory budget,
-  memory rows only over the distinct live sets of the window that could bind.
+  memory rows only over the distinct live sets of the window that could bind; a window
+  is bounded by the pair terms inside it, a cap that adapts to how fast windows solve;
+- the full model (`solve`, CP-SAT's own LNS on the tight pair formulation) hinted with the
+  LNS result gets the last 80% of the budget when it is small enough to build quickly.
 
 `optimize(problem, time_limit_s, ...)` runs them within the time limit and returns the
 best feasible choice found (always checked with `evaluate`).
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -111,26 +115,6 @@ class LocalState:
                     dirty.update(y for _, _, y in self.incident[x])
                     dirty.add(x)
         return moves
-
-    def anneal(self, deadline: float, rng: random.Random, temp0: float, steps: int) -> None:
-        """Simulated annealing with single-node moves (memory kept feasible)."""
-        n = self.p.num_nodes
-        movable = [x for x in range(n) if len(self.alive[x]) > 1]
-        if not movable:
-            return
-        for i in range(steps):
-            if i % 256 == 0 and time.perf_counter() > deadline:
-                break
-            temp = temp0 * (1 - i / steps) + 1e-9
-            x = rng.choice(movable)
-            lc = self.local_cost(x)
-            ok = self.memory_ok(x)
-            k = rng.randrange(len(lc))
-            if k == self.k[x] or not ok[k] or lc[k] >= FORBIDDEN_COST:
-                continue
-            d = lc[k] - lc[self.k[x]]
-            if d <= 0 or rng.random() < math.exp(-d / temp):
-                self.move(x, k)
 
 
 def feasibility_first_start(problem: StrategyProblem, red: Reduction) -> list[int]:
@@ -255,7 +239,6 @@ def _window_model(state: LocalState, window: list[int], pair_limit: int):
         bg -= np.cumsum(diff)[: tl.n_steps]
         pts = np.unique(np.concatenate([ws[we > ws], we[we > ws]]))
         if len(pts) > 1:
-            seg_max = np.maximum.reduceat(bg, pts[:-1]) if len(pts) > 1 else bg
             rows: dict[tuple, int] = {}
             for j in range(len(pts) - 1):
                 t0 = pts[j]
@@ -280,7 +263,6 @@ def _window_model(state: LocalState, window: list[int], pair_limit: int):
                             vs.append(v)
                             cs.append(int(u[k] - m))
                 model.Add(cp_model.LinearExpr.WeightedSum(vs, cs) <= budget - lows)
-            del seg_max
     model.Minimize(cp_model.LinearExpr.WeightedSum(obj_vars, obj_coefs))
     for i, x in enumerate(window):
         for k, v in enumerate(picks[i]):
