@@ -1,6 +1,6 @@
 """Timing-only simulation speed on one real-size Llama-3.1-8B decoder layer.
 
-    HF_HUB_OFFLINE=1 /work/venv/bin/python benchmarks/bench_simulator.py [--runs 5] [--write-docs]
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_simulator.py [--runs 5] [--write-docs]
 
 The layer (hidden 4096, 32 heads, 8 KV heads, intermediate 14336, sequence 512, fp16) is
 captured with `backend.capture.capture` on fake (unallocated) fp16 tensors from a

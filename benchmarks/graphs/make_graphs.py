@@ -1,6 +1,6 @@
 """Regenerate every benchmark graph document (run from the repo root):
 
-    HF_HUB_OFFLINE=1 /work/venv/bin/python benchmarks/graphs/make_graphs.py [--suite NAME]
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/graphs/make_graphs.py [--suite NAME]
 
 Each graph is one transformer layer (or one matmul) at real size, captured with
 `backend.capture.capture` on fake tensors: the layer is instantiated under a
