@@ -998,40 +998,32 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
     phase["solve"] = time.perf_counter() - t_solve
     _phase(events, "solve", False, f"{status}" + (f", gap {gap_of(obj, bound):.2%}" if obj is not None else ""))
     deadline = None if deterministic else t0 + limit_s - reserve_s
+    # the plan to finish: the best solve, unless it is predicted slower than the hint
+    chosen, chosen_ns, gap_ns = None, hint_ns, hint_ns
     if best_prog is not None:
         pred_ns = predict_program_ns(best_prog, hw)
         if pred_ns <= hint_ns:
-            t_finish = time.perf_counter()
-            _phase(events, "fusion", True, "fused kernels and LX relayouts")
-            best_d, gain_ns = _finish(pg, hw, best_d, notes, deadline, strategies, fuse)
-            phase["fusion and relayouts"] = time.perf_counter() - t_finish
-            _phase(events, "fusion", False, f"simulated gain {gain_ns / 1000:.4g} us")
-            notes.append(_phase_note(phase))
-            best_d.stats.update(
-                predicted_us=(pred_ns - gain_ns) / 1000.0, solver_status=status, objective=obj / 1000.0,
-                bound=bound / 1000.0, gap=gap_of(obj, bound), solve_seconds=time.perf_counter() - t0,
-                notes=notes)
-            best_d.op_order = order
-            return best_d
-        notes.append(f"cpsat plan predicted {pred_ns / 1000:.1f} us > hint {hint_ns / 1000:.1f} us: "
-                     "returning the hint")
+            chosen, chosen_ns, gap_ns = best_d, pred_ns, obj
+        else:
+            notes.append(f"cpsat plan predicted {pred_ns / 1000:.1f} us > hint {hint_ns / 1000:.1f} us: "
+                         "returning the hint")
     else:
         notes.append(f"no valid cpsat plan (status {status}): returning the hint")
-    hint_d = replace(hint_d, planner="cpsat", stats={})
+    if chosen is None:
+        chosen = replace(hint_d, planner="cpsat", stats={})
     t_finish = time.perf_counter()
     _phase(events, "fusion", True, "fused kernels and LX relayouts")
-    hint_d, gain_ns = _finish(pg, hw, hint_d, notes, deadline, strategies, fuse)
+    chosen, gain_ns = _finish(pg, hw, chosen, notes, deadline, strategies, fuse)
     phase["fusion and relayouts"] = time.perf_counter() - t_finish
     _phase(events, "fusion", False, f"simulated gain {gain_ns / 1000:.4g} us")
     notes.append(_phase_note(phase))
-    solve_s = time.perf_counter() - t0
-    hint_d.stats.update(predicted_us=(hint_ns - gain_ns) / 1000.0, solver_status=status,
+    chosen.stats.update(predicted_us=(chosen_ns - gain_ns) / 1000.0, solver_status=status,
                         objective=None if obj is None else obj / 1000.0,
                         bound=None if bound is None else bound / 1000.0,
-                        gap=gap_of(hint_ns, bound) if bound is not None else None,
-                        solve_seconds=solve_s, notes=notes)
-    hint_d.op_order = order
-    return hint_d
+                        gap=gap_of(gap_ns, bound) if bound is not None and gap_ns is not None else None,
+                        solve_seconds=time.perf_counter() - t0, notes=notes)
+    chosen.op_order = order
+    return chosen
 
 
 # -- progress events (solver.events): only emitted when the caller passes a sink ---------------
