@@ -70,14 +70,7 @@ def _row_op(ctx: Ctx, node: NodeArgs, x: View, d: int, full: Sequence[View], row
     """out (x's shape with size 1 at d) = fold `fn` over dim d of build(exprs): `full`
     operands have x's shape, `rows` x's shape with 1 at d, `col` are 1-D along d. Exprs
     come in that order."""
-    iters: list[IterDim] = []
-    it: list[Optional[int]] = []
-    for j, s in enumerate(x.shape):
-        if s == 1:
-            it.append(None)
-            continue
-        it.append(len(iters))
-        iters.append(IterDim(f"{'r' if j == d else 'd'}{j}", s, "reduction" if j == d else "parallel"))
+    iters, it = ctx.iter_dims_for(x.shape, kinds=["reduction" if j == d else "parallel" for j in range(x.rank)])
     kept = [None if j == d else it[j] for j in range(x.rank)]
     accesses = [ctx.access(v, it, node.id) for v in full]
     accesses += [ctx.access(v, kept, node.id) for v in rows]
@@ -291,14 +284,7 @@ def _index_put(ctx: Ctx, node: NodeArgs):
     rest = tuple(x.shape[1:])
     # last[p] = max{i : idx[i] (wrapped) == p}, -1 when no position writes row p
     iota_p, iota_i = _iota(ctx, node, P, "rows"), _iota(ctx, node, I, "pos")
-    iters = []
-    p_it = i_it = None
-    if P > 1:
-        p_it = len(iters)
-        iters.append(IterDim("d0", P))
-    if I > 1:
-        i_it = len(iters)
-        iters.append(IterDim("r", I, "reduction"))
+    iters, (p_it, i_it) = ctx.iter_dims_for((P, I), kinds=("parallel", "reduction"))
     acc = [ctx.access(idx, [i_it], node.id), ctx.access(iota_i, [i_it], node.id),
            ctx.access(iota_p, [p_it], node.id)]
     wrapped = expr_fn("where", expr_fn("lt", In(0), Const(0.0)), expr_fn("add", In(0), Const(float(P))), In(0))
@@ -337,14 +323,7 @@ def emit_grouped_matmul(ctx: Ctx, node: NodeArgs, x: View, w: View, offs: View, 
         raise node.fail("unsupported_op", f"grouped mm offsets of {offs.dtype}")
     # gid[m] = #{g : offs[g] <= m}
     iota = _iota(ctx, node, S, "rows")
-    iters = []
-    m_it = g_it = None
-    if S > 1:
-        m_it = len(iters)
-        iters.append(IterDim("d0", S))
-    if G > 1:
-        g_it = len(iters)
-        iters.append(IterDim("r", G, "reduction"))
+    iters, (m_it, g_it) = ctx.iter_dims_for((S, G), kinds=("parallel", "reduction"))
     acc = [ctx.access(offs, [g_it], node.id), ctx.access(iota, [m_it], node.id)]
     gid_t = ctx.new_tensor(f"{node.id}.group", (S,), "int64")
     ctx.emit(gid_t, iters, acc, Access(gid_t, (m_it,)), ReduceBody("sum", expr_fn("le", In(0), In(1))), node.id)
