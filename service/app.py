@@ -29,7 +29,7 @@ from starlette.responses import Response
 
 from lowering.errors import GraphError
 from lowering.graph_format import GraphDocument
-from service import pipeline
+from service import pages, pipeline
 from service.logging import log_event
 from service.metrics import ServiceMetrics
 from service.pool import PoolFull, PoolNotReady, SolverPool, wait
@@ -416,6 +416,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
                 "document": json.loads(record.document),
                 "programs": [p.summary(COMPILER_VERSION) for p in state.store.programs_for_graph(graph_hash)]}
 
+    app.include_router(pages.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(_ServiceMiddleware, max_body_bytes=config.max_body_bytes, metrics=metrics,
                        token=config.token)
