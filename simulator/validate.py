@@ -690,19 +690,61 @@ class _Checker:
         self._overlaps(hbm, "hbm_overlap", "device-memory")
 
     def _overlaps(self, items, code: str, what: str):
-        items = sorted(items, key=lambda x: x[3])
-        active: list = []
-        reported = 0
+        """Report buffers that overlap in address while both are live: `items` are
+        (tensor, first op, last op, address start, address end) with the op span
+        inclusive and the address range half-open.
+
+        A sweep over op indices (O(n log n) plus O(n) overlap tests): buffers enter at
+        their first op and leave after their last, and the live set is kept sorted by
+        address. While the live buffers are pairwise disjoint, a new buffer overlaps one
+        of them only if it overlaps its neighbour below or above in address order, so two
+        tests per buffer decide it. A buffer found overlapping is reported and not added
+        (the live set stays disjoint): every reported pair is real, and when any pair
+        overlaps at least one is reported (at most 20). `self.overlap_tests` counts the
+        tests (what the complexity test asserts on)."""
+        import bisect
+
+        events = []
         for it in items:
-            active = [a for a in active if a[4] > it[3]]
-            for a in active:
-                if a[1] <= it[2] and it[1] <= a[2]:
-                    self.add(code, f"{what} buffers of {a[0]} [{a[3]}, {a[4]}) and {it[0]} [{it[3]}, {it[4]}) "
-                                   f"overlap while both live", tensor=it[0])
-                    reported += 1
-                    if reported >= 20:
-                        return
-            active.append(it)
+            if it[1] > it[2] or it[4] <= it[3]:
+                continue  # never live, or no bytes: cannot overlap anything
+            events.append((it[1], 1, it))      # enters at its first op
+            events.append((it[2] + 1, 0, it))  # leaves after its last (0 < 1: leaves first)
+        events.sort(key=lambda e: (e[0], e[1], e[2][3], e[2][4], e[2][0]))
+        starts: list = []  # live buffers' address starts, sorted
+        live: list = []    # the live buffers, in the same order
+        members: set = set()
+        reported = 0
+        tests = 0
+        for _, entering, it in events:
+            if not entering:
+                if id(it) in members:
+                    members.discard(id(it))
+                    k = bisect.bisect_left(starts, it[3])
+                    while live[k] is not it:
+                        k += 1
+                    del starts[k], live[k]
+                continue
+            k = bisect.bisect_right(starts, it[3])
+            clash = None
+            for j in (k - 1, k):
+                if 0 <= j < len(live):
+                    tests += 1
+                    a = live[j]
+                    if a[3] < it[4] and it[3] < a[4]:
+                        clash = a
+                        break
+            if clash is not None:
+                self.add(code, f"{what} buffers of {clash[0]} [{clash[3]}, {clash[4]}) and {it[0]} "
+                               f"[{it[3]}, {it[4]}) overlap while both live", tensor=it[0])
+                reported += 1
+                if reported >= 20:
+                    break
+                continue
+            starts.insert(k, it[3])
+            live.insert(k, it)
+            members.add(id(it))
+        self.overlap_tests = getattr(self, "overlap_tests", 0) + tests
 
     # -- bundles ------------------------------------------------------------------------------------
     def check_bundles(self):
