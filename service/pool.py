@@ -1,13 +1,24 @@
 """The solver pool: worker processes that run compile and simulate jobs off the event loop.
 
+- One worker process per slot, each in its own single-process executor, and the queue
+  kept here on the event loop: a slot takes the next queued job only when it is free.
+  So a worker that dies (os._exit, SIGKILL, the OOM killer, a crash in native code)
+  takes down exactly the job it was running: that job fails with WorkerCrashed, its
+  slot gets a fresh process, and every other job, running or queued, goes on
+  untouched. (One shared ProcessPoolExecutor cannot do this: its BrokenProcessPool
+  fails every pending future and does not say which job was running in the dead
+  process.) A job whose executor broke before it could start (its slot died while
+  warming up) is retried once on the fresh process.
 - Request coalescing: jobs carry a key; while a job with that key is in flight, another
   submission with the same key joins it instead of starting a second solve.
 - Queue limit: at most `workers + queue_limit` distinct jobs are in flight; one more is
   refused with PoolFull (the service answers 503 + Retry-After) instead of queueing
   without bound.
-- Deadlines are the caller's: `wait()` stops waiting at the deadline, the job itself
-  keeps running (a process cannot be interrupted safely mid-solve) and its result is
-  still delivered to the `on_done` callback, so a late plan lands in the store.
+- Deadlines and clients that leave are the caller's: `wait()` stops waiting at the
+  deadline and `leave()` says a waiter is gone. A job nobody waits for any more is
+  dropped while it is still queued (JobDropped; nothing runs, nothing is stored); once
+  running it runs to the end (a process cannot be interrupted safely mid-solve) and its
+  result still goes to the `on_done` callback, so a late plan lands in the store.
 
 Workers are started with the "spawn" method: the parent runs an event loop and threads,
 which a fork would copy in an undefined state.
@@ -15,6 +26,7 @@ which a fork would copy in an undefined state.
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 import multiprocessing
 import os
@@ -50,40 +62,97 @@ class PoolNotReady(Exception):
     pass
 
 
+class WorkerCrashed(RuntimeError):
+    """The worker process running this job died (the job's own doing, or the OS's)."""
+
+
+class JobDropped(RuntimeError):
+    """The job was removed from the queue before it ran: nobody waited for it any more."""
+
+
+class _Job:
+    __slots__ = ("key", "fn", "args", "on_done", "future", "submitted", "started", "waiters", "attempts",
+                 "state")
+
+    def __init__(self, key: str, fn: Callable[..., Any], args: tuple, on_done, future: asyncio.Future):
+        self.key = key
+        self.fn = fn
+        self.args = args
+        self.on_done = on_done
+        self.future = future
+        self.submitted = time.monotonic()
+        self.started: Optional[float] = None
+        self.waiters = 1
+        self.attempts = 0
+        self.state = "queued"  # queued | running | done
+
+
+class _Slot:
+    """One worker process in its own single-process executor."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.executor: Optional[ProcessPoolExecutor] = None
+        self.job: Optional[_Job] = None
+        self.warming = False
+
+    def pid(self) -> Optional[int]:
+        processes = getattr(self.executor, "_processes", None) or {}
+        pids = [p.pid for p in list(processes.values()) if p.pid is not None]
+        return pids[0] if pids else None
+
+
 class SolverPool:
     def __init__(self, workers: int, queue_limit: int,
-                 on_inflight_change: Optional[Callable[[int], None]] = None):
+                 on_inflight_change: Optional[Callable[[int], None]] = None,
+                 on_event: Optional[Callable[..., None]] = None):
         if workers < 1:
             raise ValueError("workers must be >= 1")
         if queue_limit < 0:
             raise ValueError("queue_limit must be >= 0")
         self.workers = workers
         self.queue_limit = queue_limit
-        self._executor: Optional[ProcessPoolExecutor] = None
-        self._inflight: dict[str, asyncio.Future] = {}
+        self._slots = [_Slot(i) for i in range(workers)]
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._inflight: dict[str, _Job] = {}
         self._ready = asyncio.Event()
         self._on_inflight_change = on_inflight_change
+        # on_event(name, **fields): worker_crashed, worker_restarted, job_dropped, job_retried
+        self._on_event = on_event
         self._recent_seconds: list[float] = []
-        self._started: dict[str, float] = {}  # key -> monotonic start of the jobs in flight
+        self._warm: Optional[tuple] = None
+        self._closed = False
+        self.crashes = 0
+        self.dropped = 0
 
     # -- lifecycle -----------------------------------------------------------------
     def _new_executor(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+        return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_watch_parent, initargs=(os.getpid(),))
 
     def worker_pids(self) -> list[int]:
-        # ProcessPoolExecutor does not expose its processes; `_processes` is the only way
-        # to reach them (for shutdown and tests). Absent, nothing is listed.
-        processes = getattr(self._executor, "_processes", None) or {}
-        return [p.pid for p in list(processes.values()) if p.pid is not None]
+        # ProcessPoolExecutor does not expose its process; `_processes` is the only way
+        # to reach it (for shutdown and tests). Absent, nothing is listed.
+        return [pid for pid in (slot.pid() for slot in self._slots) if pid is not None]
+
+    def running_pids(self) -> dict[str, int]:
+        """Key -> pid of the worker running it (tests, diagnostics)."""
+        out = {}
+        for slot in self._slots:
+            pid = slot.pid()
+            if slot.job is not None and pid is not None:
+                out[slot.job.key] = pid
+        return out
 
     async def start(self, warm: Callable[..., Any], *warm_args: Any) -> None:
-        """Create the executor and run `warm` once per worker; ready when all return."""
-        self._executor = self._new_executor()
+        """Start one process per slot and run `warm` in each; ready when all return."""
+        self._warm = (warm, warm_args)
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._executor, warm, *warm_args)
-                               for _ in range(self.workers)))
+        for slot in self._slots:
+            slot.executor = self._new_executor()
+        await asyncio.gather(*(loop.run_in_executor(slot.executor, warm, *warm_args) for slot in self._slots))
         self._ready.set()
+        self._dispatch()
 
     @property
     def ready(self) -> bool:
@@ -94,13 +163,21 @@ class SolverPool:
         can take minutes; a stopping service should not wait for it, and its waiters are
         gone with the event loop)."""
         self._ready.clear()
-        if self._executor is not None:
-            processes = list((getattr(self._executor, "_processes", None) or {}).values())
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            for process in processes:
-                if process.is_alive():
-                    process.terminate()
-            self._executor = None
+        self._closed = True
+        for slot in self._slots:
+            self._stop_executor(slot.executor)
+            slot.executor = None
+        self._queue.clear()
+
+    @staticmethod
+    def _stop_executor(executor: Optional[ProcessPoolExecutor]) -> None:
+        if executor is None:
+            return
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
 
     # -- jobs ----------------------------------------------------------------------
     @property
@@ -110,6 +187,11 @@ class SolverPool:
     @property
     def inflight(self) -> int:
         return len(self._inflight)
+
+    def state(self, key: str) -> Optional[str]:
+        """'queued' or 'running' for a job in flight, else None."""
+        job = self._inflight.get(key)
+        return job.state if job is not None else None
 
     def retry_after_s(self) -> int:
         """A client-facing estimate of when the backlog drains: the jobs in flight
@@ -121,64 +203,154 @@ class SolverPool:
             mean = sum(self._recent_seconds) / len(self._recent_seconds)
         else:
             now = time.monotonic()
-            mean = max((now - t for t in self._started.values()), default=1.0)
+            mean = max((now - job.submitted for job in self._inflight.values()), default=1.0)
         return max(1, math.ceil(max(1, self.inflight) * mean / self.workers))
 
     def submit(self, key: str, fn: Callable[..., Any], *args: Any,
                on_done: Optional[Callable[[Any], Awaitable[None] | None]] = None) -> tuple[asyncio.Future, bool]:
         """Start (or join) the job `key`. Returns (future, joined). `on_done(result)` runs
         once on the event loop when a newly started job finishes, before its waiters
-        are woken, whether or not anyone is still waiting."""
+        are woken, whether or not anyone is still waiting. Every caller that got a
+        future and stops waiting before it is done should call `leave(key)`."""
         existing = self._inflight.get(key)
         if existing is not None:
-            return existing, True
-        if not self.ready or self._executor is None:
+            existing.waiters += 1
+            return existing.future, True
+        if not self.ready:
             raise PoolNotReady("solver pool is not up yet")
         if len(self._inflight) >= self.capacity:
             raise PoolFull(self.retry_after_s())
         loop = asyncio.get_running_loop()
-        result_future: asyncio.Future = loop.create_future()
-        self._inflight[key] = result_future
+        job = _Job(key, fn, args, on_done, loop.create_future())
+        self._inflight[key] = job
+        self._queue.append(job)
         self._changed()
-        started = self._started[key] = time.monotonic()
-        try:
-            work = loop.run_in_executor(self._executor, fn, *args)
-        except BrokenProcessPool:
-            self._restart_executor()
-            work = loop.run_in_executor(self._executor, fn, *args)
+        self._dispatch()
+        return job.future, False
 
-        async def finish() -> None:
+    def leave(self, key: str, reason: str = "gone") -> Optional[str]:
+        """A waiter of `key` stopped waiting (deadline, client disconnected). Returns what
+        becomes of the job: 'dropped' (it was queued and nobody else waits: removed, it
+        will not run), 'queued' (others still wait for it), 'running' (it runs to the
+        end and reports to on_done), or None (not in flight: already finished)."""
+        job = self._inflight.get(key)
+        if job is None:
+            return None
+        job.waiters = max(0, job.waiters - 1)
+        if job.state == "queued" and job.waiters == 0:
             try:
-                result = await work
-            except BrokenProcessPool as exc:
-                # A worker died (OOM, crash in native code): replace the pool so the
-                # service keeps serving; this job fails.
-                self._restart_executor()
-                self._settle(key, result_future, exc=exc)
-                return
-            except BaseException as exc:  # noqa: BLE001 - delivered to the waiters
-                self._settle(key, result_future, exc=exc)
-                return
-            self._recent_seconds = (self._recent_seconds + [time.monotonic() - started])[-32:]
-            if on_done is not None:
-                try:
-                    maybe = on_done(result)
-                    if asyncio.iscoroutine(maybe):
-                        await maybe
-                except Exception as exc:  # noqa: BLE001
-                    self._settle(key, result_future, exc=exc)
-                    return
-            self._settle(key, result_future, result=result)
+                self._queue.remove(job)
+            except ValueError:
+                pass
+            self.dropped += 1
+            self._emit("job_dropped", key=key, reason=reason)
+            self._settle(job, exc=JobDropped(f"job {key} dropped from the queue: nobody waits for it ({reason})"))
+            return "dropped"
+        return job.state
 
-        loop.create_task(finish())
-        return result_future, False
+    def _dispatch(self) -> None:
+        if self._closed or not self.ready:
+            return
+        for slot in self._slots:
+            if not self._queue:
+                return
+            if slot.job is None and not slot.warming and slot.executor is not None:
+                self._run(slot, self._queue.popleft())
 
-    def _settle(self, key: str, future: asyncio.Future, result: Any = None,
-                exc: Optional[BaseException] = None) -> None:
-        if self._inflight.get(key) is future:
-            del self._inflight[key]
-            self._started.pop(key, None)
+    def _run(self, slot: _Slot, job: _Job) -> None:
+        loop = asyncio.get_running_loop()
+        slot.job = job
+        job.state = "running"
+        job.attempts += 1
+        job.started = time.monotonic()
+        try:
+            work = loop.run_in_executor(slot.executor, job.fn, *job.args)
+        except (BrokenProcessPool, RuntimeError):
+            # The slot's process died while idle (killed between jobs): this job never
+            # reached it. Back to the head of the queue, once, for the fresh process.
+            slot.job = None
+            self.crashes += 1
+            self._emit("worker_crashed", key=None, slot=slot.index, attempt=0, seconds=0.0)
+            if job.attempts < 2:
+                job.state = "queued"
+                self._queue.appendleft(job)
+                self._emit("job_retried", key=job.key, slot=slot.index)
+            else:
+                self._settle(job, exc=WorkerCrashed(f"no worker process could take job {job.key}"))
+            self._restart(slot)
+            return
+        loop.create_task(self._finish(slot, job, work))
+
+    async def _finish(self, slot: _Slot, job: _Job, work: asyncio.Future) -> None:
+        try:
+            result = await work
+        except BrokenProcessPool:
+            if self._closed:
+                return
+            slot.job = None
+            ran_for = time.monotonic() - (job.started or time.monotonic())
+            self.crashes += 1
+            self._emit("worker_crashed", key=job.key, slot=slot.index, attempt=job.attempts,
+                       seconds=round(ran_for, 3))
+            self._restart(slot)
+            self._settle(job, exc=WorkerCrashed(
+                f"the worker process running job {job.key} died after {ran_for:.1f} s "
+                f"(killed, out of memory, or a crash in native code); other jobs were not affected"))
+            return
+        except BaseException as exc:  # noqa: BLE001 - delivered to the waiters
+            slot.job = None
+            self._settle(job, exc=exc)
+            self._dispatch()
+            return
+        slot.job = None
+        self._recent_seconds = (self._recent_seconds + [time.monotonic() - (job.started or job.submitted)])[-32:]
+        if job.on_done is not None:
+            try:
+                maybe = job.on_done(result)
+                if asyncio.iscoroutine(maybe):
+                    await maybe
+            except Exception as exc:  # noqa: BLE001
+                self._settle(job, exc=exc)
+                self._dispatch()
+                return
+        self._settle(job, result=result)
+        self._dispatch()
+
+    def _restart(self, slot: _Slot) -> None:
+        """A fresh process for a slot whose worker died; warmed before it takes a job.
+        A warm-up that dies as well is retried (a slot never stays empty)."""
+        old, slot.executor = slot.executor, self._new_executor()
+        self._stop_executor(old)
+        self._emit("worker_restarted", slot=slot.index)
+        if self._warm is None:
+            self._dispatch()
+            return
+        slot.warming = True
+        loop = asyncio.get_running_loop()
+        warm, warm_args = self._warm
+        work = loop.run_in_executor(slot.executor, warm, *warm_args)
+
+        async def warmed() -> None:
+            try:
+                await work
+            except BrokenProcessPool:
+                if not self._closed:
+                    await asyncio.sleep(0.5)
+                    self._restart(slot)
+                return
+            except Exception:  # noqa: BLE001 - the slot still takes jobs; each reports its own error
+                pass
+            slot.warming = False
+            self._dispatch()
+
+        loop.create_task(warmed())
+
+    def _settle(self, job: _Job, result: Any = None, exc: Optional[BaseException] = None) -> None:
+        job.state = "done"
+        if self._inflight.get(job.key) is job:
+            del self._inflight[job.key]
             self._changed()
+        future = job.future
         if future.done():
             return
         if exc is not None:
@@ -188,15 +360,16 @@ class SolverPool:
         else:
             future.set_result(result)
 
-    def _restart_executor(self) -> None:
-        old = self._executor
-        self._executor = self._new_executor()
-        if old is not None:
-            old.shutdown(wait=False, cancel_futures=True)
-
     def _changed(self) -> None:
         if self._on_inflight_change is not None:
             self._on_inflight_change(len(self._inflight))
+
+    def _emit(self, name: str, **fields: Any) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(name, **fields)
+            except Exception:  # noqa: BLE001 - reporting never breaks the pool
+                pass
 
 
 async def wait(future: asyncio.Future, timeout_s: Optional[float]) -> Any:

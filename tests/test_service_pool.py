@@ -118,3 +118,120 @@ def test_workers_exit_when_the_service_process_dies_uncleanly():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     pids = [int(p) for p in out.stdout.split()]
     assert pids and _wait_gone(pids) == []
+
+
+def _sleep_then_exit(seconds: float) -> None:  # a job whose worker dies under it
+    time.sleep(seconds)
+    import os
+
+    os._exit(3)
+
+
+def test_a_crashed_worker_fails_only_its_own_job():
+    """Two workers: one job kills its worker (os._exit) while another runs and a third
+    is queued. Only the crashing job fails (WorkerCrashed); the others finish with their
+    results, and the slot gets a fresh process that takes the next job."""
+    from service.pool import WorkerCrashed
+
+    async def scenario():
+        events = []
+        pool = SolverPool(workers=2, queue_limit=2, on_event=lambda name, **f: events.append((name, f)))
+        await pool.start(time.sleep, 0)
+        try:
+            before = set(pool.worker_pids())
+            slow, _ = pool.submit("slow", _sleep_then_return, 1.5, "slow-done")
+            crash, _ = pool.submit("crash", _sleep_then_exit, 0.3)
+            queued, _ = pool.submit("queued", pow, 3, 4)
+            with pytest.raises(WorkerCrashed) as info:
+                await wait(crash, 60)
+            assert "crash" in str(info.value)
+            assert await wait(slow, 60) == "slow-done"
+            assert await wait(queued, 60) == 81
+            assert pool.crashes == 1 and pool.inflight == 0
+            assert [name for name, _ in events].count("worker_crashed") == 1
+            assert events[0][1]["key"] == "crash"
+            # the dead process was replaced; the survivor kept its pid
+            after = set(pool.worker_pids())
+            assert len(after) == 2 and len(after & before) == 1
+            again, _ = pool.submit("after", pow, 2, 5)
+            assert await wait(again, 60) == 32
+        finally:
+            pool.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_sigkill_of_a_busy_worker_fails_only_that_job():
+    import os
+    import signal
+
+    from service.pool import WorkerCrashed
+
+    async def scenario():
+        pool = SolverPool(workers=2, queue_limit=0)
+        await pool.start(time.sleep, 0)
+        try:
+            victim, _ = pool.submit("victim", _sleep_then_return, 30, "never")
+            other, _ = pool.submit("other", _sleep_then_return, 1.0, "other-done")
+            for _ in range(100):
+                if "victim" in pool.running_pids():
+                    break
+                await asyncio.sleep(0.05)
+            os.kill(pool.running_pids()["victim"], signal.SIGKILL)
+            with pytest.raises(WorkerCrashed):
+                await wait(victim, 60)
+            assert await wait(other, 60) == "other-done"
+        finally:
+            pool.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_killed_while_idle_is_replaced_and_the_job_still_runs():
+    import os
+    import signal
+
+    async def scenario():
+        pool = SolverPool(workers=1, queue_limit=0)
+        await pool.start(time.sleep, 0)
+        try:
+            (pid,) = pool.worker_pids()
+            os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(1.0)  # the executor notices its process is gone
+            fut, _ = pool.submit("next", pow, 2, 3)
+            assert await wait(fut, 120) == 8
+            assert pool.worker_pids() != [pid]
+        finally:
+            pool.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_queued_job_nobody_waits_for_is_dropped():
+    from service.pool import JobDropped
+
+    async def scenario():
+        pool = SolverPool(workers=1, queue_limit=2)
+        await pool.start(time.sleep, 0)
+        try:
+            busy, _ = pool.submit("busy", _sleep_then_return, 1.0, "busy-done")
+            queued, _ = pool.submit("queued", pow, 2, 2)
+            joined, was_joined = pool.submit("queued", pow, 2, 2)
+            assert was_joined and pool.state("queued") == "queued" and pool.state("busy") == "running"
+            assert pool.leave("queued") == "queued"    # one waiter left, another still waits
+            assert pool.leave("queued") == "dropped"   # the last one: removed, never runs
+            assert pool.inflight == 1 and pool.dropped == 1
+            with pytest.raises(JobDropped):
+                await wait(queued, 1)
+            assert pool.leave("busy") == "running"     # a running job runs to the end
+            assert await wait(busy, 60) == "busy-done"
+            assert pool.leave("busy") is None
+        finally:
+            pool.shutdown()
+
+    asyncio.run(scenario())
+
+
+def _sleep_then_return(seconds: float, value):
+    time.sleep(seconds)
+    return value

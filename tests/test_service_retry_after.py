@@ -8,18 +8,22 @@ import time
 
 import pytest
 
-from service.pool import PoolFull, SolverPool
+from service.pool import PoolFull, SolverPool, _Job
+
+
+def _job(key, loop, age=0.0):
+    job = _Job(key, print, (), None, loop.create_future())
+    job.submitted = time.monotonic() - age
+    return job
 
 
 def _pool(workers, queue_limit, recent=(), inflight=0, ages=()):
     pool = SolverPool(workers, queue_limit)
     loop = asyncio.new_event_loop()  # only to make (never awaited) futures
     pool._recent_seconds = list(recent)
-    now = time.monotonic()
     for i in range(inflight):
         key = f"job{i}"
-        pool._inflight[key] = loop.create_future()
-        pool._started[key] = now - (ages[i] if i < len(ages) else 0.0)
+        pool._inflight[key] = _job(key, loop, ages[i] if i < len(ages) else 0.0)
     loop.close()
     return pool
 
@@ -45,11 +49,8 @@ def test_at_least_one_second():
 def test_pool_full_carries_it():
     async def run():
         pool = _pool(1, 0, recent=[7.0], inflight=0)
-        pool._ready.set()
-        pool._executor = object()  # never reached: the pool is full first
-        loop = asyncio.get_running_loop()
-        pool._inflight["busy"] = loop.create_future()
-        pool._started["busy"] = time.monotonic()
+        pool._ready.set()  # no worker process: the pool is full before one is needed
+        pool._inflight["busy"] = _job("busy", asyncio.get_running_loop())
         with pytest.raises(PoolFull) as info:
             pool.submit("other", print)
         return info.value.retry_after_s
