@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "calibrate": "service.commands.calibrate",
     "validate": "service.commands.validate",
     "iopddl": "service.commands.iopddl",
+    "store": "service.commands.store",
 }
 
 

@@ -1,8 +1,10 @@
 """The program store: content addressing, compiler-version isolation, replacement rule,
-persistence across reopen, WAL mode."""
+persistence across reopen, WAL mode. Each store test runs on SQLite and on PostgreSQL
+(`store_url`, tests/test_store_backends.py)."""
 import json
 
 from service.store import ProgramRecord, ProgramStore, program_key
+from test_store_backends import store_url  # noqa: F401 - the fixture
 
 GRAPH = "a" * 64
 
@@ -24,10 +26,13 @@ def test_key_depends_on_every_component():
     assert program_key(GRAPH, "1.0", "o" * 64, "d" * 64) == base
 
 
-def test_roundtrip_survives_reopen_and_uses_wal(tmp_path):
-    path = tmp_path / "store.sqlite"
+def test_sqlite_store_uses_wal(tmp_path):
+    assert ProgramStore(tmp_path / "store.sqlite").journal_mode() == "wal"
+
+
+def test_roundtrip_survives_reopen(store_url):
+    path = store_url
     store = ProgramStore(path)
-    assert store.journal_mode() == "wal"
     store.put_graph(GRAPH, '{"doc": 1}', "g")
     key = program_key(GRAPH, "1.0", "o" * 64, "d" * 64)
     assert store.put_program(_record(key, solution='{"s": 1}'))
@@ -42,8 +47,8 @@ def test_roundtrip_survives_reopen_and_uses_wal(tmp_path):
     assert again.get_program("f" * 64) is None
 
 
-def test_other_compiler_versions_are_not_current(tmp_path):
-    store = ProgramStore(tmp_path / "s.sqlite")
+def test_other_compiler_versions_are_not_current(store_url):
+    store = ProgramStore(store_url)
     old_key = program_key(GRAPH, "0.9", "o" * 64, "d" * 64)
     store.put_program(_record(old_key, version="0.9"))
     # The current compiler computes a different key, so the old row is never a hit...
@@ -53,8 +58,8 @@ def test_other_compiler_versions_are_not_current(tmp_path):
     assert summary["compiler_version"] == "0.9" and summary["current"] is False
 
 
-def test_replacement_prefers_complete_then_faster(tmp_path):
-    store = ProgramStore(tmp_path / "s.sqlite")
+def test_replacement_prefers_complete_then_faster(store_url):
+    store = ProgramStore(store_url)
     key = program_key(GRAPH, "1.0", "o" * 64, "d" * 64)
     assert store.put_program(_record(key, complete=False, predicted=5.0))
     # a complete solve replaces an incomplete one even when predicted slower
