@@ -47,6 +47,7 @@ and bytes are logical (no stick padding), so nothing is over-charged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from lowering.op_rules import ANY, legal_core_splits, split_granules, stick_elems, stick_options
 from lowering.primitives import DTYPE_BYTES, PrimGraph, PrimOp
@@ -160,14 +161,14 @@ class _SplitTerm:
     compute: float       # C
 
 
-def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int]) -> list[_SplitTerm]:
+def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int], produced: set[str],
+                 whole: "_WholeReads") -> list[_SplitTerm]:
     """Every core split any stick choice of matmul `op` allows. Logical bytes (no stick
-    padding)."""
+    padding). `produced`: the tensors some op writes; `whole`: `_read_whole` per tensor."""
     dts = [pg.tensors[a.tensor].dtype for a in op.inputs] + [pg.tensors[op.output.tensor].dtype]
     rate = hw.pt_mac_per_ns(dts[0], "sustained")
     macs = _points(op)
     red = {d.name for d in op.iter_dims if d.kind == "reduction"}
-    produced = {o.output.tensor for o in pg.ops}
     out_t = op.output.tensor
     splits: dict[tuple, tuple[dict, dict]] = {}
     for ch in stick_options(op):
@@ -223,18 +224,18 @@ def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int]) -> list[_
             write = (0.0 if out_t in pg.outputs else w / hw.dram_oneway_gbps)
             if cores >= hw.dram_turnaround_min_cores:
                 write += hw.dram_turnaround_ns_per_byte * min(streamed_inputs, w)
-            if ways > 1 and _read_whole(pg, out_t):
+            if ways > 1 and whole(out_t):
                 # and what is in device memory is read back from there, once at least
                 write += w / hw.dram_oneway_gbps
         out.append(_SplitTerm(ring, single_p + write, macs / (cores * rate)))
     return out
 
 
-def _read_whole(pg: PrimGraph, t: str) -> bool:
+def _read_whole(pg: PrimGraph, t: str, readers: Optional[list[PrimOp]] = None) -> bool:
     """Does some op that computes on `t` (not a copy or gather, which may take pieces) read
-    every element of it?"""
+    every element of it? `readers`: the ops reading t (all ops when None)."""
     shape = pg.tensors[t].shape
-    for op in pg.ops:
+    for op in (pg.ops if readers is None else readers):
         if op.body.kind in ("copy", "gather"):
             continue
         for a in op.inputs:
@@ -245,6 +246,24 @@ def _read_whole(pg: PrimGraph, t: str) -> bool:
     return False
 
 
+class _WholeReads:
+    """`_read_whole` per tensor over an index of its readers, cached: linear in the graph
+    (a scan of every op per call made the bound quadratic: 2.9 s on a 32-layer Llama)."""
+
+    def __init__(self, pg: PrimGraph):
+        self.pg = pg
+        self.readers: dict[str, list[PrimOp]] = {}
+        for op in pg.ops:
+            for t in {a.tensor for a in op.inputs}:
+                self.readers.setdefault(t, []).append(op)
+        self.cache: dict[str, bool] = {}
+
+    def __call__(self, t: str) -> bool:
+        if t not in self.cache:
+            self.cache[t] = _read_whole(self.pg, t, self.readers.get(t, []))
+        return self.cache[t]
+
+
 def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> float:
     """The split-aware bound in ns (module docstring)."""
     reads: dict[str, int] = {}
@@ -253,9 +272,11 @@ def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> floa
             reads[a.tensor] = reads.get(a.tensor, 0) + 1
     terms: dict[str, list[_SplitTerm]] = {}
     compute_other = 0.0
+    produced = {o.output.tensor for o in pg.ops}
+    whole = _WholeReads(pg)
     for op, ob in zip(pg.ops, ops):
         if op.body.kind == "matmul":
-            terms[op.id] = _split_terms(op, pg, hw, reads)
+            terms[op.id] = _split_terms(op, pg, hw, reads, produced, whole)
         else:
             compute_other += ob.compute_ns
     best = 0.0

@@ -20,6 +20,11 @@ Suites:
 - sweep: matmul/bmm shapes over batch sizes: linear layers [M,4096]x[4096,N] for decode-
   to prefill-sized M, attention-shaped bmm over batch (heads) counts.
 - tiny: the same layer kinds at toy sizes, for fast tests of the bench command.
+- depth: whole stacks at full depth (issue 14): Llama-3.1-8B decoder stacks of 1, 2, 4, 8,
+  16 and 32 layers over a 512-token prefill (one rotary table shared by every layer, as
+  LlamaModel does), the 32-layer stack decoding one token against a 2048-token KV cache per
+  layer, GPT-2 small (embeddings, 12 blocks, final norm; 512 tokens) and BERT-base
+  (embeddings, 12 encoder layers, no pooler; 512 tokens).
 - moe: the sparse mixture-of-experts block of Mixtral-8x7B (hidden 4096, expert FFN 14336,
   8 experts, top-2; router, routing, grouped expert matmuls, scatter back) over a 512-token
   prefill and one decode token, with transformers' default `grouped_mm` experts.
@@ -254,6 +259,116 @@ def _gpt2(seq: int, **cfg_kw):
     return build
 
 
+class DecoderStackPrefill(torch.nn.Module):
+    """`n` decoder layers over a full prompt, one rotary table shared by all (LlamaModel's
+    layer loop without embeddings, final norm and head)."""
+
+    def __init__(self, family: str, cfg, n: int):
+        super().__init__()
+        layer_cls, rotary_cls = _decoder_classes(family)
+        cfg._attn_implementation = "sdpa"
+        self.layers = torch.nn.ModuleList(layer_cls(cfg, layer_idx=i) for i in range(n))
+        self.rotary = rotary_cls(cfg)
+
+    def forward(self, hidden_states):
+        positions = torch.arange(hidden_states.shape[1], device=hidden_states.device)[None]
+        pe = self.rotary(hidden_states, positions)
+        for layer in self.layers:
+            out = layer(hidden_states, attention_mask=None, position_ids=positions, position_embeddings=pe)
+            hidden_states = out[0] if isinstance(out, tuple) else out
+        return hidden_states
+
+
+class DecoderStackDecode(torch.nn.Module):
+    """`n` decoder layers for one new token, each against its own KV cache (graph inputs
+    past_key_i, past_value_i, filled as `DecoderDecode` does)."""
+
+    def __init__(self, family: str, cfg, n: int):
+        super().__init__()
+        layer_cls, rotary_cls = _decoder_classes(family)
+        cfg._attn_implementation = "sdpa"
+        cfg.num_hidden_layers = n
+        self.cfg = cfg
+        self.layers = torch.nn.ModuleList(layer_cls(cfg, layer_idx=i) for i in range(n))
+        self.rotary = rotary_cls(cfg)
+
+    def forward(self, hidden_states, *past):
+        from transformers.cache_utils import DynamicCache
+
+        n_past = past[0].shape[2]
+        positions = torch.arange(n_past, n_past + hidden_states.shape[1], device=hidden_states.device)[None]
+        pe = self.rotary(hidden_states, positions)
+        cache = DynamicCache(config=self.cfg)
+        for i, layer_cache in enumerate(cache.layers):
+            layer_cache.dtype, layer_cache.device = past[2 * i].dtype, past[2 * i].device
+            layer_cache.keys, layer_cache.values = past[2 * i], past[2 * i + 1]
+            layer_cache.is_initialized = True
+        for layer in self.layers:
+            out = layer(hidden_states, attention_mask=None, position_ids=positions, past_key_values=cache,
+                        position_embeddings=pe, use_cache=True)
+            hidden_states = out[0] if isinstance(out, tuple) else out
+        return hidden_states
+
+
+class LastHidden(torch.nn.Module):
+    """A transformers base model returning only its last hidden state."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids).last_hidden_state
+
+
+def _stack_prefill(family: str, cfg_fn: Callable, n: int, seq: int, **cfg_kw):
+    def build():
+        cfg = cfg_fn(num_hidden_layers=n, **cfg_kw)
+        model = DecoderStackPrefill(family, cfg, n).eval()
+        return model, (_input(1, seq, cfg.hidden_size),)
+    return build
+
+
+def _stack_decode(family: str, cfg_fn: Callable, n: int, past: int, **cfg_kw):
+    def build():
+        cfg = cfg_fn(num_hidden_layers=n, **cfg_kw)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        model = DecoderStackDecode(family, cfg, n).eval()
+        kv = (1, cfg.num_key_value_heads, past, head_dim)
+        return model, (_input(1, 1, cfg.hidden_size), *(_input(*kv) for _ in range(2 * n)))
+    return build
+
+
+def _ids_input(seq: int) -> torch.Tensor:
+    return torch.zeros(1, seq, dtype=torch.long)
+
+
+def _gpt2_model(n: int, seq: int, **cfg_kw):
+    def build():
+        from transformers import GPT2Config, GPT2Model
+
+        kw = dict(n_embd=768, n_head=12, n_inner=3072, n_layer=n, n_positions=1024, vocab_size=50257,
+                  layer_norm_epsilon=1e-5, activation_function="gelu_new", use_cache=False)
+        kw.update(cfg_kw)
+        cfg = GPT2Config(**kw)
+        cfg._attn_implementation = "sdpa"
+        return LastHidden(GPT2Model(cfg)).eval(), (_ids_input(seq),)
+    return build
+
+
+def _bert_model(n: int, seq: int, **cfg_kw):
+    def build():
+        from transformers import BertConfig, BertModel
+
+        kw = dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+                  layer_norm_eps=1e-12, num_hidden_layers=n, max_position_embeddings=512, vocab_size=30522)
+        kw.update(cfg_kw)
+        cfg = BertConfig(**kw)
+        cfg._attn_implementation = "sdpa"
+        return LastHidden(BertModel(cfg, add_pooling_layer=False)).eval(), (_ids_input(seq),)
+    return build
+
+
 def mixtral_8x7b_config(**overrides):
     from transformers import MixtralConfig
 
@@ -317,6 +432,13 @@ SUITES: dict[str, dict[str, Callable]] = {
         "bert_tiny_layer16": _bert(16, hidden_size=64, num_attention_heads=4, intermediate_size=128),
         "linear_tiny_m16_k64_n128": _linear(16, 64, 128),
         "bmm_tiny_b4_m32_k64_n32": _bmm(4, 32, 64, 32),
+    },
+    "depth": {
+        **{f"llama31_8b_x{n}_prefill512": _stack_prefill("llama", llama31_8b_config, n, 512)
+           for n in (1, 2, 4, 8, 16, 32)},
+        "llama31_8b_x32_decode2048": _stack_decode("llama", llama31_8b_config, 32, 2048),
+        "gpt2_small_x12_seq512": _gpt2_model(12, 512),
+        "bert_base_x12_seq512": _bert_model(12, 512),
     },
     "moe": {
         "mixtral8x7b_moe_prefill512": _moe_block(512),
