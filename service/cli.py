@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "validate": "service.commands.validate",
     "iopddl": "service.commands.iopddl",
     "store": "service.commands.store",
+    "check": "service.commands.check",
 }
 
 
