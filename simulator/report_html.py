@@ -1,7 +1,10 @@
-"""The HTML report of a program (`sticksat report --html FILE`, docs/report.md): one
-self-contained file, no external assets: the summary, the per-op table, the timeline per
-core, the roofline plot and the LX occupancy over time as inline SVG, the restickifies and
-the diff against another program."""
+"""The HTML report of a program (`sticksat report --html FILE`, and the service's
+`GET /programs/{key}/report`; docs/report.md): one self-contained file, no scripts, no
+external assets: the summary, the per-op table, the timeline per core, the roofline plot
+and the LX occupancy over time as inline SVG, the restickifies and the diff against
+another program. Every string that comes from a program or graph (op, tensor and graph
+names, notes) is HTML-escaped; each op row carries its exact simulated time in `data-us`
+(and the summary the total in `data-total-us`) for tools and tests that read the page."""
 from __future__ import annotations
 
 import math
@@ -19,8 +22,10 @@ th{background:#f5f5f5;position:sticky;top:0} td.n{text-align:right;font-variant-
 .bar{display:inline-block;height:9px;background:#4e79a7;vertical-align:middle}
 .kv span{display:inline-block;margin-right:18px} .kv b{font-weight:600}
 .notes{font-size:12px;color:#555} svg{background:#fff;border:1px solid #ddd}
-.lx{color:#b07aa1;font-weight:600}
+.lx{color:#b07aa1;font-weight:600} td.w{max-width:19em;overflow-wrap:anywhere} td.o{font:11px ui-monospace,monospace}
+nav{font-size:12px;margin-bottom:10px} nav a{margin-right:14px}
 """
+_HEAD = "<meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
 
 
 def _svg_text(x, y, s, anchor="start", size=10, extra="") -> str:
@@ -47,7 +52,7 @@ def timeline_svg(report: Report, width: int = 1000) -> str:
     y = top + len(cores) * row_h + 14
     for k in range(6):
         t = total * k / 5
-        parts.append(_svg_text(left + t * sx, y, fmt_us(t), "middle", 9))
+        parts.append(_svg_text(left + t * sx, y, fmt_us(t), "end" if k == 5 else "middle", 9))
     parts.append(_svg_text(left, 12, "PT (matmul)", size=10, extra=f'fill="{_COLORS["pt"]}"'))
     parts.append(_svg_text(left + 90, 12, "SFP (vector)", size=10, extra=f'fill="{_COLORS["sfp"]}"'))
     parts.append(_svg_text(left + 180, 12, "DMA (restickify, copy)", size=10, extra=f'fill="{_COLORS["dma"]}"'))
@@ -116,25 +121,39 @@ def lx_svg(report: Report, width: int = 1000, height: int = 180) -> str:
              _svg_text(l - 4, Y(0) + 3, "0", "end", 9),
              _svg_text(l - 4, Y(top_v) + 8, fmt_bytes(top_v), "end", 9)]
     for k in range(6):
-        parts.append(_svg_text(X(total * k / 5), height - 8, fmt_us(total * k / 5), "middle", 9))
+        parts.append(_svg_text(X(total * k / 5), height - 8, fmt_us(total * k / 5), "end" if k == 5 else "middle", 9))
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset(), tid: str = "") -> str:
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset(), tid: str = "",
+           row_attrs: Optional[list[str]] = None, classes: Optional[dict[int, str]] = None) -> str:
+    """Cells are HTML already (escape before); `row_attrs[i]` is the attribute text of row
+    i; numeric columns are right-aligned, `classes` gives other columns a class (w: long
+    names that may wrap anywhere, o: operand lists in monospace)."""
     h = "".join(f"<th>{escape(x)}</th>" for x in headers)
+    cls = {i: "n" for i in numeric}
+    cls.update(classes or {})
     body = []
-    for row in rows:
-        body.append("<tr>" + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>"
-                                     for i, c in enumerate(row)) + "</tr>")
+    for k, row in enumerate(rows):
+        attrs = f" {row_attrs[k]}" if row_attrs else ""
+        body.append(f"<tr{attrs}>" + "".join(f'<td class="{cls[i]}">{c}</td>' if i in cls else f"<td>{c}</td>"
+                                             for i, c in enumerate(row)) + "</tr>")
     return f'<table id="{tid}"><thead><tr>{h}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def render_html(report: Report, diff: Optional[dict] = None, top: Optional[int] = None) -> str:
+def render_html(report: Report, diff: Optional[dict] = None, top: Optional[int] = None,
+                nav: Optional[list[tuple[str, str]]] = None, facts: Optional[list[tuple[str, str]]] = None) -> str:
+    """The page. `nav`: (href, label) links above the title (the service links the store
+    index and the JSON); `facts`: (label, value) pairs shown under the summary (the
+    service shows the store key, options and when it was solved). Both are escaped."""
     m = report.summary
     rows = sorted_rows(report, top)
-    head = (f"<h1>{escape(report.graph or 'program')}</h1>"
-            f'<div class="kv"><span>planner <b>{escape(report.planner)}</b></span>'
+    links = "".join(f'<a href="{escape(href)}">{escape(label)}</a>' for href, label in (nav or []))
+    extra = "".join(f"<span>{escape(k)} <b>{escape(v)}</b></span>" for k, v in (facts or []))
+    head = ((f"<nav>{links}</nav>" if links else "")
+            + f"<h1>{escape(report.graph or 'program')}</h1>"
+            f'<div class="kv" id="summary" data-total-us="{report.total_us!r}"><span>planner <b>{escape(report.planner)}</b></span>'
             f"<span>status <b>{escape(str(m.get('status') or '-'))}</b></span>"
             f"<span>simulated <b>{escape(fmt_us(report.total_us))}</b></span>"
             f"<span>predicted <b>{escape(fmt_us(m.get('predicted_us')))}</b></span>"
@@ -143,7 +162,8 @@ def render_html(report: Report, diff: Optional[dict] = None, top: Optional[int] 
             f"<span>solve <b>{escape(fmt_us((m.get('solve_seconds') or 0) * 1e6))}</b></span></div>"
             f'<div class="kv"><span>{m["ops"]} ops ({m["compute_ops"]} compute, {m["restickifies"]} restickify, '
             f'{m["relayouts"]} LX relayout)</span><span>{m["bundles"]} bundles</span>'
-            f'<span>{m["lx_residencies"]} LX residencies</span><span>hardware {escape(report.hardware)}</span></div>')
+            f'<span>{m["lx_residencies"]} LX residencies</span><span>hardware {escape(report.hardware)}</span></div>'
+            + (f'<div class="kv">{extra}</div>' if extra else ""))
     notes = "".join(f"<li>{escape(n)}</li>" for n in m.get("notes", []))
     op_rows = []
     for r in rows:
@@ -158,23 +178,25 @@ def render_html(report: Report, diff: Optional[dict] = None, top: Optional[int] 
                   escape(fmt_pct(r.bandwidth_fraction)), escape(r.bound_by)] for r in rows]
     rs_rows = [[escape(x.op), escape(x.tensor), f"{x.from_stick} → {x.to_stick}", escape(x.memory),
                 escape(fmt_us(x.simulated_us)), escape(", ".join(x.consumers) or "-")] for x in report.restickifies]
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>sticksat report: {escape(report.graph)}"
+    op_attrs = [f'data-op="{escape(r.op)}" data-us="{r.simulated_us!r}"' for r in rows]
+    parts = [f"<!DOCTYPE html><html lang='en'><head>{_HEAD}<title>sticksat report: {escape(report.graph)}"
              f"</title><style>{_CSS}</style></head><body>", head,
              f'<ul class="notes">{notes}</ul>' if notes else "",
              f"<h2>Ops by simulated time ({len(rows)} of {len(report.ops)})</h2>",
              "<p class='notes'>operands: role:stick dim@memory (dev: device memory, LX: scratchpad, LXt: a fused "
              "kernel's tile buffer)</p>",
              _table(["op", "source", "layer", "kind", "cores", "split", "tiles", "operands", "bound by", "time",
-                     "share"], op_rows, {4, 9}, "ops"),
+                     "share"], op_rows, {4, 9, 10}, "ops", op_attrs, {0: "w", 1: "w", 7: "o"}),
              "<h2>Timeline per core</h2>", timeline_svg(report),
              f"<h2>Roofline</h2><p class='notes'>peak {_sig(report.peak_mac_per_ns)} MAC/ns (PT, all cores), "
              f"{_sig(report.peak_gbps)} GB/s device memory; a dot per op with MACs, sized by its share of time</p>",
              roofline_svg(report),
              _table(["op", "MACs", "device bytes", "MAC/byte", "% peak compute", "GB/s", "% peak bw", "bound by"],
-                    roof_rows, {1, 2, 3, 4, 5, 6}, "roofline-table"),
+                    roof_rows, {1, 2, 3, 4, 5, 6}, "roofline-table", classes={0: "w"}),
              "<h2>LX occupancy per core</h2>", lx_svg(report),
              f"<h2>Restickifies ({len(report.restickifies)})</h2>",
-             _table(["op", "tensor", "stick dim", "memory", "time", "needed by"], rs_rows, {4}, "restickifies")
+             _table(["op", "tensor", "stick dim", "memory", "time", "needed by"], rs_rows, {4}, "restickifies",
+                    classes={0: "w", 1: "w", 5: "w"})
              if rs_rows else "<p>none</p>"]
     if diff is not None:
         d_rows = [[escape(r["op"]), escape(r["what"]), escape(r["this"]), escape(r["other"]),
