@@ -113,3 +113,59 @@ def test_a_lone_prefill_matmul_is_tiled_so_its_loads_overlap_its_compute():
     without = emit_program(pg, HW, _untiled(d))
     assert not validate_program(without, HW)
     assert time_program(program, HW).total_us < 0.9 * time_program(without, HW).total_us
+
+
+def _two_matmuls(M=512, K=2048, N=2048):
+    """z = (x @ w1) @ w2: two prefill-sized matmuls back to back, each a run of its own."""
+    from lowering.primitives import Access, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor
+    ts = {t.id: t for t in (PrimTensor("x", (M, K), "float16", "user_input"),
+                            PrimTensor("w1", (K, N), "float16", "parameter"),
+                            PrimTensor("w2", (N, N), "float16", "parameter"),
+                            PrimTensor("y", (M, N), "float16", "intermediate"),
+                            PrimTensor("z", (M, N), "float16", "intermediate"))}
+
+    def mm(oid, a, b, out, k):
+        return PrimOp(oid, (IterDim("m", M), IterDim("n", N), IterDim("k", k, "reduction")),
+                      (Access(a, (0, 2)), Access(b, (2, 1))), Access(out, (0, 1)), MatmulBody(0, 1, 2))
+    return PrimGraph("two_mm", ts, [mm("mm1", "x", "w1", "y", K), mm("mm2", "y", "w2", "z", N)],
+                     ["x", "w1", "w2"], ["z"])
+
+
+def test_adjacent_runs_with_the_same_tile_count_stay_separate_kernels():
+    """The program forms a kernel from ANY consecutive ops with equal tile and core counts,
+    so two adjacent tiled runs would merge and the second matmul would read the first's
+    result across tiles (kernel_tile_order). Fusion cuts a bundle at each tiled run's head,
+    so both matmuls get tiled in kernels of their own."""
+    from solver.plan import OpPlan
+    pg = _two_matmuls()
+    split = {"m": 4, "n": 8}
+    d = PlanDecisions("test", ops={o.id: OpPlan(core_split=dict(split)) for o in pg.ops})
+    res = fuse_tiled_groups(pg, HW, d, tile_counts=(16,))
+    assert res is not None and not validate_program(res.program, HW)
+    groups = {o.op_id: o.fused_group for o in res.report.ops}
+    assert groups["mm1"] is not None and groups["mm2"] is not None
+    assert groups["mm1"] != groups["mm2"]
+    assert res.fused_us < 0.9 * res.base_us
+
+
+def test_split_k_matmul_is_resplit_when_tiling_would_beat_it():
+    """A matmul planned with its reduction dim split can join no fused kernel; the
+    alternative plan moves it to the non-reduction split whose tiled estimate wins, and
+    drops the residencies of its operands (their boxes change)."""
+    from solver.plan import OpPlan, Residency
+    from solver.spyre.fusion import resplit_for_tiling
+    from solver.spyre.cpsat_planner import build_model
+    pg = _two_matmuls()
+    d = PlanDecisions("test", ops={"mm1": OpPlan(core_split={"m": 4, "n": 8}),
+                                   "mm2": OpPlan(core_split={"m": 8, "k": 4})},
+                      resident={"y": Residency(lx_address=0)})
+    _, strategies, _ = build_model(pg, HW, d)  # the hint's strategies are kept
+    out = resplit_for_tiling(pg, HW, d, strategies)
+    assert out is not None
+    moved_d, moved = out
+    assert moved == ["mm2"]
+    assert "k" not in moved_d.ops["mm2"].core_split and moved_d.ops["mm1"] == d.ops["mm1"]
+    assert "y" not in moved_d.resident
+    res_k = fuse_tiled_groups(pg, HW, replace(d, resident={}))
+    res_moved = fuse_tiled_groups(pg, HW, moved_d)
+    assert res_moved.fused_us < res_k.fused_us

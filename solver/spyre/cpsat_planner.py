@@ -71,7 +71,7 @@ from solver.core import SolveOptions, gap_of, solver_parameters
 from solver.events import EventSink, Incumbent, PhaseFinished, PhaseStarted, emit
 from solver.spyre.cost_model import OpView, op_time, predict_program_ns, to_units
 from solver.emit import emit_program
-from solver.spyre.fusion import FUSION_TRIALS, fuse_tiled_groups
+from solver.spyre.fusion import FUSION_TRIALS, fuse_tiled_groups, resplit_for_tiling
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre.schedule import chain_order
 from solver.planners import register
@@ -750,6 +750,17 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     if res is None:
         return d, 0.0
     notes.extend(res.notes)
+    alt = resplit_for_tiling(pg, hw, d, strategies)
+    if alt is not None and (deadline is None or time.perf_counter() < deadline):
+        # the same search once more on the plan with its split-K matmuls re-split so they
+        # can be tiled; the faster of the two is kept
+        res_alt = fuse_tiled_groups(pg, hw, alt[0], deadline=deadline)
+        if res_alt is not None and res_alt.fused_us < res.fused_us:
+            notes.append(f"fusion after re-splitting {len(alt[1])} split-K matmuls for tiling "
+                         f"({', '.join(alt[1][:4])}{', ...' if len(alt[1]) > 4 else ''}): simulated "
+                         f"{res.fused_us:.1f} -> {res_alt.fused_us:.1f} us")
+            res_alt.base_us = res.base_us
+            res = res_alt
     fused_d, fused_us = res.decisions, res.fused_us
     if res.groups and (deadline is None or time.perf_counter() < deadline):
         again = _resplit_unfused(pg, hw, fused_d, res.program, strategies)
@@ -818,14 +829,26 @@ def _resplit_unfused(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
 def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                hint: Union[PlanDecisions, Program, None] = None, num_workers: int = 2,
                keep: int = 4, keep_resident: int = 2, max_rounds: int = 4, fuse: bool = True,
-               budget: str = "scaled", events: Optional[EventSink] = None, **_ignored) -> PlanDecisions:
-    """Plan `pg` (`_plan_chain_ordered`), never predicted slower than the hint as its own
-    planner ordered it: the search starts from the hint in this planner's op order
+               budget: str = "scaled", events: Optional[EventSink] = None, depth: bool = True,
+               **_ignored) -> PlanDecisions:
+    """Plan `pg`: first the depth step (`depth`, solver.spyre.repeats.plan_whole): a graph
+    made of repeated blocks is planned by solving one block and reusing its plan, a large
+    irregular one in windows (docs/depth.md); otherwise `_plan_chain_ordered`, never
+    predicted slower than the hint as its own planner ordered it: the search starts from the hint in this planner's op order
     (`schedule.chain_order`), where it can be slower than in the order it was made for, and
     a short budget may not win that back (the 2-layer toy GPT-2: heuristic 26.23 us in
     source order, the plan after a 1 s deterministic search 26.32 us).
     `events`: an optional progress sink (solver.events): phases, and each improving
     incumbent and bound of the CP-SAT solve; it never changes the plan."""
+    t0 = time.perf_counter()
+    if depth and budget == "scaled" and not isinstance(hint, Program):
+        from solver.spyre.repeats import plan_whole
+
+        _phase(events, "repeats", True, "repeated structure and windows")
+        d = plan_whole(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, t0=t0, hint_d=hint)
+        _phase(events, "repeats", False, "not taken" if d is None else d.stats["notes"][0])
+        if d is not None:
+            return d
     d = _plan_chain_ordered(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint,
                             num_workers=num_workers, keep=keep, keep_resident=keep_resident,
                             max_rounds=max_rounds, fuse=fuse, budget=budget, events=events)

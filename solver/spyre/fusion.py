@@ -129,14 +129,24 @@ def _runs(program: Program, tileable: dict, graph_ops: set[str]) -> list[list[st
     return runs
 
 
-def _with_tiles(d: PlanDecisions, tiles: dict[str, dict[str, int]]) -> PlanDecisions:
+def _with_tiles(d: PlanDecisions, tiles: dict[str, dict[str, int]], runs: list[list[str]], hw) -> PlanDecisions:
+    """`d` with the given temporal tiles, and a bundle start at the head of every tiled run:
+    the program groups ANY consecutive ops with equal tile and core counts into one kernel
+    (`fused_group_key`), so two adjacent runs that chose the same tile count would otherwise
+    merge, and the second's matmul would read the first's result across tiles
+    (kernel_tile_order). A bundle boundary costs nothing in the timing model and LX
+    contents persist across it (hardware `lx_persists_across_bundles`; where they do not, no
+    cut is added and such runs may only take different tile counts)."""
     ops = {}
     for oid, p in d.ops.items():
         ops[oid] = replace(p, temporal_tiles=dict(tiles[oid])) if oid in tiles else p
     for oid in tiles:
         if oid not in ops:
             ops[oid] = OpPlan(temporal_tiles=dict(tiles[oid]))
-    return replace(d, ops=ops)
+    starts = list(d.bundle_starts)
+    if hw.lx_persists_across_bundles:
+        starts += [r[0] for r in runs if r[0] in tiles and r[0] not in starts]
+    return replace(d, ops=ops, bundle_starts=starts)
 
 
 class _OwnCores:
@@ -418,7 +428,7 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
             if not any(per_run):
                 continue
             started = time.perf_counter()
-            tr = _trial(pg, hw, _with_tiles(v, {k: x for a in per_run for k, x in a.items()}))
+            tr = _trial(pg, hw, _with_tiles(v, {k: x for a in per_run for k, x in a.items()}, runs, hw))
             longest[0] = max(longest[0], time.perf_counter() - started)
             if tr is None:
                 continue
@@ -435,14 +445,14 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
         trials(v.decisions, (t_mid,), lambda i, vi=vi: vi)
     # stage 2: the tile count of each run, on the split stage 1 chose for it
     chosen = [max(0, vi) for _, vi, _ in best]
-    mixed = _combine(d, variants, runs, [(0.0, vi, {}) for vi in chosen], keep_untouched=False)
+    mixed = _combine(d, variants, runs, [(0.0, vi, {}) for vi in chosen], hw, keep_untouched=False)
     # nearest counts first: when time runs out, the untried ones are the least likely to win
     rest = sorted((t for t in tile_counts if t != t_mid), key=lambda t: abs(t.bit_length() - t_mid.bit_length()))
     trials(mixed, rest, lambda i: chosen[i])
     if out_of_time:
         result.notes.append("fusion: stopped early (time limit)")
     chosen_tr = whole[1]
-    combined = _combine(d, variants, runs, best)
+    combined = _combine(d, variants, runs, best, hw)
     if combined is not None:
         tr = _trial(pg, hw, combined)
         if tr is not None and not validate_program(tr[1], hw) and tr[2].total_us < whole[0]:
@@ -459,8 +469,52 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     return result
 
 
+def resplit_for_tiling(pg: PrimGraph, hw, d: PlanDecisions, strategies: dict, margin: float = 0.9
+                       ) -> Optional[tuple[PlanDecisions, list[str]]]:
+    """`d` with every matmul whose reduction dim is split across cores moved to the
+    non-reduction split (same stick choice) that would be fastest once tiled, where that
+    beats its planned time by `margin`; None when no op moves. Returns the plan and the ops
+    moved.
+
+    Why: the planner prices each op untiled, and untiled a split K often wins (each core
+    streams a smaller weight slice and loads overlap compute only over
+    `untiled_overlap_chunks`), but a K-split matmul can join no fused kernel (its partial
+    sums are combined after the tile loop), while a tiled one overlaps its loads with its
+    compute across the tile loop: the timing model's double-buffered body is about
+    max(memory, compute). That tiled estimate ranks the alternatives; the fusion pass on
+    the result, judged by simulation, decides whether the move pays. Residencies of the
+    moved ops' operands are dropped (their boxes change)."""
+    ops = dict(d.ops)
+    moved: list[str] = []
+    touched: set[str] = set()
+    for op in pg.ops:
+        if op.body.kind != "matmul" or op.id not in strategies:
+            continue
+        cur_plan = d.ops.get(op.id, OpPlan())
+        split = {k: v for k, v in cur_plan.core_split.items() if v > 1}
+        cands = [s for s in strategies[op.id] if not s.alias and (cur_plan.stick is None or s.stick == cur_plan.stick)]
+        now = next((s for s in cands if s.core_split == split), None)
+        if now is None or not now.reduction_split:
+            continue
+        def tiled_ns(s) -> float:
+            c = s.parts.base
+            return max(c.memory_ns, c.compute_ns) + c.extra_ns
+        alts = [s for s in cands if not s.reduction_split]
+        if not alts:
+            continue
+        best = min(alts, key=tiled_ns)
+        if tiled_ns(best) < margin * now.parts.base.total_ns:
+            ops[op.id] = replace(cur_plan, core_split=dict(best.core_split), core_slices=None)
+            moved.append(op.id)
+            touched.update([a.tensor for a in op.inputs] + [op.output.tensor])
+    if not moved:
+        return None
+    resident = {t: r for t, r in d.resident.items() if t not in touched}
+    return replace(d, ops=ops, resident=resident), moved
+
+
 def _combine(d: PlanDecisions, variants: list[_Variant], runs: list[list[str]],
-             best: list[tuple[float, int, dict]], keep_untouched: bool = True) -> Optional[PlanDecisions]:
+             best: list[tuple[float, int, dict]], hw, keep_untouched: bool = True) -> Optional[PlanDecisions]:
     """The plan with each run's best choice; None when every run is best as planned."""
     if keep_untouched and all(vi < 0 for _, vi, _ in best):
         return None
@@ -478,4 +532,4 @@ def _combine(d: PlanDecisions, variants: list[_Variant], runs: list[list[str]],
         tiles.update(a)
     cut_runs = [r for r, (_, vi, _) in zip(runs, best) if vi >= 0]
     out = replace(_without_run_cuts(d, cut_runs), ops=ops, resident=resident)
-    return _with_tiles(out, tiles)
+    return _with_tiles(out, tiles, runs, hw)
