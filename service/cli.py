@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "iopddl": "service.commands.iopddl",
     "store": "service.commands.store",
     "check": "service.commands.check",
+    "reoptimize": "service.commands.reoptimize",
 }
 
 

@@ -113,12 +113,12 @@ def list_table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
 
 def compile_into_store(store: ProgramStore, graph_hash: str, planner: Optional[str] = None,
                        time_limit_s: Optional[float] = None, deterministic: bool = False,
-                       target: Optional[str] = None) -> Optional[ProgramRecord]:
+                       target: Optional[str] = None, as_default: bool = False) -> Optional[ProgramRecord]:
     """Compile a stored graph as /compile would with these options (default: /compile's
-    defaults) and store the program under the key /compile looks up. Returns the row the
-    store then holds (None when the compile failed). What `sticksat reoptimize`
-    starts from when the service has not compiled a graph yet, and how tests and the
-    benchmark seed an "online" plan."""
+    defaults) and store the program under the key /compile looks up for them; with
+    `as_default`, under the key of /compile's default options instead (a stand-in for an
+    online plan made under a tighter budget). Returns the row the store then holds (None
+    when the compile failed). How tests and the benchmark seed an "online" plan."""
     from lowering.version import COMPILER_VERSION
     from service import pipeline
     from service.store import program_key
@@ -127,13 +127,15 @@ def compile_into_store(store: ProgramStore, graph_hash: str, planner: Optional[s
     if graph is None:
         raise KeyError(f"graph {graph_hash} is not in the store")
     options = pipeline.resolve_options(planner, time_limit_s, deterministic, target)
+    key_options = pipeline.resolve_options(None, None, False, target) if as_default else options
     hw = pipeline.load_hardware(options.target)
-    key = program_key(graph_hash, COMPILER_VERSION, options.options_hash(), hw.digest)
+    key = program_key(graph_hash, COMPILER_VERSION, key_options.options_hash(), hw.digest)
     outcome = pipeline.compile_job(pipeline.CompileJob(document=graph.document, options=options))
     if outcome.status != "ok" or outcome.program is None:
         return None
     slot = pipeline.StoreSlot(store.location, ProgramRecord.empty(
-        key=key, graph_hash=graph_hash, compiler_version=COMPILER_VERSION, options_hash=options.options_hash(),
-        options=options.solve_dict(), hardware=hw.name, hardware_digest=hw.digest))
+        key=key, graph_hash=graph_hash, compiler_version=COMPILER_VERSION,
+        options_hash=key_options.options_hash(), options=key_options.solve_dict(), hardware=hw.name,
+        hardware_digest=hw.digest))
     store.put_program(slot.record(outcome.program, outcome.stats, outcome.solution, outcome.complete))
     return store.get_program(key)
