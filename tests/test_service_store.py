@@ -89,3 +89,32 @@ def test_the_service_side_never_imports_torch():
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_the_service_compiles_into_either_backend(store_url):
+    """The service on a store URL: a miss is solved by a pool worker and stored (the
+    worker opens the same store), the repeat is a hit, GET /graphs lists the program."""
+    from pathlib import Path
+
+    from fastapi.testclient import TestClient
+
+    from service.app import ServiceConfig, create_app
+
+    tiny = Path(__file__).resolve().parent.parent / "benchmarks" / "graphs" / "tiny"
+    document = json.loads((tiny / "linear_tiny_m16_k64_n128.json").read_text())
+    request = {"graph": document, "options": {"planner": "heuristic"}}
+    with TestClient(create_app(ServiceConfig(store_path=store_url, workers=1))) as client:
+        import time
+
+        deadline = time.time() + 120
+        while client.get("/readyz").status_code != 200 and time.time() < deadline:
+            time.sleep(0.1)
+        first = client.post("/compile", json=request)
+        assert first.status_code == 200, first.text
+        assert first.json()["cached"] is False
+        second = client.post("/compile", json=request)
+        assert second.status_code == 200 and second.json()["cached"] is True
+        assert second.json()["key"] == first.json()["key"]
+        graph = client.get(f"/graphs/{first.json()['graph_hash']}").json()
+        assert [p["key"] for p in graph["programs"]] == [first.json()["key"]]
+    assert ProgramStore(store_url).get_program(first.json()["key"]).complete
