@@ -202,7 +202,8 @@ def render_html(report: Report, diff: Optional[dict] = None, top: Optional[int] 
         d_rows = [[escape(r["op"]), escape(r["what"]), escape(r["this"]), escape(r["other"]),
                    ("+" if r["delta_us"] >= 0 else "") + escape(fmt_us(r["delta_us"]))] for r in diff["ops"]]
         parts.append(f"<h2>Diff: this {escape(fmt_us(diff['this_us']))}, other {escape(fmt_us(diff['other_us']))}</h2>")
-        parts.append(_table(["op", "differs in", "this", "other", "cost"], d_rows, {4}, "diff")
+        parts.append(_table(["op", "differs in", "this", "other", "cost"], d_rows, {4}, "diff",
+                            classes={0: "w", 1: "w", 2: "w", 3: "w"})
                      if d_rows else "<p>no differing decisions</p>")
     parts.append("</body></html>")
     return "".join(parts)
