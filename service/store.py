@@ -245,6 +245,8 @@ class ProgramStore:
     # -- connections ---------------------------------------------------------------
     def _conn(self):
         conn = getattr(self._local, "conn", None)
+        if conn is not None and self.backend == "postgresql" and (conn.closed or conn.broken):
+            self._local.conn = conn = None  # the server went away: reconnect on next use
         if conn is None:
             if self.backend == "sqlite":
                 # Autocommit: transactions are explicit (`_transaction`, BEGIN IMMEDIATE).

@@ -177,3 +177,18 @@ def test_sqlite_url_form(tmp_path):
     path = tmp_path / "u.sqlite"
     ProgramStore(f"sqlite:///{path}").put_graph(GRAPH, "{}", "g")
     assert ProgramStore(path).has_graph(GRAPH)
+
+
+def test_postgres_store_reconnects_after_the_server_drops_it(store_url):
+    if not store_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL only: a SQLite file has no server connection")
+    import psycopg
+
+    store = ProgramStore(store_url)
+    store.put_graph(GRAPH, "{}", "g")
+    pid = store._execute("SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(psycopg.OperationalError):
+        store.has_graph(GRAPH)  # the request in flight when the server dropped the connection fails...
+    assert store.has_graph(GRAPH)  # ...the next one reconnects
