@@ -73,6 +73,7 @@ class Browser:
              f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"],
             pass_fds=(to_chrome_r, from_chrome_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=open(profile.parent / "chromium.log", "wb"))
+        self.log_path = profile.parent / "chromium.log"
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buf = b""
@@ -89,7 +90,7 @@ class Browser:
                 raise TimeoutError("no message from Chromium in time")
             chunk = os.read(self._r, 1 << 20)
             if not chunk:
-                raise RuntimeError(f"Chromium closed the pipe (exit {self.proc.poll()})")
+                raise RuntimeError(self._died("closed the pipe"))
             self._buf += chunk
         raw, self._buf = self._buf.split(b"\0", 1)
         return json.loads(raw)
@@ -100,7 +101,10 @@ class Browser:
         msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
         if session and self.session:
             msg["sessionId"] = self.session
-        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        try:
+            os.write(self._w, json.dumps(msg).encode() + b"\0")
+        except BrokenPipeError:
+            raise RuntimeError(self._died(f"is gone before {method}")) from None
         deadline = time.monotonic() + timeout
         while True:
             reply = self._read_message(deadline)
@@ -109,6 +113,14 @@ class Browser:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply.get("result", {})
             self.events.append(reply)
+
+    def _died(self, what: str) -> str:
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+        return f"Chromium {what} (exit {self.proc.poll()}); its stderr:\n{tail}"
 
     def wait_event(self, method: str, since: int, timeout: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout
