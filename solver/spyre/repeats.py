@@ -1,0 +1,655 @@
+"""Repeated structure: whole models at full depth planned by solving one layer (issue 14).
+
+A 32-layer decoder stack is the same layer 32 times. Planning it as one CP-SAT model makes
+the model, and the search it needs, 32 times a layer's; here the planner instead
+1. finds the repeated block (`find_repeats`): a structural signature per op (body, iteration
+   dims, each operand's access, shape, dtype and, for graph inputs, role; never ids or
+   source names), the period of the signature sequence (candidate periods are the distances
+   between consecutive ops of equal signature; each is checked in one vectorised pass over
+   the sequence, so no structure over pairs of ops is ever built), then an edge check per
+   copy: every operand produced inside the block comes from the op at the same position of
+   the same copy, everything else is a boundary input of the same shape, dtype and role;
+2. solves one representative copy (`plan_depth`): the block as a graph of its own
+   (`subgraph`: boundary inputs become graph inputs, tensors read after the block become
+   graph outputs), planned by the ordinary CP-SAT pipeline, with the boundary condition of
+   a stack: the block's input from the previous copy arrives in the layout the block writes
+   its own output in (a fixed point: the representative is solved again with that input
+   layout when its first solve writes the output in another one);
+3. copies its decisions to every copy (`copy_decisions`: ops, weight layouts, residencies,
+   restickify splits, bundle starts and op order renamed through the copy's op and tensor
+   maps), plans what does not repeat (prologue, epilogue, irregular models) by
+   `solver.spyre.windows`, and composes one plan; the seams between copies are where the
+   emitter inserts the restickifies that layouts on both sides need and each segment starts
+   a bundle of its own (no LX residency crosses a seam);
+4. emits and validates the whole program once and returns it only when it is predicted no
+   slower than the whole graph's heuristic plan (the hint); otherwise the hint, with a note.
+The CP-SAT models solved are one copy's and the windows', so their size follows the number
+of distinct layers, not the depth.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import numpy as np
+
+from lowering.primitives import PrimGraph, PrimOp, PrimTensor, body_to_json
+from solver.plan import OpPlan, PlanDecisions, Residency
+
+# A block shorter than this is not worth a representative solve (the seams would dominate).
+MIN_BLOCK_OPS = 8
+# How many candidate periods `find_repeats` checks (the most frequent distances first).
+MAX_PERIODS = 256
+# The repeated path is taken when the copies cover at least this share of the graph's ops
+# and there are at least MIN_COPIES of them (two copies are one model twice a layer's size:
+# the whole-graph solve handles that, and sees the one seam).
+MIN_COVERAGE = 0.5
+MIN_COPIES = 3
+
+
+@dataclass
+class Repeats:
+    """`copies` blocks of `period` consecutive ops starting at op index `start` (of the
+    graph as given, in its op order) are isomorphic: op `start + c * period + j` of copy c
+    corresponds to op j of every other copy."""
+
+    start: int
+    period: int
+    copies: int
+
+    def block(self, c: int) -> range:
+        a = self.start + c * self.period
+        return range(a, a + self.period)
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.copies * self.period
+
+
+def _json_key(obj) -> str:
+    import json
+
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def op_signatures(pg: PrimGraph, user_inputs_as_intermediates: bool = False) -> list[int]:
+    """Per op, a small integer naming its structure (equal integers: equal structure): body,
+    iteration dims, output and operand accesses with their tensors' shapes and dtypes, and
+    the role of operands that are graph inputs (`user_inputs_as_intermediates`: a user input
+    counts as an intermediate: the first layer reads the model's input where later ones read
+    the layer before). Ids and source names are left out. Exact (a dictionary of the keys,
+    no hash collisions)."""
+    produced = {op.output.tensor for op in pg.ops}
+    ids: dict[tuple, int] = {}
+    out: list[int] = []
+    body_cache: dict[int, str] = {}
+    for op in pg.ops:
+        bkey = body_cache.get(id(op.body))
+        if bkey is None:
+            bkey = body_cache[id(op.body)] = _json_key(body_to_json(op.body))
+        ins = []
+        for a in op.inputs:
+            t = pg.tensors[a.tensor]
+            plain = a.tensor in produced or (user_inputs_as_intermediates and t.role == "user_input")
+            ins.append((a.dims, t.shape, t.dtype, "" if plain else t.role))
+        o = pg.tensors[op.output.tensor]
+        key = (bkey, op.iter_dims, op.output.dims, o.shape, o.dtype, tuple(ins))
+        out.append(ids.setdefault(key, len(ids)))
+    return out
+
+
+def _candidate_periods(sig: np.ndarray, n: int) -> list[int]:
+    last: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for i, s in enumerate(sig.tolist()):
+        j = last.get(s)
+        if j is not None:
+            p = i - j
+            if MIN_BLOCK_OPS <= p <= n // 2:
+                count[p] = count.get(p, 0) + 1
+        last[s] = i
+    return [p for p, _ in sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_PERIODS]]
+
+
+def _longest_run(eq: np.ndarray) -> tuple[int, int]:
+    """(start, length) of the longest run of True in `eq` (first one on ties)."""
+    if not eq.any():
+        return 0, 0
+    padded = np.concatenate(([False], eq, [False]))
+    d = np.diff(padded.astype(np.int8))
+    starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+    k = int(np.argmax(ends - starts))
+    return int(starts[k]), int(ends[k] - starts[k])
+
+
+def _edges(pg: PrimGraph, producer_idx: dict[str, int], block: range) -> Optional[list[tuple]]:
+    """The block's internal wiring: per op, per operand, the position of its producer in
+    the block, or None for a boundary input."""
+    out = []
+    for i in block:
+        row = []
+        for a in pg.ops[i].inputs:
+            p = producer_idx.get(a.tensor)
+            row.append(p - block.start if p is not None and p in block else None)
+        out.append(tuple(row))
+    return out
+
+
+def find_repeats(pg: PrimGraph, min_copies: int = 2) -> Optional[Repeats]:
+    """The repeated block covering the most ops of `pg` (module docstring), or None.
+    Linear in ops per candidate period, at most `MAX_PERIODS` periods."""
+    n = len(pg.ops)
+    if n < 2 * MIN_BLOCK_OPS:
+        return None
+    sig = np.asarray(op_signatures(pg), dtype=np.int64)
+    best: Optional[Repeats] = None
+    span = 0
+    for p in _candidate_periods(sig, n):
+        start, length = _longest_run(sig[:-p] == sig[p:])
+        copies = (length + p) // p   # a run of `length` matches covers length + p ops
+        if copies < min_copies:
+            continue
+        cover = copies * p
+        if best is None or cover > best.copies * best.period or (
+                cover == best.copies * best.period and p < best.period):
+            best, span = Repeats(start, p, copies), length + p
+    if best is None:
+        return None
+    return _verified(pg, _aligned(pg, best, span, min_copies), min_copies)
+
+
+def _aligned(pg: PrimGraph, rep: Repeats, span: int, min_copies: int) -> Repeats:
+    """Any rotation of a repeated block repeats too (a block may start mid-layer); choose
+    the one whose copies cut the fewest tensors (read across the block's start or end:
+    layer boundaries cut the residual stream and little else), keeping the most copies.
+    `span`: the ops the matching run covers from `rep.start`. O(period^2)."""
+    producer_idx = {op.output.tensor: i for i, op in enumerate(pg.ops)}
+    last_read: dict[str, int] = {}
+    for i, op in enumerate(pg.ops):
+        for a in op.inputs:
+            last_read[a.tensor] = i
+    outs = set(pg.outputs)
+
+    def cut(a: int) -> int:
+        b = a + rep.period
+        into = {x.tensor for i in range(a, b) for x in pg.ops[i].inputs
+                if producer_idx.get(x.tensor, b) < a}
+        out = {pg.ops[i].output.tensor for i in range(a, b)
+               if last_read.get(pg.ops[i].output.tensor, -1) >= b or pg.ops[i].output.tensor in outs}
+        return len(into) + len(out)
+
+    best = (rep.copies, -cut(rep.start + (rep.copies // 2) * rep.period), 0)
+    for shift in range(1, rep.period):
+        copies = (span - shift) // rep.period
+        if copies < max(min_copies, rep.copies - 1):
+            break
+        key = (copies, -cut(rep.start + shift + (copies // 2) * rep.period), shift)
+        if (key[1] > best[1] and key[0] >= rep.copies - 1) if key[0] < best[0] else key[:2] > best[:2]:
+            best = key
+    copies, _, shift = best
+    return Repeats(rep.start + shift, rep.period, copies)
+
+
+def _verified(pg: PrimGraph, rep: Repeats, min_copies: int) -> Optional[Repeats]:
+    """The longest run of consecutive copies whose wiring matches (signatures match by
+    construction; this checks the edges)."""
+    producer_idx = {op.output.tensor: i for i, op in enumerate(pg.ops)}
+    wiring = [_edges(pg, producer_idx, rep.block(c)) for c in range(rep.copies)]
+    best_a, best_len, a = 0, 0, 0
+    for c in range(1, rep.copies + 1):
+        if c == rep.copies or wiring[c] != wiring[a]:
+            if c - a > best_len:
+                best_a, best_len = a, c - a
+            a = c
+    if best_len < min_copies:
+        return None
+    return Repeats(rep.start + best_a * rep.period, rep.period, best_len)
+
+
+# -- sub-graphs ---------------------------------------------------------------------------------
+def subgraph(pg: PrimGraph, idx: range | list[int], name: str,
+             consumers_after: Optional[set[str]] = None) -> PrimGraph:
+    """The ops `idx` of `pg` as a graph of their own: tensors they read but do not produce
+    become graph inputs (an intermediate one as a `user_input`, arriving in its default
+    layout unless the plan's `input_sticks` says otherwise); tensors they produce that an op
+    outside reads, or that are outputs of `pg`, become outputs. `consumers_after`: the
+    tensors read outside `idx` (computed when None)."""
+    ops = [pg.ops[i] for i in idx]
+    produced = {op.output.tensor for op in ops}
+    if consumers_after is None:
+        inside = set(id(op) for op in ops)
+        consumers_after = {a.tensor for op in pg.ops if id(op) not in inside for a in op.inputs}
+    tensors: dict[str, PrimTensor] = {}
+    inputs: list[str] = []
+    for op in ops:
+        for a in op.inputs:
+            t = pg.tensors[a.tensor]
+            if a.tensor not in produced and a.tensor not in tensors:
+                inputs.append(a.tensor)
+                if t.role == "intermediate":
+                    t = replace(t, role="user_input")
+            tensors.setdefault(a.tensor, t)
+        tensors.setdefault(op.output.tensor, pg.tensors[op.output.tensor])
+    graph_out = set(pg.outputs)
+    outputs = [op.output.tensor for op in ops
+               if op.output.tensor in graph_out or op.output.tensor in consumers_after]
+    if not outputs:
+        outputs = [ops[-1].output.tensor]
+    return PrimGraph(name, tensors, ops, inputs, outputs, source_hash="", meta=dict(pg.meta))
+
+
+# -- copying a plan ---------------------------------------------------------------------------
+@dataclass
+class CopyMap:
+    """Op and tensor renaming from the representative copy to another copy."""
+
+    ops: dict[str, str] = field(default_factory=dict)
+    tensors: dict[str, str] = field(default_factory=dict)
+
+
+def copy_map(pg: PrimGraph, src: range, dst: range) -> CopyMap:
+    m = CopyMap()
+    for i, j in zip(src, dst):
+        a, b = pg.ops[i], pg.ops[j]
+        m.ops[a.id] = b.id
+        m.tensors[a.output.tensor] = b.output.tensor
+        for x, y in zip(a.inputs, b.inputs):
+            m.tensors.setdefault(x.tensor, y.tensor)
+    return m
+
+
+def _rename_restick(key: str, tmap: dict[str, str]) -> Optional[str]:
+    """`tensor@stickN` renamed through tmap (None when the tensor is not in the map)."""
+    t, sep, tail = key.rpartition("@stick")
+    if not sep:
+        return tmap.get(key)
+    return f"{tmap[t]}@stick{tail}" if t in tmap else None
+
+
+def copy_decisions(rep_d: PlanDecisions, m: CopyMap, boundary_inputs: set[str]) -> PlanDecisions:
+    """The representative's decisions for another copy: every op plan, layout of the
+    copy's weights, residency, restickify split, bundle start and the op order, renamed.
+    Boundary inputs produced outside the block keep their producers' layouts (not copied)."""
+    out = PlanDecisions(planner=rep_d.planner)
+    for o, p in rep_d.ops.items():
+        if o in m.ops:
+            out.ops[m.ops[o]] = replace(p, core_split=dict(p.core_split), temporal_tiles=dict(p.temporal_tiles))
+    for t, s in rep_d.input_sticks.items():
+        if t in m.tensors and t not in boundary_inputs:
+            out.input_sticks[m.tensors[t]] = s
+    for key, r in rep_d.resident.items():
+        k2 = _rename_restick(key, m.tensors)
+        if k2 is not None:
+            out.resident[k2] = replace(r)
+    for key, p in rep_d.restick_ops.items():
+        k2 = _rename_restick(key, m.tensors)
+        if k2 is not None:
+            out.restick_ops[k2] = replace(p, core_split=dict(p.core_split))
+    out.bundle_starts = [m.ops[o] for o in rep_d.bundle_starts if o in m.ops]
+    out.op_order = [m.ops[o] for o in rep_d.op_order if o in m.ops]
+    return out
+
+
+def partial_edges(pg: PrimGraph, rep: Repeats, sig: Optional[list[int]] = None) -> tuple[int, int]:
+    """How many ops right before the first copy and right after the last one repeat the
+    block's end and start (a layer cut mid-way by the block boundary: the first layer's
+    attention before the first copy, the last layer's MLP after the last): (before, after),
+    each less than a period. Equal signatures, op by op, outward from the copies."""
+    sig = sig if sig is not None else op_signatures(pg, user_inputs_as_intermediates=True)
+    before = 0
+    while before < rep.period - 1 and rep.start - before - 1 >= 0 and \
+            sig[rep.start - before - 1] == sig[rep.start + rep.period - before - 1]:
+        before += 1
+    after = 0
+    while after < rep.period - 1 and rep.stop + after < len(pg.ops) and \
+            sig[rep.stop + after] == sig[rep.start + after]:
+        after += 1
+    return before, after
+
+
+def partial_copy(pg: PrimGraph, rep_d: PlanDecisions, src: list[int], dst: list[int],
+                 readers: dict[str, list[int]]) -> PlanDecisions:
+    """The representative's decisions for a part of a copy (`dst`, matching the block
+    positions `src`): op plans and weight layouts; LX residencies only of tensors produced
+    and read entirely inside `dst`; the part starts a bundle."""
+    m = CopyMap()
+    for i, j in zip(src, dst):
+        a, b = pg.ops[i], pg.ops[j]
+        m.ops[a.id] = b.id
+        m.tensors[a.output.tensor] = b.output.tensor
+        for x, y in zip(a.inputs, b.inputs):
+            m.tensors.setdefault(x.tensor, y.tensor)
+    produced_inside = {pg.ops[j].output.tensor for j in dst}
+    produced_anywhere = {op.output.tensor for op in pg.ops}
+    boundary = {t for t in m.tensors.values() if t in produced_anywhere and t not in produced_inside}
+    d = copy_decisions(rep_d, m, {k for k, v in m.tensors.items() if v in boundary})
+    inside = set(dst)
+
+    def whole(t: str) -> bool:
+        base = t.rpartition("@stick")[0] or t
+        return base in produced_inside and all(r in inside for r in readers.get(base, ()))
+    d.resident = {t: r for t, r in d.resident.items() if whole(t)}
+    ids = [pg.ops[j].id for j in dst]
+    order = [o for o in d.op_order if o in set(ids)]
+    d.op_order = order if len(order) == len(ids) else ids
+    d.bundle_starts = [o for o in d.bundle_starts if o in set(ids)]
+    return d
+
+
+def merge(parts: list[tuple[PlanDecisions, list[str]]], planner: str = "cpsat") -> PlanDecisions:
+    """One plan from per-segment plans, each with its segment's op ids in order; segments
+    are listed in op order, each starts a bundle, the op order is theirs concatenated."""
+    d = PlanDecisions(planner=planner)
+    for part, seg_ops in parts:
+        d.ops.update(part.ops)
+        for t, s in part.input_sticks.items():
+            d.input_sticks.setdefault(t, s)
+        d.resident.update(part.resident)
+        d.restick_ops.update(part.restick_ops)
+        starts = list(part.bundle_starts)
+        if seg_ops and seg_ops[0] not in starts:
+            starts.insert(0, seg_ops[0])
+        d.bundle_starts.extend(starts)
+        order = part.op_order if len(part.op_order) == len(seg_ops) else seg_ops
+        d.op_order.extend(order)
+    return d
+
+
+def repeats_note(rep: Repeats, n_ops: int) -> str:
+    return (f"repeats: {rep.copies} copies of a {rep.period}-op block from op {rep.start} "
+            f"({rep.copies * rep.period} of {n_ops} ops); one copy solved, decisions reused")
+
+
+# -- the planner step ---------------------------------------------------------------------------
+# Seconds per op of what follows the solves and scales with the whole graph: the heuristic
+# plan of the whole graph (the hint the result must not be slower than), emitting,
+# validating and simulating the composed plan and the hint, and `planners.plan()` emitting,
+# validating and bounding it once more. Measured 2026-12-01 on the 32-layer Llama (1995 ops,
+# 2 shared cores): heuristic 1.06 s, emit 0.14 s, validate 0.50 s, simulate 0.26 s, lower
+# bound 0.57 s, so about 1.6 ms per op with the two emit/validate rounds; 2.5 ms leaves slack
+# for a loaded machine.
+RESERVE_S_PER_OP = 0.0025
+RESERVE_BASE_S = 0.3
+# Of what is left for solving: the representative's share (the rest goes to the windows of
+# what does not repeat, by op count); the representative decides `copies` times its ops.
+REPRESENTATIVE_SHARE = 0.65
+
+
+_DEBUG: Optional[dict] = None  # tests and benchmarks may set a dict: the last composed plan lands here
+
+
+def _reserve_s(n_ops: int) -> float:
+    return RESERVE_BASE_S + RESERVE_S_PER_OP * n_ops
+
+
+def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
+               rep: Optional[Repeats] = None, hint_d: Optional[PlanDecisions] = None,
+               events=None) -> Optional[PlanDecisions]:
+    """The repeated-structure plan of `pg` (module docstring), or None when `pg` has no
+    repeated block covering `MIN_COVERAGE` of its ops. `pg` is in the planner's op order;
+    `t0` is when the whole compile started (the time limit covers everything from there,
+    `planners.plan()`'s own emit, validation and bound included). `hint_d`: the whole
+    graph's starting plan (the heuristic's when None)."""
+    from simulator.timing import time_program
+    from solver.spyre.cpsat_planner import _program_or_none
+    from solver.spyre.windows import out_stick, plan_windows, reader_index, solve_segment
+
+    n = len(pg.ops)
+    rep = rep or find_repeats(pg, min_copies=MIN_COPIES)
+    if rep is None or rep.copies * rep.period < MIN_COVERAGE * n:
+        return None
+    notes = [repeats_note(rep, n)]
+    limit = float(time_limit_s)
+    reserve = _reserve_s(n)
+    before, after = partial_edges(pg, rep)
+    rest_ops = rep.start - before + n - rep.stop - after
+    # deterministic: shares of the limit from counts only; else what is left of the wall clock
+    avail = limit - reserve - (0.0 if deterministic else time.perf_counter() - t0)
+    avail = max(0.0, avail)
+    rest_s = avail * min(1.0 - REPRESENTATIVE_SHARE, rest_ops / (rest_ops + rep.period))
+    rep_s = avail - rest_s
+    readers = reader_index(pg)
+
+    # 1. one representative copy, from the middle (its inputs come from a copy before it)
+    c_r = rep.copies // 2
+    block = list(rep.block(c_r))
+    t_rep = time.perf_counter()
+    # the boundary condition of a stack: what the previous copy hands over arrives in the
+    # layout this copy writes its own counterpart in (solved again when it does not)
+    nxt = copy_map(pg, rep.block(c_r + 1), rep.block(c_r)) if c_r + 1 < rep.copies else None
+    pairs: list[tuple[str, str]] = []     # (boundary input of the representative, its output counterpart)
+    if nxt is not None:
+        block_set = set(rep.block(c_r))
+        producer_idx = {op.output.tensor: i for i, op in enumerate(pg.ops)}
+        for i in rep.block(c_r + 1):
+            for a in pg.ops[i].inputs:
+                if producer_idx.get(a.tensor, -1) in block_set:
+                    b = nxt.tensors.get(a.tensor)
+                    if b is not None and b != a.tensor and (b, a.tensor) not in pairs:
+                        pairs.append((b, a.tensor))
+    producer = {op.output.tensor: op for op in pg.ops}
+    rep_notes: list[str] = []
+    rep_d = solve_segment(pg, block, hw, time_limit_s=rep_s * (0.7 if pairs else 1.0), deterministic=deterministic,
+                          name="representative", notes=rep_notes)
+
+    def mismatched(d: PlanDecisions) -> dict:
+        out = {}
+        for b, u in pairs:
+            want = out_stick(producer[u], d.ops.get(producer[u].id))
+            rank = len(pg.tensors[b].shape)
+            have = d.input_sticks.get(b, rank - 1 if rank else None)
+            if want != have:
+                out[b] = want
+        return out
+    fix = mismatched(rep_d)
+    if fix:
+        left = rep_s - (0.0 if deterministic else time.perf_counter() - t_rep)
+        again = solve_segment(pg, block, hw, time_limit_s=max(0.0, left), deterministic=deterministic,
+                              input_sticks=fix, name="representative (periodic inputs)", notes=rep_notes)
+        if not mismatched(again):
+            rep_d = again
+    notes += rep_notes
+
+    # 2. the copies
+    # tensors the block reads that other ops of the graph produce (their layouts are their
+    # producers'); the block's weights are not among them: their layouts are copied
+    boundary = ({a.tensor for i in block for a in pg.ops[i].inputs} - {pg.ops[i].output.tensor for i in block}) \
+        & set(producer)
+    parts: list[tuple[PlanDecisions, list[str]]] = []
+    copies = []
+    for c in range(rep.copies):
+        m = copy_map(pg, rep.block(c_r), rep.block(c))
+        cd = copy_decisions(rep_d, m, boundary)
+        ids = [pg.ops[i].id for i in rep.block(c)]
+        if len(cd.op_order) != len(ids):
+            cd.op_order = ids
+        copies.append((cd, cd.op_order))
+
+    # 3. the ops just outside the copies that repeat the block's end or start (a layer the
+    # block boundary cuts): the representative's decisions for them too
+    head: list = []
+    tail: list = []
+    if before:
+        dst = list(range(rep.start - before, rep.start))
+        src = [i - rep.start + rep.block(c_r).start + rep.period for i in dst]
+        head = [(lambda d: (d, d.op_order))(partial_copy(pg, rep_d, src, dst, readers))]
+    if after:
+        dst = list(range(rep.stop, rep.stop + after))
+        src = [i - rep.stop + rep.block(c_r).start for i in dst]
+        tail = [(lambda d: (d, d.op_order))(partial_copy(pg, rep_d, src, dst, readers))]
+    if before or after:
+        notes.append(f"repeats: {before} ops before the first copy and {after} after the last repeat the "
+                     "block's end and start: decisions reused")
+    rest_idx = [list(range(0, rep.start - before)), list(range(rep.stop + after, n))]
+
+    # 4. what does not repeat: windows, boundary layouts from what precedes them
+    sticks: dict = {}
+    t_rest = time.perf_counter()
+    pre, post = [], []
+    rest_left = rest_s
+    for k, idx in enumerate(rest_idx):
+        if not idx:
+            continue
+        if k == 1:
+            for part, ids in copies + tail:
+                idset = set(ids)
+                sticks.update({op.output.tensor: out_stick(op, part.ops.get(op.id))
+                               for op in pg.ops if op.id in idset})
+        share = rest_left * len(idx) / rest_ops
+        if not deterministic:
+            share = min(share, max(0.0, t0 + limit - reserve - time.perf_counter()) * (
+                1.0 if k == 1 or not rest_idx[1] else len(idx) / rest_ops))
+        got = plan_windows(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
+                           budget_s=share, deterministic=deterministic, input_sticks=sticks, notes=notes,
+                           name="prologue" if k == 0 else "epilogue", readers=readers)
+        (pre if k == 0 else post).extend(got)
+        for part, ids in got:
+            idset = set(ids)
+            sticks.update({op.output.tensor: out_stick(op, part.ops.get(op.id))
+                           for op in pg.ops if op.id in idset})
+    inputs = set(pg.inputs)
+
+    def compose(parts) -> PlanDecisions:
+        d = merge(parts)
+        d.input_sticks = {t: s for t, s in d.input_sticks.items() if t in inputs}
+        return d
+    phase = {"representative": t_rest - t_rep, "rest": time.perf_counter() - t_rest}
+
+    # 5. one program, validated, never slower than the whole graph's hint; when the edges'
+    # reused decisions do not validate, the edges are planned as the rest is (heuristic)
+    t_check = time.perf_counter()
+    composed = compose(pre + head + copies + tail + post)
+    prog, issues = _program_or_none(pg, hw, composed)
+    for _ in range(3):
+        # a seam can put a restickify inside a reused fused kernel: such tile buffers go
+        # to device memory (the kernel stays), and the program is checked again
+        bad = {i.tensor for i in issues if getattr(i, "code", "") in ("lx_tile_scope", "kernel_tile_order")
+               and getattr(i, "tensor", None) in composed.resident}
+        if prog is not None or not bad or len(bad) < len(issues) and any(
+                getattr(i, "code", "") not in ("lx_tile_scope", "kernel_tile_order") for i in issues):
+            break
+        notes.append(f"seams: {len(bad)} reused tile buffers moved to device memory ({', '.join(sorted(bad)[:3])})")
+        composed = replace(composed, resident={t: r for t, r in composed.resident.items() if t not in bad})
+        prog, issues = _program_or_none(pg, hw, composed)
+    if prog is None and (head or tail):
+        notes.append("composed plan invalid (" + "; ".join(
+            f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) +
+            "): edges planned by the heuristic")
+        from solver.baseline.passes import plan_heuristic
+        from solver.spyre.windows import keep_part
+        if hint_d is None:
+            hint_d = plan_heuristic(pg, hw)
+        edge = [(keep_part(pg, hint_d, list(range(0, rep.start)), readers), None),
+                (keep_part(pg, hint_d, list(range(rep.stop, n)), readers), None)]
+        composed = compose([(p_, p_.op_order) for p_, _ in edge[:1] if p_.ops] + copies +
+                           [(p_, p_.op_order) for p_, _ in edge[1:] if p_.ops])
+        prog, issues = _program_or_none(pg, hw, composed)
+    if prog is None and composed.resident:
+        notes.append("composed plan invalid (" + "; ".join(
+            f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) + "): LX residencies dropped")
+        composed = replace(composed, resident={}, restick_ops={})
+        prog, issues = _program_or_none(pg, hw, composed)
+    if hint_d is None:
+        from solver.baseline.passes import plan_heuristic
+        hint_d = plan_heuristic(pg, hw)
+    hint_prog, _ = _program_or_none(pg, hw, replace(hint_d, op_order=[]))
+    hint_us = time_program(hint_prog, hw).total_us if hint_prog is not None else float("inf")
+    seam = ""
+    if prog is None:
+        notes.append("composed plan failed validation: " + "; ".join(
+            f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]))
+        us = float("inf")
+    else:
+        report = time_program(prog, hw)
+        us = report.total_us
+        if _DEBUG is not None:
+            _DEBUG.update(report=report, parts=pre + head + copies + tail + post, composed=composed, pg=pg)
+        per_copy = rep_d.stats.get("predicted_us")
+        seam = f", representative predicted {per_copy:.1f} us x {rep.copies}" if per_copy else ""
+    phase["compose and check"] = time.perf_counter() - t_check
+    if us <= hint_us:
+        out = composed
+        notes.append(f"repeated-structure plan simulated {us:.1f} us (hint {hint_us:.1f} us{seam})")
+        status = rep_d.stats.get("solver_status") or "UNKNOWN"
+    else:
+        out = replace(hint_d, planner="cpsat", stats={})
+        out.op_order = []
+        notes.append(f"repeated-structure plan simulated {us:.1f} us > hint {hint_us:.1f} us: returning the hint")
+        us, status = hint_us, "HINT"
+    notes.append("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in phase.items()))
+    out.stats = dict(predicted_us=us, solver_status=status, objective=None, bound=None, gap=None,
+                     solve_seconds=time.perf_counter() - t0, notes=notes)
+    return out
+
+
+# Graphs without a repeated block and more ops than this are planned in windows.
+WINDOWS_ABOVE_OPS = 300
+
+
+def plan_whole(pg: PrimGraph, hw, *, time_limit_s: Optional[float], deterministic: bool, t0: float,
+               hint_d: Optional[PlanDecisions] = None) -> Optional[PlanDecisions]:
+    """The planner's depth step (`solver.spyre.cpsat_planner.plan_cpsat`): the repeated-
+    structure plan (`plan_depth`) when `pg` repeats, else the windowed plan
+    (`plan_windowed`) when it has more than `WINDOWS_ABOVE_OPS` ops, else None (one CP-SAT
+    model for the whole graph). The result's op order is set."""
+    from solver.spyre.cpsat_planner import DEFAULT_TIME_LIMIT_S
+    from solver.spyre.schedule import chain_order
+
+    limit = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
+    pg = chain_order(pg)
+    d = plan_depth(pg, hw, time_limit_s=limit, deterministic=deterministic, t0=t0, hint_d=hint_d)
+    if d is None and len(pg.ops) > WINDOWS_ABOVE_OPS:
+        d = plan_windowed(pg, hw, time_limit_s=limit, deterministic=deterministic, t0=t0, hint_d=hint_d)
+    if d is not None and not d.op_order:
+        d.op_order = [op.id for op in pg.ops]
+    return d
+
+
+def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
+                  hint_d: Optional[PlanDecisions] = None) -> PlanDecisions:
+    """A graph with nothing repeated, planned in windows then improved by a large-
+    neighbourhood search over the whole plan (`solver.spyre.windows`), never slower
+    (simulated) than the whole graph's hint."""
+    from simulator.timing import time_program
+    from solver.spyre.cpsat_planner import _program_or_none
+    from solver.spyre.windows import WINDOW_OPS, improve_windows, plan_windows
+
+    n = len(pg.ops)
+    limit = float(time_limit_s)
+    reserve = _reserve_s(n)
+    avail = max(0.0, limit - reserve - (0.0 if deterministic else time.perf_counter() - t0))
+    deadline = None if deterministic else t0 + limit - reserve
+    notes = [f"windows: {n} ops, no repeated block; windows of at most {WINDOW_OPS} ops"]
+    first_s = 0.6 * avail
+    parts = plan_windows(pg, list(range(n)), hw, deadline=None if deterministic else t0 + limit - reserve - 0.4 * avail,
+                         budget_s=first_s, deterministic=deterministic, notes=notes)
+    d = merge(parts)
+    d.input_sticks = {t: s for t, s in d.input_sticks.items() if t in set(pg.inputs)}
+
+    def evaluate(cand: PlanDecisions) -> Optional[float]:
+        cand.input_sticks = {t: s for t, s in cand.input_sticks.items() if t in set(pg.inputs)}
+        prog, _ = _program_or_none(pg, hw, cand)
+        return None if prog is None else time_program(prog, hw).total_us
+    us = evaluate(d)
+    if us is None:
+        d = replace(d, resident={}, restick_ops={})
+        us = evaluate(d)
+        notes.append("windowed plan invalid with its LX residencies: dropped")
+    us = float("inf") if us is None else us
+    if us < float("inf"):
+        d, us = improve_windows(pg, hw, d, evaluate, us, deadline=deadline, deterministic=deterministic,
+                                rounds_budget_s=0.4 * avail, notes=notes)
+    if hint_d is None:
+        from solver.baseline.passes import plan_heuristic
+        hint_d = plan_heuristic(pg, hw)
+    hint_prog, _ = _program_or_none(pg, hw, replace(hint_d, op_order=[]))
+    hint_us = time_program(hint_prog, hw).total_us if hint_prog is not None else float("inf")
+    status = "FEASIBLE"
+    if us > hint_us:
+        notes.append(f"windowed plan simulated {us:.1f} us > hint {hint_us:.1f} us: returning the hint")
+        d, us, status = replace(hint_d, planner="cpsat", stats={}, op_order=[]), hint_us, "HINT"
+    else:
+        notes.append(f"windowed plan simulated {us:.1f} us (hint {hint_us:.1f} us)")
+    d.stats = dict(predicted_us=us, solver_status=status, solve_seconds=time.perf_counter() - t0, notes=notes)
+    return d

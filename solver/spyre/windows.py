@@ -1,0 +1,195 @@
+"""Windows along the op order: what does not repeat, planned in pieces of bounded size
+(issue 14).
+
+A graph too large for one CP-SAT model within its time limit (an irregular model, or the
+prologue and epilogue of a repeated stack) is planned in windows of at most `WINDOW_OPS`
+consecutive ops (`plan_windows`):
+- each window is a graph of its own (`solver.spyre.repeats.subgraph`) planned by the
+  ordinary CP-SAT pipeline; its boundary inputs arrive in the layouts the windows before it
+  chose (so the plan on both sides of a window boundary agrees on every layout), and
+  consecutive windows overlap by `OVERLAP_OPS`: an op in the overlap is decided by the
+  later window, which sees what the op feeds; LX residencies are kept only when every
+  reader of the tensor is decided by the same window, and every window starts a bundle;
+- then a large-neighbourhood search over the whole graph (`improve_windows`), warm-started
+  from that plan: windows straddling the first pass's boundaries are planned again with
+  everything outside fixed, and a new window plan is kept only when the whole program,
+  emitted, validated and simulated, is faster; it stops at the deadline.
+Every CP-SAT model solved is one window's, so memory and model size are bounded by the
+window, not the graph.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable, Optional
+
+from lowering.op_rules import default_choice
+from lowering.primitives import PrimGraph
+from solver.plan import OpPlan, PlanDecisions
+
+WINDOW_OPS = 120
+OVERLAP_OPS = 16
+# Below this many seconds a window is not worth a CP-SAT solve (hint, strategies, local
+# search and fusion alone take about that on a 50-op window): its heuristic plan is kept.
+MIN_WINDOW_S = 1.5
+
+
+def out_stick(op, plan: Optional[OpPlan]):
+    ch = (plan.stick if plan is not None and plan.stick is not None else None) or default_choice(op)
+    return ch.output
+
+
+def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, deterministic: bool,
+                  input_sticks: Optional[dict] = None, name: str = "segment",
+                  notes: Optional[list] = None) -> PlanDecisions:
+    """The ops `idx` of `pg` planned as a graph of their own by the CP-SAT pipeline (or the
+    heuristic when the time is below `MIN_WINDOW_S`); `input_sticks` fixes the layouts of
+    its boundary inputs (tensors produced before it). Keys are `pg`'s ids."""
+    from solver.baseline.passes import plan_heuristic
+    from solver.spyre.cpsat_planner import plan_cpsat
+    from solver.spyre.repeats import subgraph
+
+    sub = subgraph(pg, idx, f"{pg.name}#{name}")
+    hint = plan_heuristic(sub, hw)
+    fixed = {t: s for t, s in (input_sticks or {}).items() if t in sub.tensors and t in sub.inputs}
+    hint.input_sticks.update(fixed)
+    if time_limit_s < MIN_WINDOW_S:
+        if notes is not None:
+            notes.append(f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)")
+        return replace(hint, planner="cpsat", op_order=[])
+    d = plan_cpsat(sub, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint, depth=False)
+    if notes is not None:
+        st = d.stats
+        notes.append(f"{name}: {len(idx)} ops, {st.get('solver_status')} in {st.get('solve_seconds', 0):.1f} s "
+                     f"of {time_limit_s:.1f}, predicted {st.get('predicted_us', float('nan')):.1f} us")
+    return d
+
+
+def windows_of(n: int, window: int = WINDOW_OPS, overlap: int = OVERLAP_OPS) -> list[tuple[int, int, int, int]]:
+    """Windows over positions 0..n-1 as (start, stop, keep_from, keep_to): each window is
+    solved over [start, stop) and decides [keep_from, keep_to); the kept ranges tile 0..n."""
+    if n <= window:
+        return [(0, n, 0, n)]
+    step = window - overlap
+    starts = list(range(0, n - overlap, step))
+    out = []
+    for k, a in enumerate(starts):
+        b = min(n, a + window)
+        keep_from = 0 if k == 0 else out[-1][3]
+        keep_to = n if k == len(starts) - 1 or b >= n else b - overlap
+        out.append((a, b, keep_from, keep_to))
+        if b >= n:
+            break
+    return out
+
+
+def _stick_map(pg: PrimGraph, d: PlanDecisions, ids: list[int]) -> dict:
+    return {pg.ops[i].output.tensor: out_stick(pg.ops[i], d.ops.get(pg.ops[i].id)) for i in ids}
+
+
+def keep_part(pg: PrimGraph, d: PlanDecisions, kept: list[int], readers: dict[str, list[int]]) -> PlanDecisions:
+    """The decisions of `d` for the ops `kept` (positions in pg.ops): their op plans, LX
+    residencies only of tensors all of whose readers are kept too (and restickified copies
+    of those), their bundle starts (the first kept op starts one), in the op order of `d`."""
+    keep_ids = {pg.ops[i].id for i in kept}
+    keep_set = set(kept)
+    out = PlanDecisions(planner=d.planner)
+    out.ops = {o: p for o, p in d.ops.items() if o in keep_ids}
+    out.input_sticks = dict(d.input_sticks)
+    produced_here = {pg.ops[i].output.tensor for i in kept}
+
+    def whole(t: str) -> bool:
+        base = t.rpartition("@stick")[0] or t
+        return base in produced_here and all(r in keep_set for r in readers.get(base, ()))
+    out.resident = {t: r for t, r in d.resident.items() if whole(t)}
+    out.restick_ops = {k: p for k, p in d.restick_ops.items() if (k.rpartition("@stick")[0] or k) in produced_here}
+    out.bundle_starts = [o for o in d.bundle_starts if o in keep_ids]
+    order = [o for o in d.op_order if o in keep_ids]
+    out.op_order = order if len(order) == len(kept) else [pg.ops[i].id for i in kept]
+    if out.op_order and out.op_order[0] not in out.bundle_starts:
+        out.bundle_starts.insert(0, out.op_order[0])
+    return out
+
+
+def reader_index(pg: PrimGraph) -> dict[str, list[int]]:
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(pg.ops):
+        for a in op.inputs:
+            readers.setdefault(a.tensor, []).append(i)
+    return readers
+
+
+def plan_windows(pg: PrimGraph, idx: list[int], hw, *, deadline: Optional[float], budget_s: float,
+                 deterministic: bool, input_sticks: Optional[dict] = None, notes: Optional[list] = None,
+                 name: str = "window", readers: Optional[dict] = None,
+                 window: int = WINDOW_OPS, overlap: int = OVERLAP_OPS) -> list[tuple[PlanDecisions, list[str]]]:
+    """Plan the consecutive ops `idx` of `pg` window by window (module docstring) within
+    `budget_s` (each window its share by ops; in wall-clock mode also never past
+    `deadline`). Returns (decisions, op ids) per kept part, in op order, for
+    `solver.spyre.repeats.merge`. `input_sticks`: layouts of tensors produced before idx."""
+    readers = readers if readers is not None else reader_index(pg)
+    sticks = dict(input_sticks or {})
+    parts: list[tuple[PlanDecisions, list[str]]] = []
+    wins = windows_of(len(idx), window, overlap)
+    total = sum(b - a for a, b, _, _ in wins)
+    for k, (a, b, kf, kt) in enumerate(wins):
+        share = budget_s * (b - a) / total
+        if deadline is not None and not deterministic:
+            share = min(share, max(0.0, deadline - time.perf_counter()) * (b - a) /
+                        max(1, sum(y - x for x, y, _, _ in wins[k:])))
+        ids = idx[a:b]
+        d = solve_segment(pg, ids, hw, time_limit_s=share, deterministic=deterministic, input_sticks=sticks,
+                          name=f"{name} {k}" if len(wins) > 1 else name, notes=notes)
+        kept = idx[kf:kt]
+        part = keep_part(pg, d, kept, readers)
+        parts.append((part, part.op_order))
+        sticks.update(_stick_map(pg, part, kept))
+    return parts
+
+
+def improve_windows(pg: PrimGraph, hw, d: PlanDecisions, evaluate: Callable[[PlanDecisions], Optional[float]],
+                    current_us: float, *, deadline: Optional[float], deterministic: bool,
+                    rounds_budget_s: float, notes: list, window: int = WINDOW_OPS,
+                    max_windows: Optional[int] = None) -> tuple[PlanDecisions, float]:
+    """Large-neighbourhood search over the whole plan `d` (ops of `pg` in `d.op_order`):
+    windows of `window` ops centred on the boundaries of the first pass are planned again
+    with their boundary inputs in the layouts `d` gives them, and a window's plan replaces
+    the old one only when `evaluate` (the whole program's simulated time, None when
+    invalid) says it is faster. Stops at `deadline` or after `max_windows`."""
+    from solver.spyre.repeats import merge
+
+    pos = {op.id: i for i, op in enumerate(pg.ops)}
+    order = [pos[o] for o in d.op_order] if len(d.op_order) == len(pg.ops) else list(range(len(pg.ops)))
+    n = len(order)
+    if n <= window:
+        return d, current_us
+    readers = reader_index(pg)
+    centres = [c for _, _, _, c in windows_of(n, window, OVERLAP_OPS)][:-1]
+    tried = accepted = 0
+    for c in centres:
+        if max_windows is not None and tried >= max_windows:
+            break
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        a, b = max(0, c - window // 2), min(n, c + window // 2)
+        ids = order[a:b]
+        before = {pg.ops[i].output.tensor: out_stick(pg.ops[i], d.ops.get(pg.ops[i].id)) for i in order[:a]}
+        share = rounds_budget_s / max(1, len(centres))
+        if deadline is not None and not deterministic:
+            share = min(share, max(0.0, deadline - time.perf_counter()))
+        tried += 1
+        trial = solve_segment(pg, ids, hw, time_limit_s=share, deterministic=deterministic, input_sticks=before,
+                              name=f"lns window {tried}")
+        part = keep_part(pg, trial, ids, readers)
+        head = keep_part(pg, d, order[:a], readers) if a else None
+        tail = keep_part(pg, d, order[b:], readers) if b < n else None
+        cand = merge([p for p in ((head, head.op_order if head else []), (part, part.op_order),
+                                  (tail, tail.op_order if tail else [])) if p[0] is not None], planner=d.planner)
+        cand.input_sticks = {**d.input_sticks, **{t: s for t, s in cand.input_sticks.items()
+                                                  if t not in d.input_sticks}}
+        us = evaluate(cand)
+        if us is not None and us < current_us:
+            d, current_us = cand, us
+            accepted += 1
+    notes.append(f"windows LNS: {accepted} of {tried} windows improved the whole plan")
+    return d, current_us
