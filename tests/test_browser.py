@@ -315,8 +315,12 @@ def test_the_console_check_sees_errors(served, browser):
     """The no-console-errors check is not vacuous: a page the browser fails to load (an
     unknown key: 404) and a console.error are both reported."""
     proc, _, _ = served
+    mark = len(browser.events)
     browser.goto(f"{proc.url}/programs/{'0' * 64}/report")
+    browser.wait_event("Log.entryAdded", mark, timeout=30)
+    mark = len(browser.events)
     browser.evaluate("console.error('seen')")
+    browser.wait_event("Runtime.consoleAPICalled", mark, timeout=30)
     problems = browser.problems()
     assert any("404" in p for p in problems), problems
     assert any("console.error: seen" in p for p in problems), problems
