@@ -7,7 +7,8 @@ report. Kept apart from the JSON API in app.py; included by `create_app`.
 - `GET /programs/{key}/report`: the self-contained HTML report of a stored program
   (simulator/report_html.py: per-op table, timeline per core, roofline, LX occupancy,
   restickifies), timed on the simulator when asked; `?format=json` gives the report
-  model it is rendered from (`simulator.report.Report.to_dict()`).
+  model it is rendered from (`simulator.report.Report.to_dict()`); `?against=KEY` adds
+  the diff against another stored program of the same graph (simulator.report.diff_programs).
 
 Both pages are self-contained: no scripts, no external assets, and a Content-Security-
 Policy that would block any script or fetch even if one slipped in. Every string a client
@@ -197,32 +198,53 @@ async def index(request: Request) -> Response:
 
 # -- a program's report ---------------------------------------------------------------
 
-def _report_of(store, key: str):
-    """(record, graph record or None, Report) of a stored program, timed on its target."""
+def _load(store, key: str, what: str = "program"):
+    """(record, Program, TimingReport, hardware) of a stored program, timed on its target."""
     from pydantic import ValidationError
 
     from lowering.errors import GraphError
     from service.pipeline import load_hardware
-    from simulator.report import build_report
     from simulator.superdsc import Program
     from simulator.timing import time_program
 
     record = store.get_program(key)
     if record is None:
-        raise ProblemError(404, "not_found", f"no program with key {key}")
-    graph = store.get_graph(record.graph_hash)
+        raise ProblemError(404, "not_found", f"no {what} with key {key}")
     try:
         hw = load_hardware(record.hardware)
         program = Program.from_json(record.program)
-        if not program.graph_name and graph is not None:
-            program.graph_name = graph.name
-        report = build_report(program, time_program(program, hw), hw)
+        return record, program, time_program(program, hw), hw
     except (GraphError, ValidationError, ValueError, KeyError) as exc:
         # e.g. a row written by another compiler version this build cannot read
         raise ProblemError(422, "unreadable_program",
-                           f"program {key} (compiler {record.compiler_version}) cannot be reported by this "
+                           f"{what} {key} (compiler {record.compiler_version}) cannot be reported by this "
                            f"build: {type(exc).__name__}: {str(exc)[:500]}") from exc
-    return record, graph, report
+
+
+def _report_of(store, key: str, against: Optional[str] = None):
+    """(record, graph record or None, Report, diff or None, the graph's programs) of a
+    stored program; the diff is against the program stored under `against`, which must
+    be of the same graph (422 different_graphs otherwise)."""
+    from simulator.report import build_report, diff_programs
+
+    record, program, timing, hw = _load(store, key)
+    graph = store.get_graph(record.graph_hash)
+    if not program.graph_name and graph is not None:
+        program.graph_name = graph.name
+    report = build_report(program, timing, hw)
+    diff = None
+    if against is not None:
+        other, other_program, other_timing, _ = _load(store, against, "program to compare with")
+        if other.graph_hash != record.graph_hash:
+            raise ProblemError(422, "different_graphs",
+                               f"program {against} is of graph {other.graph_hash[:16]}, not of this program's "
+                               f"graph {record.graph_hash[:16]}: only programs of one graph can be compared")
+        try:
+            diff = diff_programs(program, timing, other_program, other_timing)
+        except ValueError as exc:
+            raise ProblemError(422, "different_graphs", str(exc)) from exc
+    siblings = [p for p in store.programs_for_graph(record.graph_hash) if p.key != record.key]
+    return record, graph, report, diff, siblings
 
 
 def _finite(value: Any) -> Any:
@@ -236,18 +258,26 @@ def _finite(value: Any) -> Any:
 
 
 @router.get("/programs/{key}/report",
-            summary="a stored program's report: HTML page (default) or the JSON model it is rendered from",
+            summary="a stored program's report: HTML page (default) or the JSON model it is rendered from; "
+                    "with against=KEY, the diff against another stored program of the same graph",
             response_class=HTMLResponse, responses=openapi_responses(401, 404, 422))
 async def program_report(request: Request, key: str = Path(pattern=_KEY),
-                         format: Literal["html", "json"] = Query("html", description="html or json")) -> Response:
-    from simulator.report import fmt_s
+                         format: Literal["html", "json"] = Query("html", description="html or json"),
+                         against: Optional[str] = Query(None, pattern=_KEY,
+                                                        description="key of another program of the same graph: "
+                                                                    "which decisions differ and what each costs")
+                         ) -> Response:
+    from simulator.report import fmt_s, fmt_us
     from simulator.report_html import render_html
 
-    record, graph, report = await asyncio.to_thread(_report_of, _store(request), key)
+    record, graph, report, diff, siblings = await asyncio.to_thread(_report_of, _store(request), key, against)
     if format == "json":
         out = {"key": record.key, "graph_hash": record.graph_hash, "compiler_version": record.compiler_version,
                "options": record.options, "complete": record.complete, "solved_at": record.updated_at,
                "report": report.to_dict()}
+        if diff is not None:
+            out["against"] = against
+            out["diff"] = diff
         return Response(json.dumps(_finite(out), allow_nan=False), media_type="application/json")
     limit = record.options.get("time_limit_s")
     facts = [("key", record.key[:16]), ("graph", record.graph_hash[:16]),
@@ -257,8 +287,15 @@ async def program_report(request: Request, key: str = Path(pattern=_KEY),
                                                      else " (not current)"))]
     if not record.complete:
         facts.append(("complete", "no, cut short by a deadline"))
+    if against is not None:
+        facts.append(("compared with", against[:16]))
     nav = [("../../", "← store index"), ("?format=json", "report JSON"), (f"../{record.key}", "program JSON")]
     if graph is not None:
         nav.append((f"../../graphs/{record.graph_hash}", "graph JSON"))
-    html = await asyncio.to_thread(render_html, report, None, None, nav, facts)
+    # the graph's other programs: open each, or compare this one with it
+    for p in siblings:
+        label = f"{p.stats.get('planner') or p.options.get('planner') or '?'} {fmt_us(_time_of(p.stats))}"
+        nav.append((f"../{p.key}/report", label))
+        nav.append((f"?against={p.key}", f"diff vs {label}"))
+    html = await asyncio.to_thread(render_html, report, diff, None, nav, facts)
     return HTMLResponse(html, headers=PAGE_HEADERS)

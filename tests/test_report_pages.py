@@ -88,6 +88,7 @@ def _compile(server, graph, planner="heuristic") -> dict:
 @pytest.fixture(scope="module")
 def compiled(server):
     return {"linear_relu": _compile(server, DOC),
+            "linear_relu_naive": _compile(server, DOC, planner="naive"),
             "evil": _compile(server, chain_graph(rows=48, n_ops=3, name=EVIL), planner="naive")}
 
 
@@ -137,18 +138,44 @@ def test_index_lists_the_compiled_graphs_with_links_to_their_reports(server, com
     resp = httpx.get(server.url + "/", timeout=60)
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
     page = _parse(resp.text)
-    graphs = {r["data-graph"] for r in page.tables["graphs"]}
-    assert graphs == {c["graph_hash"] for c in compiled.values()}
+    graphs = [r["data-graph"] for r in page.tables["graphs"]]
+    assert sorted(graphs) == sorted({c["graph_hash"] for c in compiled.values()})     # one row per graph
     keys = {r["data-key"] for r in page.tables["programs"]}
     assert keys == {c["key"] for c in compiled.values()}
     for c in compiled.values():
         assert f"programs/{c['key']}/report" in page.links
-        assert fmt_us(c["stats"]["simulated_us"]) in resp.text     # the best time, formatted
+        assert fmt_us(c["stats"]["simulated_us"]) in resp.text     # each program's time, formatted
+    # the best program of linear_relu is the faster of its two
+    best = min((compiled["linear_relu"], compiled["linear_relu_naive"]), key=lambda c: c["stats"]["simulated_us"])
+    row = resp.text.split(f'data-graph="{best["graph_hash"]}"', 1)[1].split("</tr>", 1)[0]
+    assert f"programs/{best['key']}/report" in row and fmt_us(best["stats"]["simulated_us"]) in row
     assert "linear_relu" in resp.text and "heuristic" in resp.text and "naive" in resp.text
-    assert "2 graphs, 2 programs" in resp.text
+    assert "2 graphs, 3 programs" in resp.text
     # a link from the index resolves to the report
     link = next(h for h in page.links if compiled["linear_relu"]["key"] in h)
     assert httpx.get(f"{server.url}/{link}", timeout=60).status_code == 200
+
+
+def test_report_against_another_program_of_the_graph_shows_the_diff(server, compiled):
+    a, b, evil = compiled["linear_relu"], compiled["linear_relu_naive"], compiled["evil"]
+    url = f"{server.url}/programs/{a['key']}/report"
+    page = httpx.get(url, timeout=60).text
+    assert f"?against={b['key']}" in _parse(page).links            # the graph's other program, to compare
+    resp = httpx.get(url, params={"against": b["key"]}, timeout=60)
+    assert resp.status_code == 200
+    rows = _parse(resp.text).tables["diff"]
+    js = httpx.get(url, params={"against": b["key"], "format": "json"}, timeout=60).json()
+    diff = js["diff"]
+    assert len(rows) == len(diff["ops"]) > 0                       # heuristic and naive decide differently
+    assert diff["this_us"] == pytest.approx(a["stats"]["simulated_us"], rel=1e-12)
+    assert diff["other_us"] == pytest.approx(b["stats"]["simulated_us"], rel=1e-12)
+    assert diff["delta_us"] == pytest.approx(diff["other_us"] - diff["this_us"], rel=1e-9)
+    same = httpx.get(url, params={"against": a["key"], "format": "json"}, timeout=60).json()
+    assert same["diff"]["ops"] == []                                # a program against itself: no difference
+    assert "no differing decisions" in httpx.get(url, params={"against": a["key"]}, timeout=60).text
+    _problem(httpx.get(url, params={"against": evil["key"]}), 422, "different_graphs")
+    _problem(httpx.get(url, params={"against": "1" * 64}), 404, "not_found")
+    _problem(httpx.get(url, params={"against": "nope"}), 422, "schema")
 
 
 def test_unknown_key_is_404_and_a_malformed_one_422(server):
