@@ -4,7 +4,7 @@ planner) and a graph with a hostile name; headless Chromium (Debian's package;
 `.ci/setup/chromium.sh` installs it and exports STICKSAT_CHROMIUM) loads the store index,
 follows its link to the layer graph's report, and the test checks the DOM the browser
 built (table rows, the per-op times against the total, SVG plot elements with a rendered
-size, the hostile name shown as text, no script elements), that nothing was logged to
+size, the hostile name shown as text, no script or img elements), that nothing was logged to
 the console (console API, uncaught exceptions, the browser's log: failed loads, CSP
 violations), and saves a screenshot of each page into the test artifacts
 (STICKSAT_TEST_ARTIFACTS, default test-artifacts/ in the checkout).
@@ -36,7 +36,7 @@ from service_helpers import ServiceProcess, chain_graph
 
 REPO = Path(__file__).resolve().parent.parent
 LAYER = REPO / "benchmarks/graphs/layers/gpt2_block512.json"
-EVIL = "<script>alert(1)</script>"
+EVIL = """<script>alert(1)</script><img src=x onerror="alert(2)">&amp; 'q'"""
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--hide-scrollbars", "--remote-debugging-pipe"]
@@ -258,7 +258,7 @@ def test_index_and_report_render_in_headless_chromium(served, browser):
             hash: r.dataset.graph, name: r.cells[0].textContent,
             report: r.querySelector('a') && r.querySelector('a').href})),
         programs: document.querySelectorAll('#programs tbody tr').length,
-        scripts: document.scripts.length,
+        scripts: document.scripts.length + document.images.length,
     }))()""")
     assert index["title"] == "sticksat store" and index["scripts"] == 0
     by_hash = {g["hash"]: g for g in index["graphs"]}
@@ -307,7 +307,7 @@ def test_index_and_report_render_in_headless_chromium(served, browser):
 
     browser.goto(f"{proc.url}/programs/{evil['key']}/report")
     assert browser.evaluate("document.querySelector('h1').textContent") == EVIL
-    assert browser.evaluate("document.scripts.length") == 0
+    assert browser.evaluate("document.scripts.length + document.images.length") == 0
     assert browser.problems() == []
 
 
