@@ -20,7 +20,8 @@ cores joins none, since its partial sums are combined after the loop):
    byte-heavy split among the run's members (where that split is legal for it), in one
    variant also to a heading matmul (the same split of its result, mapped through the
    result's tensor dims: `_head_split`), and drops the LX residencies the change
-   invalidates (`SPLIT_VARIANTS`). The planner's bundle cuts inside runs go. A member
+   invalidates (`SPLIT_VARIANTS`); one more gives the members the heading matmul's split
+   of its result (`_from_head`). The planner's bundle cuts inside runs go. A member
    reading an earlier member's result is tiled along the dim that walks the same tensor
    dim as its producer's tiles (`_assign`), so its tile j needs what the producer wrote in
    tile j.
@@ -28,6 +29,11 @@ cores joins none, since its partial sums are combined after the loop):
    the variant that is fastest for it (or the plan as it was).
 3. stage 2: on the chosen splits, one trial per other tile count; each run keeps its
    fastest tile count.
+4. the combination: each tiled run starts a bundle, so adjacent runs never merge by
+   accident (`_with_tiles`); runs the validator names in an invalid combination go back
+   to as planned (`_runs_named`); then adjacent runs are merged into one kernel where a
+   trial shows that valid and faster (`_merge_adjacent`: e.g. a gated MLP's gate and up
+   projections, loading their common input once).
 Every trial emits, adds the tile buffers the validator accepts and simulates; runs are
 separated by ops outside any kernel, so their times add up independently. The combination
 of the per-run choices is emitted, validated and simulated once more; per-run choices
@@ -54,9 +60,11 @@ from solver.spyre.tile_buffers import add_tile_buffers
 TILE_COUNTS = (2, 4, 8, 16, 32, 64)
 # Alternatives to the plan tried per run: (which of the run's splits, None: the planned
 # splits without the residencies inside the run; whether a heading matmul takes it too).
-SPLIT_VARIANTS = ((None, False), (0, False), (0, True), (1, False))
+SPLIT_VARIANTS = ((None, False), (0, False), (0, True), (1, False), ("head", False))
 # whole-program trials of one search: each variant at the middle tile count, then the rest
 FUSION_TRIALS = 1 + len(SPLIT_VARIANTS) + len(TILE_COUNTS) - 1
+# times an invalid combination of per-run choices is retried with the runs it names as planned
+REPAIR_ROUNDS = 2
 _FUSABLE_BODIES = frozenset({"pointwise", "reduce", "matmul"})
 
 
@@ -292,15 +300,26 @@ def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[l
     dtypes = {t.id: t.dtype for t in program.tensors}
     ops = dict(d.ops)
     changed: dict[str, set[str]] = {}
+    shapes = {t.id: tuple(t.shape) for t in program.tensors}
     for run in runs:
-        cands = _split_candidates(program, run)
-        if which is None or which >= len(cands):
-            continue
-        want = cands[which]
+        if which == "head":
+            want_of = _from_head(prims[run[0]], ops.get(run[0], OpPlan()).core_split, shapes)
+            if want_of is None:
+                continue
+            want = None
+        else:
+            cands = _split_candidates(program, run)
+            if which is None or which >= len(cands):
+                continue
+            want = cands[which]
         for oid in run:
             prim = prims[oid]
             if prim.body.kind == "matmul":
                 continue
+            if which == "head":
+                want = want_of(prim)
+                if want is None:
+                    continue
             cur = {k: v for k, v in ops.get(oid, OpPlan()).core_split.items() if v > 1}
             if cur == want or not all(n in {x.name for x in prim.iter_dims} for n in want):
                 continue
@@ -310,7 +329,7 @@ def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[l
             ops[oid] = replace(ops.get(oid, OpPlan()), core_split=dict(want), core_slices=None)
             changed.setdefault(run[0], set()).add(oid)
         head = prims[run[0]]
-        if with_head and head.body.kind == "matmul":
+        if with_head and which != "head" and head.body.kind == "matmul":
             # the heading matmul takes the same split of its result as the chain reading it,
             # so the chain reads it on chip (mapped through the tensor's dims)
             split = _head_split(head, [prims[o] for o in run[1:]], want)
@@ -338,6 +357,34 @@ def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[l
     if not changed and not touched:
         return None
     return _Variant(replace(d, ops=ops, resident=resident), changed, touched)
+
+
+def _from_head(head: PrimOp, head_split: dict[str, int], shapes: dict[str, tuple]):
+    """The reverse of `_head_split`: a function giving a run member the heading matmul's
+    split of its result (as a split of the member's iteration dims writing the same tensor
+    dims), for members whose result has the head's result shape; None when the head is no
+    matmul or splits a dim its result does not have (a split reduction)."""
+    if head.body.kind != "matmul":
+        return None
+    split = {k: v for k, v in head_split.items() if v > 1}
+    names = [d.name for d in head.iter_dims]
+    by_tensor_dim = {j: split[names[i]] for j, i in enumerate(head.output.dims)
+                     if i is not None and names[i] in split}
+    if not split or len(by_tensor_dim) != len(split):
+        return None
+    out_shape = shapes[head.output.tensor]
+
+    def want(member: PrimOp) -> Optional[dict[str, int]]:
+        if shapes[member.output.tensor] != out_shape:
+            return None
+        out: dict[str, int] = {}
+        for j, f in by_tensor_dim.items():
+            i = member.output.dims[j]
+            if i is None:
+                return None
+            out[member.iter_dims[i].name] = f
+        return out
+    return want
 
 
 def _head_split(head, members: list, want: dict[str, int]) -> Optional[dict[str, int]]:
@@ -439,27 +486,44 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
                 if a and vi_of_run(i) is not None and us < best[i][0]:
                     best[i] = (us, vi_of_run(i), a)
 
-    # stage 1: which split each run takes, judged at one middle tile count
-    t_mid = sorted(tile_counts)[(len(tile_counts) - 1) // 2]
+    # stage 1: which split each run takes, judged at a middle tile count
+    counts = sorted(tile_counts)
+    judge = (counts[(len(counts) - 1) // 2],)
     for vi, v in enumerate(variants):
-        trials(v.decisions, (t_mid,), lambda i, vi=vi: vi)
+        trials(v.decisions, judge, lambda i, vi=vi: vi)
     # stage 2: the tile count of each run, on the split stage 1 chose for it
     chosen = [max(0, vi) for _, vi, _ in best]
     mixed = _combine(d, variants, runs, [(0.0, vi, {}) for vi in chosen], hw, keep_untouched=False)
     # nearest counts first: when time runs out, the untried ones are the least likely to win
-    rest = sorted((t for t in tile_counts if t != t_mid), key=lambda t: abs(t.bit_length() - t_mid.bit_length()))
+    t_mid = judge[0]
+    rest = sorted((t for t in tile_counts if t not in judge),
+                  key=lambda t: abs(t.bit_length() - t_mid.bit_length()))
     trials(mixed, rest, lambda i: chosen[i])
     if out_of_time:
         result.notes.append("fusion: stopped early (time limit)")
     chosen_tr = whole[1]
-    combined = _combine(d, variants, runs, best, hw)
-    if combined is not None:
-        tr = _trial(pg, hw, combined)
-        if tr is not None and not validate_program(tr[1], hw) and tr[2].total_us < whole[0]:
-            chosen_tr = tr
+    # the per-run choices were each judged in trials that may have been invalid elsewhere,
+    # so their combination may be too: the runs the validator names go back to as planned,
+    # a few times, before the combination is given up
+    base_span = [(_span_us(base_rep, r), -1, {}) for r in runs]
+    for _ in range(REPAIR_ROUNDS + 1):
+        combined = _combine(d, variants, runs, best, hw)
+        tr = _trial(pg, hw, combined) if combined is not None else None
+        if tr is None:
+            break
+        issues = validate_program(tr[1], hw)
+        if not issues:
+            if tr[2].total_us < whole[0]:
+                chosen_tr = tr
+            break
+        named = _runs_named(pg, runs, issues)
+        if not named or all(best[i][1] < 0 for i in named) or (
+                deadline is not None and time.perf_counter() + longest[0] > deadline):
+            break
+        best = [base_span[i] if i in named else b for i, b in enumerate(best)]
     if chosen_tr is None:
         return result
-    fused_d, prog, rep = chosen_tr
+    fused_d, prog, rep = _merge_adjacent(pg, hw, chosen_tr, runs, deadline, longest[0])
     groups = len({o.fused_group for o in rep.ops if o.fused_group is not None})
     buffers = sum(1 for t in prog.tensors if getattr(t.memory, "per_tile", False))
     result.decisions, result.program, result.report = fused_d, prog, rep
@@ -467,6 +531,98 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     result.notes.append(f"fusion: {groups} fused kernels with {buffers} tile buffers, simulated "
                         f"{base_rep.total_us:.1f} -> {rep.total_us:.1f} us")
     return result
+
+
+def _merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadline: Optional[float],
+                    trial_s: float) -> tuple:
+    """Adjacent tiled runs as one kernel where that is valid and faster: one run takes the
+    other's tile count (and, where both are headed by matmuls, the other head's core
+    split, its members following), and the bundle cut `_with_tiles` put between them goes.
+    A matmul heading the second run then runs inside the first's tile loop: its loads
+    overlap the first's compute, and an input the first kernel already loaded (e.g. the
+    gate and up projections of a gated MLP reading the same normalized rows) is not
+    loaded again. Greedy along the program, each step validated and simulated."""
+    fused_d, prog, rep = tr
+    for a, b in zip(runs, runs[1:]):
+        pos = {o.id: k for k, o in enumerate(prog.ops)}
+        cores = {o.id: o.num_cores_used for o in prog.ops}
+        tiles = {o: fused_d.ops[o].temporal_tiles for o in a + b
+                 if o in fused_d.ops and fused_d.ops[o].temporal_tiles}
+        if a[0] not in tiles or b[0] not in tiles or b[0] not in fused_d.bundle_starts:
+            continue
+        if pos.get(b[0]) != pos.get(a[-1], -2) + 1 or cores.get(a[0]) != cores.get(b[0]):
+            continue
+        starts = [x for x in fused_d.bundle_starts if x != b[0]]
+        cands = []
+        for src, dst in ((a, b), (b, a)):
+            t = max(tiles[src[0]].values())
+            ops = dict(fused_d.ops)
+            for o in dst:
+                if o in tiles:
+                    ops[o] = replace(ops[o], temporal_tiles={dim: t for dim in tiles[o]})
+            cands.append(replace(fused_d, ops=ops, bundle_starts=starts))
+            aligned = _aligned_heads(prog, hw, ops, src[0], dst)
+            if aligned is not None:
+                cands.append(replace(fused_d, ops=aligned, bundle_starts=starts,
+                                     resident={x: r for x, r in fused_d.resident.items() if not r.per_tile}))
+        for cand in cands:
+            if deadline is not None and time.perf_counter() + trial_s > deadline:
+                return fused_d, prog, rep
+            out = _trial(pg, hw, cand)
+            if out is not None and out[2].total_us < rep.total_us and not validate_program(out[1], hw):
+                fused_d, prog, rep = out
+    return fused_d, prog, rep
+
+
+def _aligned_heads(prog: Program, hw, ops: dict, head_a: str, run_b: list[str]) -> Optional[dict]:
+    """`ops` with run b's heading matmul on run a's heading matmul's core split (where
+    legal for it), and b's members on that split of b's result; None when there is
+    nothing to align."""
+    prims = {o.id: op_from_json(o.prim) for o in prog.ops if o.prim is not None}
+    ha, hb = prims.get(head_a), prims.get(run_b[0])
+    if ha is None or hb is None or ha.body.kind != "matmul" or hb.body.kind != "matmul":
+        return None
+    split = {k: v for k, v in ops[head_a].core_split.items() if v > 1}
+    if split == {k: v for k, v in ops[run_b[0]].core_split.items() if v > 1}:
+        return None
+    layouts = {t.id: t.layout for t in prog.tensors}
+    dtypes = {t.id: t.dtype for t in prog.tensors}
+    shapes = {t.id: tuple(t.shape) for t in prog.tensors}
+    if split not in legal_core_splits(hb, op_granules(hb, layouts, dtypes, hw.stick_bytes), hw.cores):
+        return None
+    out = dict(ops)
+    out[hb.id] = replace(out[hb.id], core_split=dict(split), core_slices=None)
+    want_of = _from_head(hb, split, shapes)
+    for oid in run_b[1:]:
+        want = want_of(prims[oid]) if want_of is not None else None
+        gran = op_granules(prims[oid], layouts, dtypes, hw.stick_bytes)
+        if want is not None and oid in out and want in legal_core_splits(prims[oid], gran, hw.cores):
+            out[oid] = replace(out[oid], core_split=want, core_slices=None)
+    return out
+
+
+def _runs_named(pg: PrimGraph, runs: list[list[str]], issues) -> set[int]:
+    """Indices of the runs an op or tensor of the validator's issues belongs to (an op of
+    the run, or a tensor one of its ops reads or writes)."""
+    touches: dict[str, set[str]] = {}
+    for op in pg.ops:
+        for t in [a.tensor for a in op.inputs] + [op.output.tensor]:
+            touches.setdefault(t, set()).add(op.id)
+    named: set[int] = set()
+    for i, run in enumerate(runs):
+        members = set(run)
+        for issue in issues:
+            tensor = (issue.tensor or "").split("@stick")[0]
+            if issue.op in members or members & touches.get(tensor, set()):
+                named.add(i)
+    return named
+
+
+def _tiled_ns(strategy) -> float:
+    """A strategy's time once tiled, estimated from its untiled price: the timing model's
+    double-buffered body, max(memory, compute) (plus what never overlaps)."""
+    c = strategy.parts.base
+    return max(c.memory_ns, c.compute_ns) + c.extra_ns
 
 
 def resplit_for_tiling(pg: PrimGraph, hw, d: PlanDecisions, strategies: dict, margin: float = 0.9
@@ -494,16 +650,14 @@ def resplit_for_tiling(pg: PrimGraph, hw, d: PlanDecisions, strategies: dict, ma
         split = {k: v for k, v in cur_plan.core_split.items() if v > 1}
         cands = [s for s in strategies[op.id] if not s.alias and (cur_plan.stick is None or s.stick == cur_plan.stick)]
         now = next((s for s in cands if s.core_split == split), None)
-        if now is None or not now.reduction_split:
+        if now is None:
             continue
-        def tiled_ns(s) -> float:
-            c = s.parts.base
-            return max(c.memory_ns, c.compute_ns) + c.extra_ns
         alts = [s for s in cands if not s.reduction_split]
         if not alts:
             continue
-        best = min(alts, key=tiled_ns)
-        if tiled_ns(best) < margin * now.parts.base.total_ns:
+        best = min(alts, key=_tiled_ns)
+        now_ns = now.parts.base.total_ns if now.reduction_split else _tiled_ns(now)
+        if best.core_split != now.core_split and _tiled_ns(best) < margin * now_ns:
             ops[op.id] = replace(cur_plan, core_split=dict(best.core_split), core_slices=None)
             moved.append(op.id)
             touched.update([a.tensor for a in op.inputs] + [op.output.tensor])
