@@ -19,8 +19,8 @@ from typing import Callable, Optional, Union
 log = logging.getLogger("sticksat")
 
 # the phases a plan goes through, in order (a planner may skip some; "plan" wraps a planner
-# that emits no phases of its own)
-PHASES = ("hint", "strategies", "local search", "solve", "fusion", "plan", "validation", "lower bound")
+# that emits no phases of its own; "repeats": the CP-SAT planner's depth step, solver.spyre.repeats)
+PHASES = ("repeats", "hint", "strategies", "local search", "solve", "fusion", "plan", "validation", "lower bound")
 
 
 @dataclass(frozen=True)
