@@ -96,7 +96,8 @@ def markdown(result) -> str:
              f"(cpsat, {result['online_limit_s']:g} s); re-optimized = `sticksat reoptimize --time-limit "
              f"{result['budget_s']:g} --jobs {result['jobs']}` from the online plan. Gap = simulated / machine "
              f"lower bound - 1; solver gap = CP-SAT's own (objective vs proven bound, in its cost model). "
-             f"Totals: {result['totals']['improved']} improved, {result['totals']['unchanged']} unchanged, "
+             f"Totals: {result['totals']['improved']} improved, {result['totals'].get('proved', 0)} proved optimal "
+             f"at the same time, {result['totals']['unchanged']} unchanged, "
              f"{result['totals']['skipped']} skipped (proven optimal online), {result['totals']['failed']} failed; "
              f"simulated time saved {result['totals']['saved_us']:.3f} us; re-optimization took "
              f"{result['reoptimize_seconds']:g} s.", "",

@@ -209,7 +209,7 @@ class Reoptimization:
     budget_s: float
     graph_hash: str
     run_id: str
-    outcome: str  # improved | unchanged | new | failed
+    outcome: str  # improved | proved | unchanged | new | failed
     before_us: Optional[float] = None
     after_us: Optional[float] = None
     solver_status: Optional[str] = None
@@ -457,7 +457,7 @@ class ProgramStore:
                     created_at = row[2]
                 if replaced:
                     self._write_program(record, created_at)
-                elif outcome in ("improved", "new"):
+                elif outcome in ("improved", "proved", "new"):
                     outcome = "unchanged"  # the row changed since the job started; it stays
             values = (entry.program_key, entry.compiler_version, entry.hardware_digest, float(entry.budget_s),
                       entry.graph_hash, entry.run_id, outcome, entry.before_us, entry.after_us,

@@ -7,7 +7,8 @@ file's digest)) is the target. A graph is re-solved when that row
   an older compiler version or for an older hardware file ("stale"), or
 - holds a plan that is not proven optimal (`--only-stale` skips these).
 The solve starts from the stored plan as a complete hint (the target row's program, else
-the best plan of any other row of the graph), runs the planner with the batch budget,
+the best plan of any other row of the graph), runs the planner with the batch budget
+(by default searching for all of it: `BUDGET_MODES`),
 and its program is validated on the simulator again (besides `plan()`'s own check) and
 timed. The store then keeps it only when it is faster on the simulator, or as fast and
 proven optimal (`service.store.faster_or_proven`): never a slower or an invalid plan.
@@ -37,6 +38,11 @@ from service.store import ProgramRecord, ProgramStore, Reoptimization, faster_or
 
 DEFAULT_BUDGET_S = 60.0
 ENGINES = ("local", "dask", "inline")
+# "whole": the planner searches for the whole budget, stopping early only on a proven
+# optimum (CP-SAT's `budget="fixed"`); "scaled": the planner's online rule, which sizes
+# its own budget from the model's size and the plan's predicted time (at most the limit)
+# and stops at a small gap, so a larger limit often changes nothing.
+BUDGET_MODES = ("whole", "scaled")
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class ReoptTask:
     before_us: Optional[float]  # the target row's simulated time (None: no row)
     before_status: Optional[str]
     before_complete: bool
+    budget_mode: str = "whole"
 
 
 @dataclass
@@ -74,7 +81,7 @@ class ReoptResult:
 class ReoptRow:
     name: str
     graph_hash: str
-    outcome: str  # improved | new | unchanged | failed | skipped:<why>
+    outcome: str  # improved | proved | new | unchanged | failed | skipped:<why>
     before_us: Optional[float] = None
     after_us: Optional[float] = None
     stored_us: Optional[float] = None  # what the store holds after this run
@@ -106,7 +113,7 @@ class ReoptSummary:
 
     def totals(self) -> dict[str, Any]:
         return {"graphs": len(self.rows), "processed": len(self.rows) - self.skipped,
-                "improved": self.count("improved"), "new": self.count("new"),
+                "improved": self.count("improved"), "proved": self.count("proved"), "new": self.count("new"),
                 "unchanged": self.count("unchanged"), "failed": self.count("failed"), "skipped": self.skipped,
                 "saved_us": self.saved_us}
 
@@ -130,8 +137,9 @@ def solve_task(task: ReoptTask) -> ReoptResult:
             pipeline._hint_from(hint)
         except Exception:  # noqa: BLE001 - an older compiler's program may not parse: solve cold
             hint = None
-    options = pipeline.CompileOptions(planner=task.planner, time_limit_s=task.budget_s,
-                                      deterministic=task.deterministic, target=task.target)
+    options = pipeline.CompileOptions(planner=offline_planner(task.planner, task.budget_mode),
+                                      time_limit_s=task.budget_s, deterministic=task.deterministic,
+                                      target=task.target)
     try:
         outcome = pipeline.compile_job(pipeline.CompileJob(document=task.document, options=options, hint=hint))
     except Exception as exc:  # noqa: BLE001 - a compiler bug fails this graph, not the run
@@ -150,6 +158,28 @@ def solve_task(task: ReoptTask) -> ReoptResult:
     result.status, result.program, result.solution = "ok", outcome.program, outcome.solution
     result.stats = dict(outcome.stats)
     return result
+
+
+def offline_planner(planner: str, budget_mode: str) -> str:
+    """The registered planner name that searches for the whole budget (`budget_mode`
+    "whole"): for cpsat, its `budget="fixed"` mode registered as "cpsat-whole-budget" in
+    this process (the registry's extension point; programs still say planner cpsat).
+    Planners without such a mode are used as they are."""
+    if budget_mode not in BUDGET_MODES:
+        raise ValueError(f"unknown budget mode {budget_mode!r}; known: {BUDGET_MODES}")
+    if budget_mode == "scaled" or planner != "cpsat":
+        return planner
+    from functools import partial
+
+    from solver import planners
+
+    name = "cpsat-whole-budget"
+    if name not in planners.PLANNERS:
+        planners.ensure_registered("cpsat")
+        from solver.spyre.cpsat_planner import plan_cpsat
+
+        planners.register(name, partial(plan_cpsat, budget="fixed"))
+    return name
 
 
 def validate_and_time(program_json: str, stats: dict[str, Any], target: str) -> Optional[str]:
@@ -195,7 +225,8 @@ def default_options(planner: Optional[str] = None, target: Optional[str] = None)
 
 
 def plan_tasks(store: ProgramStore, *, budget_s: float, only_stale: bool = False, planner: Optional[str] = None,
-               deterministic: bool = False, target: Optional[str] = None) -> tuple[list[ReoptTask], list[ReoptRow]]:
+               deterministic: bool = False, target: Optional[str] = None,
+               budget_mode: str = "whole") -> tuple[list[ReoptTask], list[ReoptRow]]:
     """(tasks to run, rows for the graphs skipped and why)."""
     from lowering.version import COMPILER_VERSION
     from service import pipeline
@@ -234,7 +265,8 @@ def plan_tasks(store: ProgramStore, *, budget_s: float, only_stale: bool = False
                                planner=solve_planner, budget_s=float(budget_s), deterministic=deterministic,
                                target=key_options.target, hint=hint, hint_source=source, before_us=before_us,
                                before_status=current.stats.get("solver_status") if current else None,
-                               before_complete=bool(current.complete) if current else False))
+                               before_complete=bool(current.complete) if current else False,
+                               budget_mode=budget_mode))
     return tasks, skipped
 
 
@@ -263,7 +295,8 @@ def commit_result(store: ProgramStore, task: ReoptTask, result: ReoptResult, run
         outcome = "new"
     elif faster_or_proven(result.stats, {"simulated_us": task.before_us, "solver_status": task.before_status},
                           task.before_complete):
-        outcome = "improved"
+        # faster, or as fast with a proof of optimality (or answering the options in full)
+        outcome = "improved" if (_sim(result.stats) or 0.0) < task.before_us * (1 - 1e-9) else "proved"
     else:
         outcome = "unchanged"
     if result.status == "ok":
@@ -271,7 +304,7 @@ def commit_result(store: ProgramStore, task: ReoptTask, result: ReoptResult, run
         stats = dict(result.stats)
         stats["reoptimized"] = {"budget_s": task.budget_s, "run_id": run_id, "before_us": task.before_us,
                                 "hint": task.hint_source, "planner": task.planner,
-                                "deterministic": task.deterministic}
+                                "deterministic": task.deterministic, "budget_mode": task.budget_mode}
         record = ProgramRecord(key=task.key, graph_hash=task.graph_hash, compiler_version=COMPILER_VERSION,
                                options_hash=key_options.options_hash(), options=key_options.solve_dict(),
                                hardware=hw.name, hardware_digest=hw.digest, program=result.program or "",
@@ -285,7 +318,7 @@ def commit_result(store: ProgramStore, task: ReoptTask, result: ReoptResult, run
     recorded, replaced = store.finish_reoptimization(entry, record)
     if not recorded:
         outcome = "skipped:done"
-    elif outcome in ("improved", "new") and not replaced:
+    elif outcome in ("improved", "proved", "new") and not replaced:
         outcome = "unchanged"
     stored = store.get_program(task.key)
     return ReoptRow(task.name, task.graph_hash, outcome, task.before_us, after_us,
@@ -341,12 +374,14 @@ def _run_dask(tasks, solve, scheduler, run_id: str):
 def reoptimize(store_location: str, *, budget_s: float = DEFAULT_BUDGET_S, only_stale: bool = False,
                engine: str = "local", scheduler: Any = None, jobs: Optional[int] = None,
                planner: Optional[str] = None, deterministic: bool = False, target: Optional[str] = None,
-               progress: Optional[Callable[[ReoptRow, int, int], None]] = None,
+               budget_mode: str = "whole", progress: Optional[Callable[[ReoptRow, int, int], None]] = None,
                solve: Callable[[ReoptTask], ReoptResult] = solve_task, run_id: Optional[str] = None) -> ReoptSummary:
     """Re-solve the store's graphs (module docstring); every result is committed as it
     arrives. `progress(row, done, total)` is called after each."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; known: {ENGINES}")
+    if budget_mode not in BUDGET_MODES:
+        raise ValueError(f"unknown budget mode {budget_mode!r}; known: {BUDGET_MODES}")
     if engine == "dask" and scheduler is None:
         raise ValueError("the dask engine needs a scheduler address (--scheduler tcp://host:8786)")
     started = time.time()
@@ -355,7 +390,7 @@ def reoptimize(store_location: str, *, budget_s: float = DEFAULT_BUDGET_S, only_
     summary = ReoptSummary(run_id=run_id, budget_s=float(budget_s), engine=engine)
     try:
         tasks, skipped = plan_tasks(store, budget_s=float(budget_s), only_stale=only_stale, planner=planner,
-                                    deterministic=deterministic, target=target)
+                                    deterministic=deterministic, target=target, budget_mode=budget_mode)
         summary.rows.extend(skipped)
         total = len(tasks)
         if engine == "inline":
@@ -393,7 +428,8 @@ def summary_rows(summary: ReoptSummary) -> list[list[Any]]:
 
 def totals_line(summary: ReoptSummary) -> str:
     t = summary.totals()
-    return (f"{t['graphs']} graphs: {t['improved']} improved, {t['new']} new, {t['unchanged']} unchanged, "
+    return (f"{t['graphs']} graphs: {t['improved']} improved, {t['proved']} proved optimal at the same time, "
+            f"{t['new']} new, {t['unchanged']} unchanged, "
             f"{t['failed']} failed, {t['skipped']} skipped; simulated time saved {t['saved_us']:.3f} us "
             f"(budget {summary.budget_s:g} s per graph, engine {summary.engine}, run {summary.run_id}, "
             f"{summary.seconds:.1f} s)")

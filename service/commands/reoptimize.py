@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--jobs", type=int, default=None, help="local worker processes (default: cores - 1)")
     p.add_argument("--planner", default=None, help="planner for the re-solve (default: /compile's default)")
     p.add_argument("--deterministic", action="store_true", help="the planner's deterministic mode")
+    p.add_argument("--budget-mode", choices=("whole", "scaled"), default="whole",
+                   help="whole: search for the whole time limit, stopping early only on a proven optimum "
+                        "(default); scaled: the online planner's own budget rule (at most the limit)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -77,7 +80,7 @@ def run(args) -> int:
         summary = reoptimize(args.store or default_store_location(), budget_s=args.time_limit,
                              only_stale=args.only_stale, engine=args.engine, scheduler=args.scheduler,
                              jobs=args.jobs, planner=args.planner, deterministic=args.deterministic,
-                             progress=progress)
+                             budget_mode=args.budget_mode, progress=progress)
     finally:
         progress.close()
     if args.json:
