@@ -274,9 +274,19 @@ def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> floa
     compute_other = 0.0
     produced = {o.output.tensor for o in pg.ops}
     whole = _WholeReads(pg)
+    # the terms depend only on the op's structure and its operands' shapes, dtypes, reader
+    # counts and roles: the same matmul in every layer of a deep model is priced once
+    cache: dict[tuple, list[_SplitTerm]] = {}
+    outputs = set(pg.outputs)
     for op, ob in zip(pg.ops, ops):
         if op.body.kind == "matmul":
-            terms[op.id] = _split_terms(op, pg, hw, reads, produced, whole)
+            out_t = pg.tensors[op.output.tensor]
+            key = (op.iter_dims, op.body, op.output.dims, out_t.shape, out_t.dtype, out_t.id in outputs,
+                   whole(out_t.id), tuple((a.dims, pg.tensors[a.tensor].shape, pg.tensors[a.tensor].dtype,
+                                           reads[a.tensor], a.tensor in produced) for a in op.inputs))
+            if key not in cache:
+                cache[key] = _split_terms(op, pg, hw, reads, produced, whole)
+            terms[op.id] = cache[key]
         else:
             compute_other += ob.compute_ns
     best = 0.0

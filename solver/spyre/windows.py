@@ -53,7 +53,7 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
     hint = plan_heuristic(sub, hw)
     fixed = {t: s for t, s in (input_sticks or {}).items() if t in sub.tensors and t in sub.inputs}
     hint.input_sticks.update(fixed)
-    if time_limit_s < MIN_WINDOW_S:
+    if time_limit_s < MIN_WINDOW_S or len(idx) < 2:
         if notes is not None:
             notes.append(f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)")
         return replace(hint, planner="cpsat", op_order=[])
@@ -65,9 +65,12 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
     return d
 
 
-def windows_of(n: int, window: int = WINDOW_OPS, overlap: int = OVERLAP_OPS) -> list[tuple[int, int, int, int]]:
+def windows_of(n: int, window: Optional[int] = None, overlap: Optional[int] = None) -> list[tuple[int, int, int, int]]:
     """Windows over positions 0..n-1 as (start, stop, keep_from, keep_to): each window is
-    solved over [start, stop) and decides [keep_from, keep_to); the kept ranges tile 0..n."""
+    solved over [start, stop) and decides [keep_from, keep_to); the kept ranges tile 0..n.
+    Defaults: `WINDOW_OPS`, `OVERLAP_OPS`."""
+    window = window or WINDOW_OPS
+    overlap = OVERLAP_OPS if overlap is None else overlap
     if n <= window:
         return [(0, n, 0, n)]
     step = window - overlap
@@ -98,9 +101,11 @@ def keep_part(pg: PrimGraph, d: PlanDecisions, kept: list[int], readers: dict[st
     out.input_sticks = dict(d.input_sticks)
     produced_here = {pg.ops[i].output.tensor for i in kept}
 
+    outputs = set(pg.outputs)
+
     def whole(t: str) -> bool:
         base = t.rpartition("@stick")[0] or t
-        return base in produced_here and all(r in keep_set for r in readers.get(base, ()))
+        return base in produced_here and base not in outputs and all(r in keep_set for r in readers.get(base, ()))
     out.resident = {t: r for t, r in d.resident.items() if whole(t)}
     out.restick_ops = {k: p for k, p in d.restick_ops.items() if (k.rpartition("@stick")[0] or k) in produced_here}
     out.bundle_starts = [o for o in d.bundle_starts if o in keep_ids]
@@ -122,7 +127,7 @@ def reader_index(pg: PrimGraph) -> dict[str, list[int]]:
 def plan_windows(pg: PrimGraph, idx: list[int], hw, *, deadline: Optional[float], budget_s: float,
                  deterministic: bool, input_sticks: Optional[dict] = None, notes: Optional[list] = None,
                  name: str = "window", readers: Optional[dict] = None,
-                 window: int = WINDOW_OPS, overlap: int = OVERLAP_OPS) -> list[tuple[PlanDecisions, list[str]]]:
+                 window: Optional[int] = None, overlap: Optional[int] = None) -> list[tuple[PlanDecisions, list[str]]]:
     """Plan the consecutive ops `idx` of `pg` window by window (module docstring) within
     `budget_s` (each window its share by ops; in wall-clock mode also never past
     `deadline`). Returns (decisions, op ids) per kept part, in op order, for
@@ -149,7 +154,7 @@ def plan_windows(pg: PrimGraph, idx: list[int], hw, *, deadline: Optional[float]
 
 def improve_windows(pg: PrimGraph, hw, d: PlanDecisions, evaluate: Callable[[PlanDecisions], Optional[float]],
                     current_us: float, *, deadline: Optional[float], deterministic: bool,
-                    rounds_budget_s: float, notes: list, window: int = WINDOW_OPS,
+                    rounds_budget_s: float, notes: list, window: Optional[int] = None,
                     max_windows: Optional[int] = None) -> tuple[PlanDecisions, float]:
     """Large-neighbourhood search over the whole plan `d` (ops of `pg` in `d.op_order`):
     windows of `window` ops centred on the boundaries of the first pass are planned again
@@ -158,6 +163,7 @@ def improve_windows(pg: PrimGraph, hw, d: PlanDecisions, evaluate: Callable[[Pla
     invalid) says it is faster. Stops at `deadline` or after `max_windows`."""
     from solver.spyre.repeats import merge
 
+    window = window or WINDOW_OPS
     pos = {op.id: i for i, op in enumerate(pg.ops)}
     order = [pos[o] for o in d.op_order] if len(d.op_order) == len(pg.ops) else list(range(len(pg.ops)))
     n = len(order)
