@@ -72,8 +72,23 @@ def run(suites, budget_s, online_limit_s, jobs, store_path, log=print):
                    reopt_gap=_gap(after), reopt_s=r.seconds if r else None)
         row["speedup"] = (row["online_us"] / row["reopt_us"]) if row["reopt_us"] else None
     return {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": _machine(),
+            "source": _source(),
             "budget_s": budget_s, "online_limit_s": online_limit_s, "jobs": jobs, "suites": suites,
             "reoptimize_seconds": round(time.time() - t0, 1), "totals": summary.totals(), "rows": rows}
+
+
+def _source() -> str:
+    """The commit measured, and whether the compiler's sources differed from it."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "solver", "lowering", "simulator"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + uncommitted changes in solver/lowering/simulator" if dirty else "")
 
 
 def _machine() -> str:
@@ -92,7 +107,8 @@ def _us(v):
 
 
 def markdown(result) -> str:
-    lines = [f"Measured {result['date']} on {result['machine']}: online = /compile's default options "
+    lines = [f"Measured {result['date']} on {result['machine']} (source {result.get('source', 'unknown')}): "
+             f"online = /compile's default options "
              f"(cpsat, {result['online_limit_s']:g} s); re-optimized = `sticksat reoptimize --time-limit "
              f"{result['budget_s']:g} --jobs {result['jobs']}` from the online plan. Gap = simulated / machine "
              f"lower bound - 1; solver gap = CP-SAT's own (objective vs proven bound, in its cost model). "

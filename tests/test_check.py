@@ -94,13 +94,24 @@ def test_a_planner_that_falls_back_fails_the_gate(graphs, tmp_path, monkeypatch)
     assert main(["check", str(graphs), "--allow-fallback"]) == 0
 
 
-def test_check_a_store(tmp_path):
+def test_check_a_store_without_rich(tmp_path, monkeypatch, capsys):
+    """A store as the source; and the plain table when rich is not installed (the Docker
+    image has only the base dependencies)."""
+    import sys
+
+    for module in ("rich", "rich.console", "rich.table"):
+        monkeypatch.setitem(sys.modules, module, None)  # `import rich...` raises ImportError
     store = str(tmp_path / "s.sqlite")
     assert main(["store", "add", str(TINY / f"{FAST[0]}.json"), "--store", store]) == 0
     base = tmp_path / "b.json"
     assert main(["check", store, "--planner", "heuristic", "--baseline", str(base), "--update-baseline"]) == 0
     assert list(json.loads(base.read_text())["graphs"]) == [FAST[0]]
+    capsys.readouterr()
     assert main(["check", store, "--planner", "heuristic", "--baseline", str(base)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(out) if line.startswith("graph "))
+    assert out[header].split()[:3] == ["graph", "result", "simulated"] and set(out[header + 1]) <= {"-", " "}
+    assert out[header + 2].split()[:2] == [FAST[0], "PASS"]
 
 
 def test_usage_errors(tmp_path, graphs):

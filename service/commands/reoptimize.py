@@ -75,6 +75,13 @@ def run(args) -> int:
     if args.time_limit <= 0:
         print("sticksat reoptimize: --time-limit must be positive", file=sys.stderr)
         return 2
+    if args.engine == "dask":
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            print("sticksat reoptimize: --engine dask needs dask.distributed "
+                  "(pip install 'sticksat[cli]' or 'dask[distributed]')", file=sys.stderr)
+            return 2
     progress = _Progress(sys.stderr, quiet=args.json)
     try:
         summary = reoptimize(args.store or default_store_location(), budget_s=args.time_limit,
