@@ -9,6 +9,7 @@ a repeated compile a lookup.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import math
@@ -32,7 +33,7 @@ from lowering.graph_format import GraphDocument
 from service import pages, pipeline
 from service.logging import log_event
 from service.metrics import ServiceMetrics
-from service.pool import PoolFull, PoolNotReady, SolverPool, wait
+from service.pool import JobDropped, PoolFull, PoolNotReady, SolverPool, WorkerCrashed, wait
 from service.problems import (
     Problem,
     ProblemError,
@@ -60,6 +61,19 @@ class ServiceConfig:
     default_deadline_s: float = 300.0
     # Bearer token every request but /healthz and /readyz must carry (None: no auth).
     token: Optional[str] = field(default=None, repr=False)
+    # A request body must arrive whole within this many seconds of the request (408 and
+    # the connection closed otherwise): stalled uploads do not hold connections open.
+    body_read_timeout_s: float = 30.0
+    # The operator's cap on a request's `time_limit_s` (a request above it is a 422
+    # invalid_option naming the cap; not clamped: the time limit is part of the store key).
+    max_time_limit_s: float = pipeline.MAX_TIME_LIMIT_S
+    # /simulate with numerics: the elements the reference interpreter and the functional
+    # run would materialize (graph tensors + program tensors), checked before any
+    # allocation (422 numerics_too_large beyond).
+    max_numerics_elements: int = 2**26
+    # Bodies at least this large are parsed and validated in a pool worker, not on the
+    # event loop (pydantic holds the GIL for the whole parse: seconds for a 20 MB body).
+    offload_parse_bytes: int = 1024 * 1024
 
 
 # -- request and response models -----------------------------------------------------
@@ -130,9 +144,11 @@ class _ServiceMiddleware:
     The body is read here, up to the limit, and replayed to the app: a chunked upload
     without Content-Length is bounded as well as a declared one."""
 
-    def __init__(self, app, max_body_bytes: int, metrics: ServiceMetrics, token: Optional[str] = None):
+    def __init__(self, app, max_body_bytes: int, metrics: ServiceMetrics, token: Optional[str] = None,
+                 body_read_timeout_s: float = 30.0):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_read_timeout_s = body_read_timeout_s
         self.metrics = metrics
         self.token = token.encode() if token else None
 
@@ -197,8 +213,19 @@ class _ServiceMiddleware:
             return self._too_large(declared)
         chunks: list[bytes] = []
         size = 0
+        # One deadline for the whole body (a client trickling a byte at a time is as stalled
+        # as one sending nothing).
+        deadline = time.monotonic() + self.body_read_timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                self.metrics.rejected.labels("body_timeout").inc()
+                return problem_response(408, "body_timeout",
+                                        f"the request body did not arrive within {self.body_read_timeout_s:g} s "
+                                        f"({size} of {declared if declared is not None else 'an unknown number of'} "
+                                        f"bytes received); the connection is closed",
+                                        instance=scope.get("path"), headers={"Connection": "close"})
             if message["type"] == "http.disconnect":
                 break
             chunk = message.get("body", b"")
@@ -277,7 +304,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.store = ProgramStore(config.store_path)
-        state.pool = SolverPool(config.workers, config.queue_limit, on_inflight_change=metrics.inflight.set)
+        state.pool = SolverPool(config.workers, config.queue_limit, on_inflight_change=metrics.inflight.set,
+                                on_event=log_event)
         metrics.pool_workers.set(config.workers)
 
         async def warm():
@@ -366,32 +394,30 @@ def create_app(config: ServiceConfig) -> FastAPI:
     # pydantic-core) rather than by FastAPI (json.loads, then validation of the Python
     # objects): a cache hit is mostly parsing. The OpenAPI body schema is declared below.
     @app.post("/compile", summary="graph document → validated SuperDSC program + stats",
-              response_model=CompileResponse, responses=openapi_responses(401, 413, 415, 422, 500, 503, 504),
+              response_model=CompileResponse, responses=openapi_responses(401, 408, 413, 415, 422, 500, 503, 504),
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"$ref": "#/components/schemas/CompileRequest"}}}}})
     async def compile_route(request: Request) -> Response:
         received_at = time.time()
         raw = await request.body()
-        try:
-            body = CompileRequest.model_validate_json(raw)
-        except ValidationError as exc:
-            return _body_validation_problem(exc.errors(include_url=False), _json_or_none(raw), request.url.path)
-        return await _compile(state, body, received_at)
+        prepared = await _prepare_off_loop(state, raw, prepare_compile, raw, _limits_of(config))
+        if isinstance(prepared, dict):
+            return _problem_of(state, prepared, request.url.path)
+        return await _compile(state, request, prepared, received_at)
 
     # -- simulate ------------------------------------------------------------------
     # Parsed here like /compile (FastAPI's own parsing answers an undocumented 400 for a
     # body json.loads cannot take, e.g. one nested too deeply).
     @app.post("/simulate", summary="program → validation result, simulated timing, optional trace",
-              responses=openapi_responses(401, 413, 415, 422, 500, 503, 504),
+              responses=openapi_responses(401, 408, 413, 415, 422, 500, 503, 504),
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"$ref": "#/components/schemas/SimulateRequest"}}}}})
     async def simulate_route(request: Request) -> Response:
         raw = await request.body()
-        try:
-            body = SimulateRequest.model_validate_json(raw)
-        except ValidationError as exc:
-            return _body_validation_problem(exc.errors(include_url=False), _json_or_none(raw), request.url.path)
-        return Response(json.dumps(_json_safe(await _simulate(state, body)), allow_nan=False),
+        job = await _prepare_off_loop(state, raw, prepare_simulate, raw, _limits_of(config))
+        if isinstance(job, dict):
+            return _problem_of(state, job, request.url.path)
+        return Response(json.dumps(_json_safe(await _simulate(state, request, job)), allow_nan=False),
                         media_type="application/json")
 
     # -- store ---------------------------------------------------------------------
@@ -419,7 +445,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.include_router(pages.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(_ServiceMiddleware, max_body_bytes=config.max_body_bytes, metrics=metrics,
-                       token=config.token)
+                       token=config.token, body_read_timeout_s=config.body_read_timeout_s)
     return app
 
 
@@ -486,8 +512,14 @@ def _request_validation_problem(exc: RequestValidationError, instance: str) -> R
 
 
 def _body_validation_problem(errors: list[dict], body: Any, instance: str) -> Response:
-    """Pydantic errors of a request body → 422 problem naming the graph node (when the
-    error lies inside the graph document) and the JSON path."""
+    found = _body_validation_findings(errors, body)
+    return problem_response(422, "schema", found["detail"], node=found["node"], errors=found["errors"],
+                            instance=instance)
+
+
+def _body_validation_findings(errors: list[dict], body: Any) -> dict[str, Any]:
+    """Pydantic errors of a request body → the 422 problem's detail, naming the graph
+    node (when the error lies inside the graph document) and the JSON path."""
     from lowering.validate import json_path  # one home for "error location -> node id"
 
     findings: list[dict[str, Any]] = []
@@ -502,8 +534,225 @@ def _body_validation_problem(errors: list[dict], body: Any, instance: str) -> Re
                          "node": node})
     first = findings[0] if findings else {"message": "invalid request", "node": None}
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return problem_response(422, "schema", first["message"] + more, node=first.get("node"),
-                            errors=findings if len(findings) > 1 else None, instance=instance)
+    return {"detail": first["message"] + more, "node": first.get("node"),
+            "errors": findings if len(findings) > 1 else None}
+
+
+# -- request preparation (parse, limits, validation): on the loop or in a worker ------
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The service limits a request is prepared against (picklable: large bodies are
+    prepared in a pool worker)."""
+
+    graph: pipeline.GraphLimits
+    max_time_limit_s: float
+    max_numerics_elements: int
+
+
+def _limits_of(config: ServiceConfig) -> RequestLimits:
+    return RequestLimits(config.limits, config.max_time_limit_s, config.max_numerics_elements)
+
+
+@dataclass
+class PreparedCompile:
+    graph_hash: str
+    name: str
+    n_nodes: int
+    options: pipeline.CompileOptions
+    deadline_s: Optional[float]
+    # Set when prepared in a worker (fully validated there: the document is not sent back
+    # as objects); in process, the parsed document, validated only on a store miss.
+    document_json: Optional[str] = None
+    doc: Optional[GraphDocument] = None
+
+
+def _problem_dict(status: int, code: str, detail: str, node: Optional[str] = None,
+                  errors: Optional[list] = None, rejected: Optional[str] = None) -> dict[str, Any]:
+    return {"problem": {"status": status, "code": code, "detail": detail, "node": node, "errors": errors,
+                        "rejected": rejected or code}}
+
+
+def _graph_problem_dict(exc: GraphError, errors: Optional[list[GraphError]] = None) -> dict[str, Any]:
+    more = [e.to_dict() for e in errors] if errors and len(errors) > 1 else None
+    return _problem_dict(422, exc.code, exc.message, node=exc.node, errors=more)
+
+
+def _problem_of(state: ServiceState, prepared: dict[str, Any], instance: str) -> Response:
+    p = prepared["problem"]
+    if p.get("rejected"):
+        state.metrics.rejected.labels(p["rejected"]).inc()
+    return problem_response(p["status"], p["code"], p["detail"], node=p.get("node"), errors=p.get("errors"),
+                            instance=instance)
+
+
+def _schema_problem_dict(exc: ValidationError, raw: bytes) -> dict[str, Any]:
+    resp = _body_validation_findings(exc.errors(include_url=False), _json_or_none(raw))
+    return _problem_dict(422, "schema", resp["detail"], node=resp["node"], errors=resp["errors"], rejected="schema")
+
+
+def prepare_compile(raw: bytes, limits: RequestLimits, in_worker: bool = False):
+    """A /compile body -> PreparedCompile, or {"problem": ...} for a 4xx. Everything
+    that costs time in proportion to the body happens here: parsing, the export
+    conversion, non-finite literals, the service limits, the options, the graph hash;
+    in a worker also the full validation and the canonical document."""
+    try:
+        body = CompileRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        return _schema_problem_dict(exc, raw)
+    opts = body.options
+    try:
+        try:
+            doc = body.graph if body.graph is not None else pipeline.document_from_export(body.export)
+        except RecursionError:
+            raise GraphError("schema", "the exported program is nested too deeply") from None
+        pipeline.check_graph_limits(doc, limits.graph)
+        # Bare NaN/Infinity literals parse (pydantic accepts them) but have no canonical
+        # form: name them before hashing.
+        from lowering.validate import non_finite_problems
+
+        non_finite = non_finite_problems(doc)
+        if non_finite:
+            raise non_finite[0]
+        if opts.time_limit_s is not None and opts.time_limit_s > limits.max_time_limit_s:
+            raise GraphError("invalid_option", f"time_limit_s {opts.time_limit_s:g} exceeds this service's cap of "
+                                               f"{limits.max_time_limit_s:g} s (sticksat serve --max-time-limit)")
+        options = pipeline.resolve_options(opts.planner, opts.time_limit_s, opts.deterministic, opts.target,
+                                           opts.strict)
+        if opts.time_limit_s is None and options.time_limit_s > limits.max_time_limit_s:
+            options = dataclasses.replace(options, time_limit_s=limits.max_time_limit_s)
+    except GraphError as exc:
+        return _graph_problem_dict(exc)
+    prepared = PreparedCompile(graph_hash=doc.graph_hash(), name=doc.name, n_nodes=len(doc.nodes),
+                               options=options, deadline_s=opts.deadline_s, doc=doc)
+    if in_worker:
+        from lowering.validate import find_problems
+
+        problems = find_problems(doc)
+        if problems:
+            return _graph_problem_dict(problems[0], problems)
+        prepared.document_json = doc.to_json()
+        prepared.doc = None
+    return prepared
+
+
+def _numerics_elements(body: "SimulateRequest") -> tuple[int, int]:
+    """Elements the numerics check would materialize: (graph tensors, program tensors)."""
+    graph = 0
+    if body.graph is not None:
+        metas = [inp.meta for inp in body.graph.inputs] + [m for n in body.graph.nodes for m in n.outputs]
+        for meta in metas:
+            n = 1
+            for size in meta.shape:
+                n *= size if isinstance(size, int) else 1
+            graph += n
+    program = 0
+    for tensor in body.program.tensors:
+        n = 1
+        for size in tensor.shape:
+            n *= max(0, int(size))
+        program += n
+    return graph, program
+
+
+def prepare_simulate(raw: bytes, limits: RequestLimits, in_worker: bool = False):
+    """A /simulate body -> SimulateJob, or {"problem": ...} for a 4xx."""
+    try:
+        body = SimulateRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        return _schema_problem_dict(exc, raw)
+    target = body.target or body.program.hardware or "spyre"
+    try:
+        pipeline.load_hardware(target)
+    except GraphError as exc:
+        return _graph_problem_dict(exc)
+    if body.numerics and body.graph is None:
+        return _problem_dict(422, "invalid_option", "numerics needs the graph document (the reference)")
+    from lowering.primitives import DTYPE_BYTES
+
+    for k, tensor in enumerate(body.program.tensors):
+        if tensor.dtype not in DTYPE_BYTES:
+            return _problem_dict(422, "schema", f"program.tensors[{k}].dtype: unknown dtype {tensor.dtype!r} "
+                                                f"(tensor {tensor.id!r}); known: {sorted(DTYPE_BYTES)}")
+    if body.graph is not None:
+        from lowering.validate import non_finite_problems
+
+        non_finite = non_finite_problems(body.graph)
+        if non_finite:
+            return _graph_problem_dict(non_finite[0])
+    if body.numerics:
+        graph_elems, program_elems = _numerics_elements(body)
+        if graph_elems + program_elems > limits.max_numerics_elements:
+            return _problem_dict(
+                422, "numerics_too_large",
+                f"numerics would materialize {graph_elems + program_elems} elements ({graph_elems} in the graph's "
+                f"tensors, {program_elems} in the program's); this service allows at most "
+                f"{limits.max_numerics_elements} (sticksat serve --max-numerics-elements); simulate without "
+                f"numerics, or check numerics locally with `sticksat simulate --numerics`")
+    return pipeline.SimulateJob(program=body.program.to_json(),
+                                graph=body.graph.to_json() if body.graph is not None else None,
+                                target=target, numerics=body.numerics, trace=body.trace)
+
+
+async def _prepare_off_loop(state: ServiceState, raw: bytes, fn, *args):
+    """Small bodies are prepared on the loop (a cache hit is mostly this); large ones in
+    a pool worker, so /healthz and every other request keep answering while a 20 MB
+    document is parsed (pydantic holds the GIL: a thread would not help). The parse
+    takes a pool slot like any job: a full pool is a 503."""
+    import hashlib
+
+    if len(raw) < state.config.offload_parse_bytes or state.pool is None or not state.pool.ready:
+        return fn(*args)
+    key = f"prepare:{fn.__name__}:" + hashlib.sha256(raw).hexdigest()
+    try:
+        future, _ = state.pool.submit(key, fn, *args, True)
+    except PoolFull as exc:
+        state.metrics.rejected.labels("pool_full").inc()
+        raise ProblemError(503, "pool_full", str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
+    try:
+        return await wait(future, state.config.default_deadline_s)
+    except asyncio.TimeoutError:
+        state.pool.leave(key, "deadline")
+        raise ProblemError(504, "deadline_exceeded", "the request body was not parsed in time") from None
+    except WorkerCrashed as exc:
+        state.metrics.worker_crashes.inc()
+        raise ProblemError(500, "worker_crashed", str(exc)) from None
+
+
+# -- waiting for a job ---------------------------------------------------------------
+
+async def _client_gone(receive) -> None:
+    """Returns when the client disconnects (the body has been read: the next message the
+    server delivers is the disconnect)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _await_job(state: ServiceState, request: Request, key: str, future: asyncio.Future,
+                     timeout_s: float) -> tuple[str, Any]:
+    """Wait for the job, the timeout or the client leaving, whichever comes first:
+    ("done", None) with `future` done; ("timeout", fate) or ("gone", fate) where fate is
+    what the pool did with the job once this waiter left (SolverPool.leave)."""
+    waiter = asyncio.ensure_future(wait(future, None))
+    gone = asyncio.ensure_future(_client_gone(request.receive))
+    try:
+        done, _ = await asyncio.wait({waiter, gone}, timeout=max(0.0, timeout_s),
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (waiter, gone):
+            if not task.done():
+                task.cancel()
+    if future.done():
+        return "done", None
+    reason = "client_gone" if gone in done else "deadline"
+    fate = state.pool.leave(key, reason)
+    if fate == "dropped":
+        state.metrics.jobs_dropped.labels(reason).inc()
+    if future.done() and fate != "dropped":  # finished between the wait and leave()
+        return "done", None
+    return ("gone" if reason == "client_gone" else "timeout"), fate
 
 
 # -- compile handler -----------------------------------------------------------------
@@ -519,55 +768,41 @@ def _response_text(record: ProgramRecord, *, cached: bool, coalesced: bool, hard
     return json.dumps(head)[:-1] + ',"program":' + record.program + "}"
 
 
-async def _compile(state: ServiceState, body: CompileRequest, received_at: float) -> Response:
+async def _compile(state: ServiceState, request: Request, prepared: PreparedCompile, received_at: float) -> Response:
     config, metrics, store = state.config, state.metrics, state.store
-    opts = body.options
-    try:
-        try:
-            doc = body.graph if body.graph is not None else pipeline.document_from_export(body.export)
-        except RecursionError:
-            raise GraphError("schema", "the exported program is nested too deeply") from None
-        # Bare NaN/Infinity literals parse (pydantic accepts them) but have no canonical
-        # form: name them before hashing.
-        from lowering.validate import non_finite_problems
-
-        non_finite = non_finite_problems(doc)
-        if non_finite:
-            raise non_finite[0]
-        pipeline.check_graph_limits(doc, config.limits)
-        options = pipeline.resolve_options(opts.planner, opts.time_limit_s, opts.deterministic, opts.target,
-                                           opts.strict)
-    except GraphError as exc:
-        metrics.rejected.labels(exc.code).inc()
-        raise _graph_error_problem(exc) from None
+    options = prepared.options
     hw = pipeline.load_hardware(options.target)
-    graph_hash = doc.graph_hash()
+    graph_hash = prepared.graph_hash
     key = program_key(graph_hash, COMPILER_VERSION, options.options_hash(), hw.digest)
     log_fields = {"graph_hash": graph_hash, "key": key, "planner": options.planner, "target": options.target}
 
-    def cache_hit(record: ProgramRecord) -> Response:
-        metrics.cache_hits.inc()
-        metrics.document_compiled(len(doc.nodes), cached=True)
-        log_event("compile", cached=True, status=record.stats.get("solver_status"), gap=record.stats.get("gap"),
-                  seconds=round(time.time() - received_at, 6), **log_fields)
-        return Response(_response_text(record, cached=True, coalesced=False, hardware_name=hw.name),
+    def answer(record: ProgramRecord, cached: bool, coalesced: bool, **log_extra) -> Response:
+        if cached:
+            metrics.cache_hits.inc()
+        metrics.document_compiled(prepared.n_nodes, cached=cached)
+        log_event("compile", cached=cached, coalesced=coalesced, status=record.stats.get("solver_status"),
+                  gap=record.stats.get("gap"), seconds=round(time.time() - received_at, 6), **log_extra,
+                  **log_fields)
+        return Response(_response_text(record, cached=cached, coalesced=coalesced, hardware_name=hw.name),
                         media_type="application/json")
 
     stored = store.get_program(key)
     if stored is not None and stored.complete:
-        return cache_hit(stored)
+        return answer(stored, cached=True, coalesced=False)
 
     # A miss: validate fully (a stored program proves an identical graph passed before).
-    from lowering.validate import find_problems
+    document_json = prepared.document_json
+    if document_json is None:
+        from lowering.validate import find_problems
 
-    problems = find_problems(doc)
-    if problems:
-        metrics.rejected.labels(problems[0].code).inc()
-        raise _graph_error_problem(problems[0], problems)
-    document_json = doc.to_json()
-    await asyncio.to_thread(store.put_graph, graph_hash, document_json, doc.name)
+        problems = find_problems(prepared.doc)
+        if problems:
+            metrics.rejected.labels(problems[0].code).inc()
+            raise _graph_error_problem(problems[0], problems)
+        document_json = prepared.doc.to_json()
+    await asyncio.to_thread(store.put_graph, graph_hash, document_json, prepared.name)
 
-    deadline_s = opts.deadline_s if opts.deadline_s is not None else max(
+    deadline_s = prepared.deadline_s if prepared.deadline_s is not None else max(
         config.default_deadline_s, options.time_limit_s + 60.0)
     deadline_at = received_at + deadline_s
     slot = pipeline.StoreSlot(str(config.store_path), ProgramRecord.empty(
@@ -596,7 +831,7 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
     # No await between this look and submit(): a job stores before it leaves the pool.
     again = store.get_program(key)
     if again is not None and again.complete:
-        return cache_hit(again)
+        return answer(again, cached=True, coalesced=False)
     metrics.cache_misses.inc()
     try:
         future, joined = state.pool.submit(key, pipeline.compile_job, job, on_done=persist)
@@ -609,71 +844,78 @@ async def _compile(state: ServiceState, body: CompileRequest, received_at: float
     if joined:
         metrics.coalesced.inc()
 
-    try:
-        outcome: pipeline.CompileOutcome = await wait(future, deadline_at - time.time())
-    except asyncio.TimeoutError:
+    how, fate = await _await_job(state, request, key, future, deadline_at - time.time())
+
+    def fallback_answer(reason: str) -> Optional[Response]:
+        # The fallback plan the worker stored, or an earlier solve cut short by its
+        # deadline, is still a validated plan: the best feasible one the service has.
+        fallback = store.get_program(key)
+        if fallback is None:
+            return None
+        cached = fallback.created_at < received_at  # else: this request's own fallback plan
+        return answer(fallback, cached=cached, coalesced=joined, fallback=reason,
+                      planner_used=fallback.stats.get("planner"))
+
+    if how == "done":
+        try:
+            outcome: pipeline.CompileOutcome = future.result()
+        except WorkerCrashed as exc:
+            metrics.worker_crashes.inc()
+            fell_back = fallback_answer("worker_crashed")
+            if fell_back is not None:
+                return fell_back
+            log_event("compile", status="worker_crashed", seconds=round(time.time() - received_at, 6), **log_fields)
+            raise ProblemError(500, "worker_crashed", f"{exc}; no fallback plan was stored for key {key}") from None
+        except JobDropped as exc:  # every waiter left while it was queued (not this one: unreachable)
+            raise ProblemError(504, "deadline_exceeded", f"{exc}; nothing is stored under key {key}") from None
+    else:
         outcome = pipeline.CompileOutcome(status="deadline_exceeded", complete=False)
 
     if outcome.status == "ok":
         record = store.get_program(key)
         if record is None:  # the store kept a better row than this outcome: impossible for a miss
             raise ProblemError(500, "store_error", f"solved program {key} is not in the store")
-        metrics.document_compiled(len(doc.nodes), cached=False)
-        log_event("compile", cached=False, coalesced=joined, status=record.stats.get("solver_status"),
-                  gap=record.stats.get("gap"), seconds=round(time.time() - received_at, 6), **log_fields)
-        return Response(_response_text(record, cached=False, coalesced=joined, hardware_name=hw.name),
-                        media_type="application/json")
+        return answer(record, cached=False, coalesced=joined)
     if outcome.status == "graph_error":
         err = outcome.error or {}
         metrics.rejected.labels(err.get("code", "graph_error")).inc()
         raise ProblemError(422, err.get("code", "invalid_graph"), err.get("message", ""), node=err.get("node"))
     if outcome.status == "deadline_exceeded":
+        if how == "gone":
+            log_event("client_gone", fate=fate, seconds=round(time.time() - received_at, 6), **log_fields)
+            metrics.client_gone.labels(str(fate)).inc()
+            what = ("the job was still queued and nobody else waits for it: it was dropped and nothing will be "
+                    f"stored under key {key}") if fate == "dropped" else (
+                f"the job {'runs' if fate == 'running' else 'stays queued for other requests'}; when it finishes "
+                f"its program is stored under key {key}")
+            raise ProblemError(504, "client_gone", f"the client disconnected; {what}")
         metrics.deadline_exceeded.inc()
-        # The fallback plan the worker stored, or an earlier solve cut short by its
-        # deadline, is still a validated plan: the best feasible one the service has.
-        fallback = store.get_program(key)
-        if fallback is not None:
-            cached = fallback.created_at < received_at  # else: this request's own fallback plan
-            metrics.document_compiled(len(doc.nodes), cached=cached)
-            log_event("compile", cached=cached, deadline_fallback=True, status=fallback.stats.get("solver_status"),
-                      planner_used=fallback.stats.get("planner"), seconds=round(time.time() - received_at, 6),
-                      **log_fields)
-            return Response(_response_text(fallback, cached=cached, coalesced=joined, hardware_name=hw.name),
-                            media_type="application/json")
-        log_event("compile", status="deadline_exceeded", seconds=round(time.time() - received_at, 6), **log_fields)
+        fell_back = fallback_answer("deadline")
+        if fell_back is not None:
+            return fell_back
+        log_event("compile", status="deadline_exceeded", fate=fate, seconds=round(time.time() - received_at, 6),
+                  **log_fields)
+        if fate == "dropped":
+            raise ProblemError(504, "deadline_exceeded",
+                               f"no validated plan within the deadline of {deadline_s:g} s: the job was still queued "
+                               f"behind other jobs and has been dropped, so nothing will be stored under key {key}; "
+                               f"retry later or with a longer deadline_s")
+        if fate == "queued":
+            raise ProblemError(504, "deadline_exceeded",
+                               f"no validated plan within the deadline of {deadline_s:g} s: the job is still queued "
+                               f"for other requests waiting for the same key; if they stay, its program will be "
+                               f"stored under key {key}")
         raise ProblemError(504, "deadline_exceeded",
                            f"no validated plan within the deadline of {deadline_s:g} s; the solve continues "
-                           f"and its program will be stored under key {key}")
+                           f"and its program will be stored under key {key} (GET /programs/{key})")
     err = outcome.error or {}
     raise ProblemError(500, outcome.status, f"the planner produced no valid program: {err.get('message', outcome.status)}",
                        node=err.get("node"))
 
 
-async def _simulate(state: ServiceState, body: SimulateRequest) -> dict[str, Any]:
+async def _simulate(state: ServiceState, request: Request, job: pipeline.SimulateJob) -> dict[str, Any]:
     import hashlib
 
-    target = body.target or body.program.hardware or "spyre"
-    try:
-        pipeline.load_hardware(target)
-    except GraphError as exc:
-        raise _graph_error_problem(exc) from None
-    if body.numerics and body.graph is None:
-        raise ProblemError(422, "invalid_option", "numerics needs the graph document (the reference)")
-    from lowering.primitives import DTYPE_BYTES
-
-    for k, tensor in enumerate(body.program.tensors):
-        if tensor.dtype not in DTYPE_BYTES:
-            raise ProblemError(422, "schema", f"program.tensors[{k}].dtype: unknown dtype {tensor.dtype!r} "
-                                              f"(tensor {tensor.id!r}); known: {sorted(DTYPE_BYTES)}")
-    if body.graph is not None:
-        from lowering.validate import non_finite_problems
-
-        non_finite = non_finite_problems(body.graph)
-        if non_finite:
-            raise _graph_error_problem(non_finite[0])
-    job = pipeline.SimulateJob(program=body.program.to_json(),
-                               graph=body.graph.to_json() if body.graph is not None else None,
-                               target=target, numerics=body.numerics, trace=body.trace)
     key = "simulate:" + hashlib.sha256(json.dumps(
         [job.program, job.graph, job.target, job.numerics, job.trace]).encode()).hexdigest()
     try:
@@ -683,11 +925,18 @@ async def _simulate(state: ServiceState, body: SimulateRequest) -> dict[str, Any
         raise ProblemError(503, "pool_full", str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
     except PoolNotReady as exc:
         raise ProblemError(503, "not_ready", str(exc), headers={"Retry-After": "1"}) from None
+    how, fate = await _await_job(state, request, key, future, state.config.default_deadline_s)
+    if how != "done":
+        if how == "gone":
+            state.metrics.client_gone.labels(str(fate)).inc()
+        raise ProblemError(504, "client_gone" if how == "gone" else "deadline_exceeded",
+                           f"simulation did not finish within {state.config.default_deadline_s:g} s"
+                           if how == "timeout" else "the client disconnected")
     try:
-        result = await wait(future, state.config.default_deadline_s)
-    except asyncio.TimeoutError:
-        raise ProblemError(504, "deadline_exceeded",
-                           f"simulation did not finish within {state.config.default_deadline_s:g} s") from None
+        result = future.result()
+    except WorkerCrashed as exc:
+        state.metrics.worker_crashes.inc()
+        raise ProblemError(500, "worker_crashed", str(exc)) from None
     if result.get("graph_error"):
         err = result["errors"][0]
         raise ProblemError(422, err.get("code", "invalid_graph"), err.get("message", ""), node=err.get("node"))
@@ -701,6 +950,8 @@ def config_from_env() -> ServiceConfig:
         workers=int(os.environ.get("STICKSAT_WORKERS", "1")),
         queue_limit=int(os.environ.get("STICKSAT_QUEUE_LIMIT", "8")),
         token=os.environ.get("STICKSAT_TOKEN") or None,
+        max_time_limit_s=float(os.environ.get("STICKSAT_MAX_TIME_LIMIT") or pipeline.MAX_TIME_LIMIT_S),
+        body_read_timeout_s=float(os.environ.get("STICKSAT_BODY_TIMEOUT") or 30.0),
     )
 
 

@@ -49,6 +49,14 @@ class ServiceMetrics:
                                         "ATen nodes per graph document answered with a program "
                                         "(_sum: nodes compiled in all)",
                                         buckets=_NODE_BUCKETS, registry=r)
+        self.worker_crashes = Counter("sticksat_worker_crashes",
+                                      "Jobs whose worker process died under them (only that job fails)", registry=r)
+        self.jobs_dropped = Counter("sticksat_jobs_dropped",
+                                    "Queued jobs removed before they ran because nobody waited any more, by reason",
+                                    ["reason"], registry=r)
+        self.client_gone = Counter("sticksat_client_gone",
+                                   "Requests whose client disconnected while their job was in flight, by what "
+                                   "became of the job (dropped, running, queued)", ["fate"], registry=r)
         self.inflight = Gauge("sticksat_inflight_jobs", "Distinct jobs running or queued in the solver pool",
                               registry=r)
         self.pool_workers = Gauge("sticksat_pool_workers", "Worker processes of the solver pool", registry=r)

@@ -313,7 +313,9 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     For an anytime planner (cpsat) with a store slot, a fast planner's plan is made and
     stored first (`complete: false`): if the deadline passes while the solver still
     builds or searches, the service answers with that validated plan instead of a 504;
-    it also serves as the solver's hint. The final plan replaces it in the store."""
+    it also serves as the solver's hint. The final plan replaces it in the store.
+    A job that starts after its deadline plans with the smallest budget and reports
+    `complete: false`; it never returns without a program for a valid graph."""
     from lowering import lower_document
     from solver.planners import PlannerFailed, plan
 
@@ -321,15 +323,6 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     options = job.options
     effective_limit = options.time_limit_s
 
-    def past_deadline(stage: str) -> Optional[CompileOutcome]:
-        if job.deadline_at is not None and time.time() >= job.deadline_at:
-            return CompileOutcome(status="deadline_exceeded", complete=False, seconds=time.time() - started,
-                                  error={"code": "deadline_exceeded", "message": f"the deadline passed {stage}"})
-        return None
-
-    late = past_deadline("while the job was queued")
-    if late:
-        return late
     try:
         doc = GraphDocument.from_json(job.document)
         hw = load_hardware(options.target)
@@ -342,9 +335,10 @@ def compile_job(job: CompileJob) -> CompileOutcome:
                 f"fallback plan by {fallback}, stored while {options.planner} solves"]
             _store_fallback(job.slot, early, _program_stats(early, doc, hw))
             hint = hint or early
-        late = past_deadline("while lowering the graph or making the fallback plan")
-        if late:
-            return late
+        # Past the deadline (queued behind other jobs, or lowering took long), the job
+        # still runs with the least budget instead of returning nothing: the service told
+        # the client its program would be stored, and a job it no longer wants is dropped
+        # by the pool before it starts (SolverPool.leave), never here.
         if job.deadline_at is not None:
             remaining = job.deadline_at - time.time()
             effective_limit = max(0.01, min(options.time_limit_s, remaining - _deadline_reserve(remaining)))

@@ -21,6 +21,7 @@ _TITLES = {
     401: "Unauthorized",
     404: "Not found",
     405: "Method not allowed",
+    408: "Request body timeout",
     413: "Request body too large",
     415: "Unsupported media type",
     422: "Invalid graph or request",

@@ -24,11 +24,26 @@ def register(sub) -> None:
     p.add_argument("--max-nodes", type=int, default=None, help="graph node limit (422 beyond)")
     p.add_argument("--max-total-elements", type=int, default=None,
                    help="limit on the summed elements of all graph tensors (422 beyond)")
+    p.add_argument("--max-time-limit", type=float, default=_env_float("STICKSAT_MAX_TIME_LIMIT"),
+                   metavar="S", help="largest time_limit_s a request may ask for; above it a request is "
+                                     "refused (422 invalid_option), not clamped (default $STICKSAT_MAX_TIME_LIMIT or "
+                                     "3600)")
+    p.add_argument("--body-timeout", type=float, default=_env_float("STICKSAT_BODY_TIMEOUT"), metavar="S",
+                   help="a request body must arrive whole within S seconds, else 408 and the connection is "
+                        "closed (default $STICKSAT_BODY_TIMEOUT or 30)")
+    p.add_argument("--max-numerics-elements", type=int, default=None,
+                   help="/simulate numerics: most elements the reference and functional run may materialize "
+                        "(422 numerics_too_large beyond; default 2^26)")
     p.add_argument("--token-file", default=None,
                    help="require 'Authorization: Bearer <token>' on every route but /healthz and /readyz; "
                         "the token is this file's content (default: $STICKSAT_TOKEN; neither: no auth)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
+
+
+def _env_float(name):
+    value = os.environ.get(name)
+    return float(value) if value else None
 
 
 def resolve_token(token_file=None):
@@ -69,6 +84,14 @@ def run(args) -> int:
         limits=limits,
         token=resolve_token(args.token_file),
     )
+    if args.max_time_limit is not None:
+        if not args.max_time_limit > 0:
+            raise SystemExit("sticksat serve: --max-time-limit must be > 0")
+        config = dataclasses.replace(config, max_time_limit_s=args.max_time_limit)
+    if args.body_timeout is not None:
+        config = dataclasses.replace(config, body_read_timeout_s=args.body_timeout)
+    if args.max_numerics_elements is not None:
+        config = dataclasses.replace(config, max_numerics_elements=args.max_numerics_elements)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_config=None,
                 log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5)
     return 0
