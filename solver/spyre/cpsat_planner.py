@@ -943,7 +943,8 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
     # emit + validation (two emits, a validation or two for the tile buffers, a simulation;
     # measured on the layer graphs), and at least FUSION_SHARE of the limit: fusion gains
     # more than the solver's last seconds do (layer graphs: 10-20% vs a few %).
-    fusion_s = max(4 * (FUSION_TRIALS + 2) * emit_s, FUSION_SHARE * limit_s) if fuse else 0.0
+    # Two searches: the plan as solved, and again with its matmuls re-split for tiling.
+    fusion_s = max(4 * (2 * FUSION_TRIALS + 2) * emit_s, FUSION_SHARE * limit_s) if fuse else 0.0
     if start_prog is not None and predict_program_ns(start_prog, hw) < hint_ns:
         hint_d, hint_prog, hint_ns = start_d, start_prog, predict_program_ns(start_prog, hw)
         hint_name += " + local search"
