@@ -1,22 +1,26 @@
 """Anytime search for strategy problems (the IOPDDL contest winners' recipe, in the core):
 
-- feasibility-first start: every node on its least-usage kept strategy satisfies memory
-  whenever anything does; cost is then improved only by moves that keep memory feasible;
-- local search: single-node moves with incremental cost (the node's row against its
-  neighbours' current choices) and memory deltas (the usage profile on the compressed
-  timeline), best-improvement descent (simulated annealing with random single-node moves
-  was tried on V and gained under 1%: most random moves are forbidden or break memory);
-- large-neighbourhood search: CP-SAT on windows of the graph (a breadth-first ball around a
-  random node or one drawn by what it costs now, sometimes grown from the nodes live at a
-  random time), every node outside
-  fixed; fixed neighbours become node costs, fixed nodes' usage the per-step memory budget,
-  memory rows only over the distinct live sets of the window that could bind; a window
-  is bounded by the pair terms inside it, a cap that adapts to how fast windows solve;
-- the full model (`solve`, CP-SAT's own LNS on the tight pair formulation) hinted with the
-  LNS result gets the last 80% of the budget when it is small enough to build quickly.
+- presolve (forbidden and dominated strategies), then node merging (`solver.core.merge`):
+  followers (a node whose choice is a function of a neighbour's) collapse into groups,
+  single-strategy nodes fold into their neighbours' costs; everything below works on groups
+  and memory stays exact (each member keeps its live interval: a group's usage is piecewise
+  constant over its segments on the compressed timeline);
+- feasibility-first starts: every group on its least-peak strategy, and a spanning-forest DP
+  on the group graph; each repaired (cheapest cost increase per unit of usage saved at the
+  worst step) and descended;
+- local search: single-group moves (a group move is a chain move of all its members) with
+  incremental cost and memory deltas, best-improvement descent;
+- large-neighbourhood search: CP-SAT on windows of the group graph (a breadth-first ball
+  around a group drawn by what it costs now, or one live at a random time step), every group
+  outside fixed: fixed neighbours become costs, fixed usage a per-step budget, one memory row
+  per distinct live signature of the window that can bind; the window is capped by the pair
+  terms inside it, a cap that adapts to how fast windows solve; a window is accepted only
+  when the evaluator says it is no worse;
+- the full grouped model (the same builder with every group in the window) hinted with the
+  LNS result gets the last part of the budget when it is small enough.
 
 `optimize(problem, time_limit_s, ...)` runs them within the time limit and returns the
-best feasible choice found (always checked with `evaluate`).
+best feasible choice found (always checked with `evaluate` on the original problem).
 """
 from __future__ import annotations
 
@@ -28,289 +32,488 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
-from solver.core import (FORBIDDEN_COST, Reduction, SolveOptions, StrategyProblem, Timeline,
-                         evaluate, local_search, presolve, solve, tree_dp_start)
+from solver.core import (FORBIDDEN_COST, Reduction, StrategyProblem, evaluate, local_search, presolve,
+                         tree_dp_start)
+from solver.core.merge import GroupedProblem, group_problem
+
+INF = float("inf")
 
 
-class LocalState:
-    """A complete choice with its usage profile on the compressed timeline, for fast
-    single-node move evaluation. Choices are original strategy indices."""
+class GroupState:
+    """A complete group choice with its usage profile on the compressed timeline, for fast
+    single-group move evaluation (cost rows against the neighbours' current choices, memory
+    as the peak over each of the group's segments)."""
 
-    def __init__(self, problem: StrategyProblem, red: Reduction, choice: Sequence[int]):
-        self.p = problem
-        self.red = red
-        self.alive = red.alive
-        n = problem.num_nodes
-        self.incident: list[list[tuple[int, bool, int]]] = [[] for _ in range(n)]
-        for e, (u, v) in enumerate(problem.edges):
-            self.incident[u].append((e, True, v))
-            self.incident[v].append((e, False, u))
-        # per node, per incident edge: the table restricted to kept strategies of the node
-        # (rows) against all strategies of the other end, as float to add up fast
-        self.rows: list[list[np.ndarray]] = []
-        for x in range(n):
-            a = self.alive[x]
-            rs = []
-            for e, is_u, _ in self.incident[x]:
-                t = problem.edge_costs[e]
-                rs.append((t[a, :] if is_u else t[:, a].T).astype(np.float64))
-            self.rows.append(rs)
-        self.ncost = [problem.node_costs[x][self.alive[x]].astype(np.float64) for x in range(n)]
-        self.use = [problem.node_usages[x][self.alive[x]].astype(np.int64) for x in range(n)]
-        self.tl = red.timeline or Timeline.build(problem.intervals)
-        self.limit = problem.usage_limit
-        self.has_limit = self.limit is not None and self.tl.n_steps > 0
-        # k[x]: index into alive[x] of the current choice
-        pos = [{int(s): i for i, s in enumerate(a)} for a in self.alive]
-        self.k = np.array([pos[x][int(red.replaced_by[x][int(s)])] for x, s in enumerate(choice)])
-        self.prof = self.tl.profile(np.array([int(self.use[x][self.k[x]]) for x in range(n)])) \
-            if self.has_limit else np.zeros(0, dtype=np.int64)
+    def __init__(self, gp: GroupedProblem, choice: Sequence[int]):
+        self.gp = gp
+        G = gp.num_groups
+        self.inc: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(G)]
+        self.inc_e: list[list[int]] = [[] for _ in range(G)]
+        self._reduced: dict[int, tuple] = {}
+        for e, ((a, b), t) in enumerate(zip(gp.edges, gp.tables)):
+            tf = t.astype(np.float64)
+            tf[t >= FORBIDDEN_COST] = INF
+            self.inc[a].append((b, tf))
+            self.inc[b].append((a, tf.T))
+            self.inc_e[a].append(e)
+            self.inc_e[b].append(e)
+        self.cost = []
+        for c in gp.cost:
+            cf = c.astype(np.float64)
+            cf[c >= FORBIDDEN_COST] = INF
+            self.cost.append(cf)
+        self.k = np.array([int(s) for s in choice], dtype=np.int64)
+        self.limit = gp.limit
+        self.has_limit = gp.limit is not None and gp.tl.n_steps > 0
+        self.steps, self.offs = [], []
+        for g in range(G):
+            ss, se = gp.seg_start[g], gp.seg_end[g]
+            if len(ss):
+                lens = se - ss
+                self.steps.append(np.concatenate([np.arange(a, b) for a, b in zip(ss, se)]))
+                self.offs.append(np.concatenate([[0], np.cumsum(lens)[:-1]]))
+            else:
+                self.steps.append(np.zeros(0, np.int64))
+                self.offs.append(np.zeros(0, np.int64))
+        self.prof = gp.profile(self.k) if self.has_limit else np.zeros(0, np.int64)
+        self.journal: Optional[list[tuple[int, int]]] = None
+        self.cur = self.total()  # kept up to date by move()
+        # all segments of all groups, for "who is live at step t"
+        self.all_g = np.concatenate([np.full(len(s), g) for g, s in enumerate(gp.seg_start)] or [np.zeros(0, int)])
+        self.all_j = np.concatenate([np.arange(len(s)) for s in gp.seg_start] or [np.zeros(0, int)])
+        self.all_s = np.concatenate(gp.seg_start or [np.zeros(0, int)])
+        self.all_e = np.concatenate(gp.seg_end or [np.zeros(0, int)])
 
-    def choice(self) -> list[int]:
-        return [int(self.alive[x][self.k[x]]) for x in range(self.p.num_nodes)]
+    def reduced(self, e: int):
+        """Edge e's table over its distinct rows and columns: (row class of each strategy of
+        the first end, column class of each strategy of the second end, reduced table)."""
+        r = self._reduced.get(e)
+        if r is None:
+            t = self.gp.tables[e]
+            rows, inv_r = np.unique(t, axis=0, return_inverse=True)
+            cols, inv_c = np.unique(rows, axis=1, return_inverse=True)
+            r = (inv_r.reshape(-1), inv_c.reshape(-1), cols)
+            self._reduced[e] = r
+        return r
 
-    def local_cost(self, x: int) -> np.ndarray:
-        c = self.ncost[x].copy()
-        for (e, _, y), r in zip(self.incident[x], self.rows[x]):
-            c += r[:, int(self.alive[y][self.k[y]])]
+    def reduced_terms(self, e: int) -> int:
+        return int((self.reduced(e)[2] < FORBIDDEN_COST).sum())
+
+    def copy_choice(self):
+        return self.k.copy(), self.prof.copy(), self.cur
+
+    def restore(self, saved) -> None:
+        self.k, self.prof, self.cur = saved[0].copy(), saved[1].copy(), saved[2]
+
+    def local_cost(self, g: int) -> np.ndarray:
+        c = self.cost[g].copy()
+        for o, t in self.inc[g]:
+            c += t[:, self.k[o]]
         return c
 
-    def memory_ok(self, x: int) -> np.ndarray:
-        """Which strategies of x keep every step within the limit (given the others)."""
-        if not self.has_limit or self.tl.end[x] <= self.tl.start[x]:
-            return np.ones(len(self.alive[x]), dtype=bool)
-        peak = int(self.prof[self.tl.start[x]:self.tl.end[x]].max())
-        return peak + (self.use[x] - self.use[x][self.k[x]]) <= self.limit
+    def new_peaks(self, g: int) -> np.ndarray:
+        """Per strategy of g: the highest usage over g's segments if g took it."""
+        W = self.gp.W[g]
+        if not len(W):
+            return np.zeros(W.shape[1], dtype=np.int64)
+        segmax = np.maximum.reduceat(self.prof[self.steps[g]], self.offs[g])
+        return ((segmax - W[:, self.k[g]])[:, None] + W).max(axis=0)
 
-    def move(self, x: int, k: int) -> None:
-        d = int(self.use[x][k] - self.use[x][self.k[x]])
-        if self.has_limit and d:
-            self.prof[self.tl.start[x]:self.tl.end[x]] += d
-        self.k[x] = k
+    def memory_ok(self, g: int) -> np.ndarray:
+        if not self.has_limit or not len(self.gp.W[g]):
+            return np.ones(len(self.cost[g]), dtype=bool)
+        return self.new_peaks(g) <= self.limit
+
+    def move(self, g: int, s: int) -> None:
+        if self.journal is not None:
+            self.journal.append((g, int(self.k[g])))
+        if s != self.k[g]:
+            lc = self.local_cost(g)
+            self.cur += lc[s] - lc[self.k[g]]
+        if self.has_limit:
+            W = self.gp.W[g]
+            if len(W):
+                d = W[:, s] - W[:, self.k[g]]
+                for j in np.flatnonzero(d):
+                    self.prof[self.gp.seg_start[g][j]:self.gp.seg_end[g][j]] += d[j]
+        self.k[g] = s
+
+    def undo(self, mark: int) -> None:
+        """Take back the journal's moves after position `mark`."""
+        j, self.journal = self.journal, None
+        while len(j) > mark:
+            g, s = j.pop()
+            self.move(g, s)
+        self.journal = j
 
     def feasible_memory(self) -> bool:
         return not self.has_limit or bool((self.prof <= self.limit).all())
 
-    def descent(self, deadline: float, nodes: Optional[Sequence[int]] = None, max_passes: int = 50) -> int:
-        """Best-improvement single-node moves that keep memory feasible, until none
+    def total(self) -> float:
+        return float(sum(self.cost[g][s] for g, s in enumerate(self.k))
+                     + sum(t[self.k[a], self.k[b]] for (a, b), t in zip(self.gp.edges, self.gp.tables)))
+
+    def descent(self, deadline: float, groups: Optional[Sequence[int]] = None, max_passes: int = 50) -> int:
+        """Best-improvement single-group moves that keep memory feasible, until none
         improves (or the deadline). Returns the number of moves made."""
         moves = 0
-        order = list(nodes) if nodes is not None else range(self.p.num_nodes)
+        order = list(groups) if groups is not None else list(range(self.gp.num_groups))
         dirty = set(order)
         for _ in range(max_passes):
             if not dirty or time.perf_counter() > deadline:
                 break
-            todo = [x for x in order if x in dirty]
+            todo = [g for g in order if g in dirty]
             dirty = set()
-            for x in todo:
-                if len(self.alive[x]) < 2:
+            for g in todo:
+                if len(self.cost[g]) < 2:
                     continue
-                lc = self.local_cost(x)
-                ok = self.memory_ok(x)
-                lc = np.where(ok, lc, np.inf)
-                k = int(np.argmin(lc))
-                if lc[k] < lc[self.k[x]]:
-                    self.move(x, k)
+                lc = self.local_cost(g)
+                lc = np.where(self.memory_ok(g), lc, INF)
+                s = int(np.argmin(lc))
+                if lc[s] < lc[self.k[g]]:
+                    self.move(g, s)
                     moves += 1
-                    dirty.update(y for _, _, y in self.incident[x])
-                    dirty.add(x)
+                    dirty.update(o for o, _ in self.inc[g])
+                    dirty.add(g)
         return moves
 
+    def repair(self, deadline: float, tabu: Optional[set] = None) -> bool:
+        """Memory repair by the cheapest usage-reducing moves at the worst step (a move may
+        not push any of the group's other segments over the limit)."""
+        while self.has_limit and time.perf_counter() < deadline:
+            over = self.prof - self.limit
+            t = int(np.argmax(over))
+            if over[t] <= 0:
+                return True
+            best = None
+            live = np.flatnonzero((self.all_s <= t) & (self.all_e > t))
+            for g, j in zip(self.all_g[live], self.all_j[live]):
+                g, j = int(g), int(j)
+                if tabu is not None and g in tabu:
+                    continue
+                W = self.gp.W[g]
+                saved = W[j, self.k[g]] - W[j]
+                if not (saved > 0).any():
+                    continue
+                segmax = np.maximum.reduceat(self.prof[self.steps[g]], self.offs[g])
+                rise = W - W[:, self.k[g]][:, None]
+                bad = ((rise > 0) & ((segmax[:, None] + rise) > self.limit)).any(axis=0)
+                lc = self.local_cost(g)
+                ratio = np.where((saved > 0) & ~bad & np.isfinite(lc),
+                                 (lc - lc[self.k[g]]) / np.maximum(saved, 1), INF)
+                s = int(np.argmin(ratio))
+                if ratio[s] < INF and (best is None or ratio[s] < best[0]):
+                    best = (ratio[s], g, s)
+            if best is None:
+                return False
+            self.move(best[1], best[2])
+        return self.feasible_memory()
 
-def feasibility_first_start(problem: StrategyProblem, red: Reduction) -> list[int]:
-    """Each node on its least-usage kept strategy (the cheapest among those): if this
-    exceeds the limit, nothing fits."""
+
+def kick_search(st: GroupState, deadline: float, rng: random.Random, max_kicks: int = 10**9,
+                ball: int = 2) -> tuple[int, int]:
+    """Ejection chains: move a group (drawn by what it costs now) to its cheapest strategy
+    ignoring memory, repair memory elsewhere by the cheapest usage-reducing moves (the
+    kicked group tabu), descend around everything that moved, and keep the result when the
+    total is no worse; otherwise undo. Returns (kicks tried, kicks that improved)."""
+    tried = improved = 0
+    st.journal = []
+    cur = st.cur
+    while tried < max_kicks and time.perf_counter() < deadline:
+        tried += 1
+        g = _costly_group(st, rng) if rng.random() < 0.7 else rng.randrange(st.gp.num_groups)
+        if len(st.cost[g]) < 2:
+            continue
+        lc = st.local_cost(g)
+        lc[st.k[g]] = INF
+        finite = np.flatnonzero(np.isfinite(lc))
+        if not len(finite):
+            continue
+        order = finite[np.argsort(lc[finite])]
+        s = int(order[min(len(order) - 1, int(rng.random() ** 2 * min(4, len(order))))])
+        mark = len(st.journal)
+        st.move(g, s)
+        ok = st.repair(deadline, tabu={g})
+        if ok:
+            moved = {x for x, _ in st.journal[mark:]}
+            region = _ball(st, list(moved), len(moved) * 4 + 8, rng) if ball else list(moved)
+            st.descent(deadline, groups=region, max_passes=3)
+            new = st.cur
+            if new <= cur and st.feasible_memory():
+                if new < cur:
+                    improved += 1
+                cur = new
+                st.journal = []
+                continue
+        st.undo(mark)
+        st.journal = st.journal[:mark]
+    st.journal = None
+    return tried, improved
+
+
+def least_peak_start(gp: GroupedProblem) -> list[int]:
+    """Each group on the strategy with the lowest usage over its segments (then the
+    cheapest): if this exceeds the limit everywhere a node is alone, nothing fits."""
     out = []
-    for x, a in enumerate(red.alive):
-        u = problem.node_usages[x][a]
-        c = problem.node_costs[x][a]
-        cand = np.flatnonzero(u == u.min())
-        out.append(int(a[cand[int(np.argmin(c[cand]))]]))
+    for g in range(gp.num_groups):
+        W, c = gp.W[g], gp.cost[g]
+        peak = W.max(axis=0) if len(W) else np.zeros(len(c), np.int64)
+        tot = W.sum(axis=0) if len(W) else np.zeros(len(c), np.int64)
+        order = np.lexsort((c, tot, peak))
+        out.append(int(order[0]))
     return out
 
 
-def _repair(state: LocalState, deadline: float) -> bool:
-    """Memory repair by the cheapest usage-reducing moves at the worst step."""
-    tl = state.tl
-    while state.has_limit and time.perf_counter() < deadline:
-        over = state.prof - state.limit
-        t = int(np.argmax(over))
-        if over[t] <= 0:
-            return True
-        best = None
-        for x in np.flatnonzero((tl.start <= t) & (tl.end > t)):
-            saved = state.use[x][state.k[x]] - state.use[x]
-            if not (saved > 0).any():
+def group_tree_dp(gp: GroupedProblem) -> list[int]:
+    """Optimal on a maximum spanning forest of the group graph (edges ranked by the spread
+    of their finite entries), memory ignored."""
+    G = gp.num_groups
+    weight = []
+    for e, t in enumerate(gp.tables):
+        fin = t[t < FORBIDDEN_COST]
+        weight.append((float(fin.max() - fin.min()) if fin.size else float(FORBIDDEN_COST), e))
+    parent = list(range(G))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    adj: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(G)]
+    for _, e in sorted(weight, reverse=True):
+        a, b = gp.edges[e]
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+            t = gp.tables[e].astype(np.float64)
+            t[gp.tables[e] >= FORBIDDEN_COST] = INF
+            adj[a].append((b, t))
+            adj[b].append((a, t.T))
+    choice = [0] * G
+    seen = [False] * G
+    for root in range(G):
+        if seen[root]:
+            continue
+        order, par = [], {root: (-1, None)}
+        stack = [root]
+        seen[root] = True
+        while stack:
+            x = stack.pop()
+            order.append(x)
+            for y, t in adj[x]:
+                if not seen[y]:
+                    seen[y] = True
+                    par[y] = (x, t)  # [parent strategy, child strategy]
+                    stack.append(y)
+        cost = {}
+        for x in order:
+            c = gp.cost[x].astype(np.float64)
+            c[gp.cost[x] >= FORBIDDEN_COST] = INF
+            cost[x] = c
+        best_child = {}
+        for x in reversed(order):
+            p, t = par[x]
+            if p < 0:
                 continue
-            lc = state.local_cost(int(x))
-            ratio = np.where(saved > 0, (lc - lc[state.k[x]]) / np.maximum(saved, 1), np.inf)
-            k = int(np.argmin(ratio))
-            if best is None or ratio[k] < best[0]:
-                best = (ratio[k], int(x), k)
-        if best is None:
-            return False
-        state.move(best[1], best[2])
-    return state.feasible_memory()
+            m = t + cost[x][None, :]
+            best_child[x] = np.argmin(m, axis=1)
+            cost[p] = cost[p] + m.min(axis=1)
+        k = {root: int(np.argmin(cost[root]))}
+        for x in order:
+            p, _ = par[x]
+            if p >= 0:
+                k[x] = int(best_child[x][k[p]])
+            choice[x] = k[x]
+    return choice
 
 
-# -- LNS -----------------------------------------------------------------------------------
-def _window_model(state: LocalState, window: list[int], pair_limit: int):
-    """CP-SAT model of the window with everything else fixed; returns (model, picks, base)
-    where picks[i][k] is the boolean of window[i] taking its k-th kept strategy."""
-    p, alive = state.p, state.alive
-    inw = {x: i for i, x in enumerate(window)}
+# -- CP-SAT on a window of groups ------------------------------------------------------------
+def window_model(st: GroupState, window: list[int], pair_limit: int):
+    """CP-SAT model of the window with every other group fixed at its current strategy;
+    returns (model, picks) where picks[i][s] is the boolean of window[i] taking strategy s.
+    Objective: the window's cost minus a constant (fixed neighbours fold into group costs)."""
+    gp = st.gp
+    inw = {g: i for i, g in enumerate(window)}
     model = cp_model.CpModel()
     picks = []
     obj_vars, obj_coefs = [], []
-    for x in window:
-        vs = [model.NewBoolVar("") for _ in alive[x]]
+    for g in window:
+        vs = [model.NewBoolVar("") for _ in range(len(gp.cost[g]))]
         model.AddExactlyOne(vs)
         picks.append(vs)
-    const = 0.0
-    for i, x in enumerate(window):
-        c = state.ncost[x].copy()
-        for (e, is_u, y), r in zip(state.incident[x], state.rows[x]):
-            if y in inw:
-                continue
-            c += r[:, int(alive[y][state.k[y]])]
-        lo = c.min()
-        const += lo
-        for k, v in enumerate(picks[i]):
-            if c[k] >= FORBIDDEN_COST:
+    for i, g in enumerate(window):
+        c = st.cost[g].copy()
+        for o, t in st.inc[g]:
+            if o not in inw:
+                c += t[:, st.k[o]]
+        fin = np.isfinite(c)
+        lo = c[fin].min() if fin.any() else 0.0
+        for s, v in enumerate(picks[i]):
+            if not fin[s]:
                 model.Add(v == 0)
-            elif c[k] > lo:
+            elif c[s] > lo:
                 obj_vars.append(v)
-                obj_coefs.append(int(c[k] - lo))
-    seen = set()
-    for x in window:
-        for e, is_u, y in state.incident[x]:
-            if y not in inw or e in seen:
-                continue
-            seen.add(e)
-            u, v = p.edges[e]
-            iu, iv = inw[u], inw[v]
-            t = p.edge_costs[e][np.ix_(alive[u], alive[v])]
-            forb = t >= FORBIDDEN_COST
-            lo = int(t[~forb].min()) if (~forb).any() else 0
-            const += lo
-            if t.size <= pair_limit:
-                # pair booleans with marginal equalities to both ends (tight local polytope)
-                z = {}
-                for a in range(t.shape[0]):
-                    for b in range(t.shape[1]):
-                        if not forb[a, b]:
-                            var = model.NewBoolVar("")
-                            z[a, b] = var
-                            model.AddHint(var, a == state.k[u] and b == state.k[v])
-                            if t[a, b] > lo:
-                                obj_vars.append(var)
-                                obj_coefs.append(int(t[a, b] - lo))
-                for a in range(t.shape[0]):
-                    model.Add(cp_model.LinearExpr.Sum([z[a, b] for b in range(t.shape[1]) if (a, b) in z])
-                              == picks[iu][a])
-                for b in range(t.shape[1]):
-                    model.Add(cp_model.LinearExpr.Sum([z[a, b] for a in range(t.shape[0]) if (a, b) in z])
-                              == picks[iv][b])
-            else:
-                ku = model.NewIntVar(0, t.shape[0] - 1, "")
-                kv = model.NewIntVar(0, t.shape[1] - 1, "")
-                model.Add(ku == cp_model.LinearExpr.WeightedSum(picks[iu], list(range(t.shape[0]))))
-                model.Add(kv == cp_model.LinearExpr.WeightedSum(picks[iv], list(range(t.shape[1]))))
-                flat = cp_model.LinearExpr.WeightedSum([ku, kv], [t.shape[1], 1])
-                idx = model.NewIntVar(0, t.size - 1, "")
-                model.Add(idx == flat)
-                vals = np.where(forb, -1, t - lo).reshape(-1)
-                allowed = sorted(set(int(v) for v in vals if v >= 0))
-                cost = model.NewIntVarFromDomain(cp_model.Domain.FromValues(allowed), "")
-                model.AddElement(idx, [int(v) for v in vals], cost)
-                obj_vars.append(cost)
-                obj_coefs.append(1)
-    # memory: fixed nodes' usage is a per-step background; one row per distinct live set of
-    # the window, with the tightest budget over the steps it covers, kept if it can bind
-    if state.has_limit:
-        tl = state.tl
-        ws = np.array([tl.start[x] for x in window])
-        we = np.array([tl.end[x] for x in window])
-        cur = np.array([state.use[x][state.k[x]] for x in window])
-        bg = state.prof.copy()
-        diff = np.zeros(tl.n_steps + 1, dtype=np.int64)
-        np.add.at(diff, ws, cur)
-        np.add.at(diff, we, -cur)
-        bg -= np.cumsum(diff)[: tl.n_steps]
-        pts = np.unique(np.concatenate([ws[we > ws], we[we > ws]]))
-        if len(pts) > 1:
-            rows: dict[tuple, int] = {}
-            for j in range(len(pts) - 1):
-                t0 = pts[j]
-                live = tuple(np.flatnonzero((ws <= t0) & (we > t0)).tolist())
-                if not live:
-                    continue
-                seg_top = int(bg[t0:pts[j + 1]].max())
-                budget = state.limit - seg_top
-                if live not in rows or budget < rows[live]:
-                    rows[live] = budget
-            for live, budget in rows.items():
-                lows = sum(int(state.use[window[i]].min()) for i in live)
-                highs = sum(int(state.use[window[i]].max()) for i in live)
-                if highs <= budget:
-                    continue
-                vs, cs = [], []
-                for i in live:
-                    u = state.use[window[i]]
-                    m = int(u.min())
-                    for k, v in enumerate(picks[i]):
-                        if u[k] > m:
-                            vs.append(v)
-                            cs.append(int(u[k] - m))
-                model.Add(cp_model.LinearExpr.WeightedSum(vs, cs) <= budget - lows)
+                obj_coefs.append(int(c[s] - lo))
+    for e, (a, b) in enumerate(gp.edges):
+        if a not in inw or b not in inw:
+            continue
+        ia, ib = inw[a], inw[b]
+        t = gp.tables[e]
+        forb = t >= FORBIDDEN_COST
+        lo = int(t[~forb].min()) if (~forb).any() else 0
+        inv_r, inv_c, R = st.reduced(e)
+        rforb = R >= FORBIDDEN_COST
+        if int((~rforb).sum()) <= pair_limit:
+            # pair booleans over the table's distinct rows x distinct columns (strategies
+            # with equal rows act alike on this edge: a follower merged into a group keeps
+            # its own small table), with marginal equalities to both ends (the tight local
+            # polytope)
+            z = {}
+            rows: list[list] = [[] for _ in range(R.shape[0])]
+            cols: list[list] = [[] for _ in range(R.shape[1])]
+            for x, y in zip(*np.nonzero(~rforb)):
+                var = model.NewBoolVar("")
+                rows[x].append(var)
+                cols[y].append(var)
+                if R[x, y] > lo:
+                    obj_vars.append(var)
+                    obj_coefs.append(int(R[x, y] - lo))
+                z[int(x), int(y)] = var
+            ra = [[] for _ in range(R.shape[0])]
+            for s_, r in enumerate(inv_r):
+                ra[r].append(picks[ia][s_])
+            cb = [[] for _ in range(R.shape[1])]
+            for s_, c in enumerate(inv_c):
+                cb[c].append(picks[ib][s_])
+            for x in range(R.shape[0]):
+                model.Add(cp_model.LinearExpr.Sum(rows[x]) == cp_model.LinearExpr.Sum(ra[x]))
+            for y in range(R.shape[1]):
+                model.Add(cp_model.LinearExpr.Sum(cols[y]) == cp_model.LinearExpr.Sum(cb[y]))
+            key = (int(inv_r[st.k[a]]), int(inv_c[st.k[b]]))
+            if key in z:
+                model.AddHint(z[key], True)
+        else:
+            ka = model.NewIntVar(0, t.shape[0] - 1, "")
+            kb = model.NewIntVar(0, t.shape[1] - 1, "")
+            model.Add(ka == cp_model.LinearExpr.WeightedSum(picks[ia], list(range(t.shape[0]))))
+            model.Add(kb == cp_model.LinearExpr.WeightedSum(picks[ib], list(range(t.shape[1]))))
+            idx = model.NewIntVar(0, t.size - 1, "")
+            model.Add(idx == cp_model.LinearExpr.WeightedSum([ka, kb], [t.shape[1], 1]))
+            vals = np.where(forb, -1, t - lo).reshape(-1)
+            allowed = sorted(set(int(v) for v in vals if v >= 0))
+            cost = model.NewIntVarFromDomain(cp_model.Domain.FromValues(allowed), "")
+            model.AddElement(idx, [int(v) for v in vals], cost)
+            obj_vars.append(cost)
+            obj_coefs.append(1)
+    if st.has_limit:
+        _window_memory(st, window, picks, model)
     model.Minimize(cp_model.LinearExpr.WeightedSum(obj_vars, obj_coefs))
-    for i, x in enumerate(window):
-        for k, v in enumerate(picks[i]):
-            model.AddHint(v, k == state.k[x])
+    for i, g in enumerate(window):
+        for s, v in enumerate(picks[i]):
+            model.AddHint(v, s == st.k[g])
     return model, picks
 
 
-def _ball(state: LocalState, seed_nodes: list[int], size: int, rng: random.Random,
-          max_terms: Optional[int] = None) -> list[int]:
-    """Breadth-first ball around the seeds: at most `size` nodes and (when given) about
-    `max_terms` pair terms inside (the model size, not the node count, sets solve time)."""
-    seen = set(seed_nodes)
-    frontier = list(seed_nodes)
-    out = list(seed_nodes)
+def _window_memory(st: GroupState, window: list[int], picks, model: cp_model.CpModel) -> None:
+    """Fixed groups' usage is a per-step background; one row per distinct live signature
+    (which segment of which window group is live) with the tightest budget over the steps it
+    covers, kept only when the window's highest usages could exceed it."""
+    gp = st.gp
+    n_steps = gp.tl.n_steps
+    diff = np.zeros(n_steps + 1, dtype=np.int64)
+    segs = []  # (start, end, window index, segment index)
+    for i, g in enumerate(window):
+        W = gp.W[g]
+        if not len(W):
+            continue
+        cur = W[:, st.k[g]]
+        np.add.at(diff, gp.seg_start[g], cur)
+        np.add.at(diff, gp.seg_end[g], -cur)
+        for j, (a, b) in enumerate(zip(gp.seg_start[g], gp.seg_end[g])):
+            segs.append((int(a), int(b), i, j))
+    if not segs:
+        return
+    bg = st.prof - np.cumsum(diff)[:n_steps]
+    pts = sorted({p for a, b, _, _ in segs for p in (a, b)})
+    # sweep: live segments between consecutive points
+    starts: dict[int, list] = {}
+    ends: dict[int, list] = {}
+    for sg in segs:
+        starts.setdefault(sg[0], []).append(sg)
+        ends.setdefault(sg[1], []).append(sg)
+    live: dict[tuple[int, int], None] = {}
+    rows: dict[tuple, int] = {}
+    for p, q in zip(pts[:-1], pts[1:]):
+        for sg in ends.get(p, []):
+            live.pop((sg[2], sg[3]), None)
+        for sg in starts.get(p, []):
+            live[(sg[2], sg[3])] = None
+        if not live:
+            continue
+        sig = tuple(sorted(live))
+        budget = st.limit - int(bg[p:q].max())
+        if sig not in rows or budget < rows[sig]:
+            rows[sig] = budget
+    for sig, budget in rows.items():
+        lows = highs = 0
+        for i, j in sig:
+            w = gp.W[window[i]][j]
+            lows += int(w.min())
+            highs += int(w.max())
+        if highs <= budget:
+            continue
+        vs, cs = [], []
+        for i, j in sig:
+            w = gp.W[window[i]][j]
+            m = int(w.min())
+            for s in np.flatnonzero(w > m):
+                vs.append(picks[i][int(s)])
+                cs.append(int(w[s] - m))
+        model.Add(cp_model.LinearExpr.WeightedSum(vs, cs) <= budget - lows)
+
+
+def _ball(st: GroupState, seeds: list[int], size: int, rng: random.Random,
+          max_terms: Optional[float] = None) -> list[int]:
+    """Breadth-first ball around the seeds: at most `size` groups and (when given) about
+    `max_terms` pair terms inside (the model size, not the group count, sets solve time)."""
+    seen = set(seeds)
+    frontier = list(seeds)
+    out = list(seeds)
     terms = 0
-    nalive = [len(a) for a in state.alive] if max_terms is not None else None
+    edges = st.gp.edges
     while frontier and len(out) < size:
         nxt = []
         rng.shuffle(frontier)
         for x in frontier:
-            for _, _, y in state.incident[x]:
-                if y not in seen:
-                    if max_terms is not None:
-                        add = sum(nalive[y] * nalive[z] for _, _, z in state.incident[y] if z in seen)
-                        if terms + add > max_terms and len(out) > 1:
-                            continue
-                        terms += add
-                    seen.add(y)
-                    out.append(y)
-                    nxt.append(y)
-                    if len(out) >= size:
-                        return out
+            for y, _ in st.inc[x]:
+                if y in seen:
+                    continue
+                if max_terms is not None:
+                    add = sum(st.reduced_terms(e) for e in st.inc_e[y]
+                              if (edges[e][0] if edges[e][1] == y else edges[e][1]) in seen)
+                    if terms + add > max_terms and len(out) > 1:
+                        continue
+                    terms += add
+                seen.add(y)
+                out.append(y)
+                nxt.append(y)
+                if len(out) >= size:
+                    return out
         frontier = nxt
     return out
 
 
-def _costly_node(state: LocalState, rng: random.Random) -> int:
-    """A node drawn with probability proportional to the square root of what it and its
+def _costly_group(st: GroupState, rng: random.Random) -> int:
+    """A group drawn with probability proportional to the square root of what it and its
     incident edges cost under the current choice."""
-    p = state.p
-    ch = [int(state.alive[x][state.k[x]]) for x in range(p.num_nodes)]
-    w = np.array([float(p.node_costs[x][ch[x]]) for x in range(p.num_nodes)])
-    for (u, v), t in zip(p.edges, p.edge_costs):
-        c = float(t[ch[u], ch[v]])
-        w[u] += c / 2
-        w[v] += c / 2
+    gp = st.gp
+    w = np.array([st.cost[g][st.k[g]] for g in range(gp.num_groups)])
+    for (a, b), t in zip(gp.edges, gp.tables):
+        c = float(t[st.k[a], st.k[b]])
+        w[a] += c / 2
+        w[b] += c / 2
     w = np.sqrt(np.maximum(w, 0)) + 1e-9
-    return int(np.searchsorted(np.cumsum(w), rng.random() * w.sum()))
+    return int(min(len(w) - 1, np.searchsorted(np.cumsum(w), rng.random() * w.sum())))
 
 
 @dataclass
@@ -335,9 +538,9 @@ def trivial_bound(problem: StrategyProblem, red: Reduction) -> int:
 def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int = 2, seed: int = 1,
              log: Optional[Callable[[str], None]] = None, window: int = 120,
              pair_limit: int = 4096, solve_cap: float = 1.0, full_share: float = 0.8,
-             full_pair_limit: int = 400_000,
-             window_presolve: bool = True, time_share: float = 0.3,
-             window_terms: int = 20_000) -> SearchResult:
+             full_pair_limit: int = 400_000, time_share: float = 0.3,
+             window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.5,
+             kick_batch: float = 1.0) -> SearchResult:
     """Best feasible choice found within `time_limit_s` (wall clock, all phases)."""
     t_start = time.perf_counter()
     deadline = t_start + time_limit_s
@@ -345,27 +548,34 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     rng = random.Random(seed)
     big = problem.num_nodes > 5000
     red = presolve(problem, prune_dominated=not big, max_rounds=6 if not big else 1)
-    say(f"presolve {time.perf_counter() - t_start:.1f}s, {red.num_strategies} strategies kept")
+    gp = group_problem(problem, red, merge_followers=merge)
+    say(f"presolve {time.perf_counter() - t_start:.1f}s, {red.num_strategies} strategies kept, "
+        f"{gp.num_groups} groups ({gp.merged_followers} followers merged, {gp.folded_single} edges folded)")
     stats: dict = {"presolve_s": round(time.perf_counter() - t_start, 2),
-                   "strategies_kept": red.num_strategies}
-    starts = [("least-usage", feasibility_first_start(problem, red))]
-    dp = tree_dp_start(problem, red)
-    starts.append(("spanning-forest DP", dp))
+                   "strategies_kept": red.num_strategies, "groups": gp.num_groups,
+                   "group_edges": len(gp.edges)}
+    starts = [("least-peak", least_peak_start(gp)), ("group DP", group_tree_dp(gp))]
     if problem.num_nodes <= 2000:
-        # the core's older local search (ratio repair from the DP start): slower, kept
-        # for small instances where it sometimes lands closer
+        dp = tree_dp_start(problem, red)
+        # the core's older local search (ratio repair from the node DP start): slower,
+        # kept for small instances where it sometimes lands closer
         ls = local_search(problem, red, start=dp)
         if ls is not None:
-            starts.append(("DP + local_search", ls))
+            starts.append(("node DP + local_search", gp.contract(ls, red)))
     best_state, best_cost = None, None
     for name, ch in starts:
-        st = LocalState(problem, red, ch)
-        if not _repair(st, deadline):
+        if best_state is not None and time.perf_counter() > t_start + 0.4 * time_limit_s:
+            say(f"start {name}: skipped (time)")
+            continue
+        t_s = time.perf_counter()
+        st = GroupState(gp, ch)
+        if not st.repair(min(deadline, t_s + 0.2 * time_limit_s)):
             say(f"start {name}: memory repair failed")
             continue
         st.descent(min(deadline, time.perf_counter() + 0.05 * time_limit_s))
-        ev = evaluate(problem, st.choice())
-        say(f"start {name}: {ev.cost if ev.feasible else 'infeasible ' + ev.reason}")
+        ev = evaluate(problem, gp.expand(st.k))
+        say(f"start {name}: {ev.cost if ev.feasible else 'infeasible ' + ev.reason} "
+            f"({time.perf_counter() - t_s:.1f}s)")
         if ev.feasible and (best_cost is None or ev.cost < best_cost):
             best_state, best_cost = st, ev.cost
     stats["start_cost"] = best_cost
@@ -375,35 +585,42 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         return SearchResult(None, None, False, bound, time.perf_counter() - t_start, stats)
     st = best_state
     cur_cost = best_cost
-    n = problem.num_nodes
-    size = min(window, n)
+    G = gp.num_groups
+    size = min(window, G)
     iters = accepted = 0
     status_counts: dict[str, int] = {}
     terms_cap = float(window_terms)
-    tl = st.tl
-    # the full model (CP-SAT's own LNS on the tight pair formulation, hinted with the best
-    # choice) gets the last part of the budget when it is small enough to build quickly
-    pair_terms = 0
-    for (u, v), t in zip(problem.edges, problem.edge_costs):
-        size_uv = len(red.alive[u]) * len(red.alive[v])
-        pair_terms += size_uv if size_uv <= 2048 else len(red.alive[u]) + len(red.alive[v])
+    pair_terms = sum(st.reduced_terms(e) for e in range(len(gp.tables)))
     use_full = full_share > 0 and pair_terms <= full_pair_limit
     lns_deadline = deadline - full_share * time_limit_s if use_full else deadline
     stats["pair_terms"] = pair_terms
+    tl = gp.tl
+    kick_stats = [0, 0, 0.0]  # tried, improved, seconds
     while time.perf_counter() < lns_deadline - 0.2:
+        if rng.random() < kick_share:
+            t_k = time.perf_counter()
+            tr, im = kick_search(st, min(lns_deadline - 0.1, t_k + kick_batch), rng)
+            kick_stats[0] += tr
+            kick_stats[1] += im
+            kick_stats[2] += time.perf_counter() - t_k
+            if im:
+                ev = evaluate(problem, gp.expand(st.k))
+                if not ev.feasible or ev.cost > cur_cost:  # never: moves keep memory, cost exact
+                    raise AssertionError(f"kick search broke the incumbent: {ev.reason or ev.cost}")
+                cur_cost = ev.cost
+            continue
         iters += 1
-        if st.has_limit and rng.random() < time_share and tl.n_steps:
+        if st.has_limit and rng.random() < time_share and len(st.all_s):
             t = rng.randrange(tl.n_steps)
-            live = np.flatnonzero((tl.start <= t) & (tl.end > t)).tolist()
+            live = sorted(set(st.all_g[(st.all_s <= t) & (st.all_e > t)].tolist()))
             rng.shuffle(live)
-            seeds = live[: max(1, size // 4)] or [rng.randrange(n)]
+            seeds = live[: max(1, size // 4)] or [rng.randrange(G)]
         elif rng.random() < 0.6:
-            # around an edge or node paying much now (sampled by cost): where gains are
-            seeds = [_costly_node(st, rng)]
+            seeds = [_costly_group(st, rng)]
         else:
-            seeds = [rng.randrange(n)]
-        win = _ball(st, seeds, size, rng, max_terms=int(terms_cap))
-        model, picks = _window_model(st, win, pair_limit)
+            seeds = [rng.randrange(G)]
+        win = _ball(st, seeds, size, rng, max_terms=terms_cap)
+        model, picks = window_model(st, win, pair_limit)
         solver = cp_model.CpSolver()
         prm = solver.parameters
         prm.num_workers = max(1, workers)
@@ -411,27 +628,25 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         prm.max_time_in_seconds = max(0.1, min(solve_cap, lns_deadline - time.perf_counter() - 0.1))
         prm.cp_model_probing_level = 0
         prm.symmetry_level = 0
-        prm.cp_model_presolve = window_presolve
         status = solver.Solve(model)
         sname = solver.StatusName(status)
         status_counts[sname] = status_counts.get(sname, 0) + 1
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            old = st.k.copy()
-            oldprof = st.prof.copy()
-            for i, x in enumerate(win):
-                k = next(k for k, v in enumerate(picks[i]) if solver.BooleanValue(v))
-                if k != st.k[x]:
-                    st.move(x, k)
-            st.descent(deadline, nodes=_ball(st, win, min(n, 2 * size), rng), max_passes=3)
-            ev = evaluate(problem, st.choice())
+            saved = st.copy_choice()
+            for i, g in enumerate(win):
+                s = next(s for s, v in enumerate(picks[i]) if solver.BooleanValue(v))
+                if s != st.k[g]:
+                    st.move(g, s)
+            st.descent(deadline, groups=_ball(st, win, min(G, 2 * size), rng), max_passes=3)
+            ev = evaluate(problem, gp.expand(st.k))
             if ev.feasible and ev.cost <= cur_cost:
                 if ev.cost < cur_cost:
                     accepted += 1
                 cur_cost = ev.cost
             else:
-                st.k, st.prof = old, oldprof
+                st.restore(saved)
             if status == cp_model.OPTIMAL and solver.WallTime() < solve_cap:
-                size = min(n, int(size * 1.15) + 1)
+                size = min(G, int(size * 1.15) + 1)
                 if solver.WallTime() < 0.4 * solve_cap:
                     terms_cap *= 1.1
         else:
@@ -440,21 +655,28 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         if status != cp_model.OPTIMAL:
             size = max(20, int(size * 0.85))
         if iters % 20 == 0:
-            say(f"lns {iters}: cost {cur_cost}, window {size}, {time.perf_counter() - t_start:.0f}s")
-    stats.update(lns_status=status_counts, final_terms=int(terms_cap), lns_iterations=iters, lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
-    choice = st.choice()
+            say(f"lns {iters}: cost {cur_cost}, window {size}, terms {int(terms_cap)}, "
+                f"{time.perf_counter() - t_start:.0f}s")
+    stats.update(kicks=kick_stats[0], kick_improvements=kick_stats[1], kick_s=round(kick_stats[2], 1))
+    stats.update(lns_status=status_counts, final_terms=int(terms_cap), lns_iterations=iters,
+                 lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
     if use_full and deadline - time.perf_counter() > 2:
         t_full = time.perf_counter()
-        left = deadline - t_full
-        # building the model takes time too: roughly 1 s per 100k pair terms
-        cap = max(1.0, left - 1.0 - pair_terms / 100_000)
-        sol = solve(problem, SolveOptions(time_limit_s=cap, num_workers=workers, seed=seed),
-                    hint=choice, reduction=red)
-        if sol.bound is not None:
-            bound = max(bound, float(sol.bound))
-        if sol.choice is not None and sol.cost is not None and sol.cost < cur_cost:
-            choice, cur_cost = list(sol.choice), sol.cost
-        stats.update(full_cost=sol.cost, full_s=round(time.perf_counter() - t_full, 1))
-        say(f"full model: {sol.cost} ({sol.status}), bound {sol.bound}")
+        model, picks = window_model(st, list(range(G)), pair_limit)
+        solver = cp_model.CpSolver()
+        prm = solver.parameters
+        prm.num_workers = max(1, workers)
+        prm.random_seed = seed
+        prm.max_time_in_seconds = max(0.5, deadline - time.perf_counter() - 0.5)
+        status = solver.Solve(model)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            cand = [next(s for s, v in enumerate(picks[g]) if solver.BooleanValue(v)) for g in range(G)]
+            ev = evaluate(problem, gp.expand(cand))
+            if ev.feasible and ev.cost < cur_cost:
+                st = GroupState(gp, cand)
+                cur_cost = ev.cost
+        stats.update(full_status=solver.StatusName(status), full_s=round(time.perf_counter() - t_full, 1))
+        say(f"full grouped model: {solver.StatusName(status)}, cost {cur_cost}")
+    choice = gp.expand(st.k)
     ev = evaluate(problem, choice)
     return SearchResult(choice, ev.cost, ev.feasible, bound, time.perf_counter() - t_start, stats)
