@@ -471,7 +471,8 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
             if deadline is not None and time.perf_counter() + 3 * longest[0] > deadline:
                 out_of_time = True
                 return
-            per_run = [_assign(r, tileable, t, own.prims, own) for r in runs]
+            per_count = t if isinstance(t, tuple) else (t,) * len(runs)
+            per_run = [_assign(r, tileable, ti, own.prims, own) for r, ti in zip(runs, per_count)]
             if not any(per_run):
                 continue
             started = time.perf_counter()
@@ -486,17 +487,20 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
                 if a and vi_of_run(i) is not None and us < best[i][0]:
                     best[i] = (us, vi_of_run(i), a)
 
-    # stage 1: which split each run takes, judged at a middle tile count
+    # stage 1: which split each run takes, judged at a middle tile count, or a high one for a
+    # run a matmul heads (a large matmul's slices double-buffer only in small tiles: at the
+    # middle count every variant of its run would lose to the plan as it was)
     counts = sorted(tile_counts)
-    judge = (counts[(len(counts) - 1) // 2],)
+    t_mid, t_high = counts[(len(counts) - 1) // 2], counts[max(0, len(counts) - 2)]
+    heads = {o.id: o.opfunc == "matmul" for o in base_prog.ops}
+    judge = (tuple(t_high if heads.get(r[0]) else t_mid for r in runs),)
     for vi, v in enumerate(variants):
         trials(v.decisions, judge, lambda i, vi=vi: vi)
     # stage 2: the tile count of each run, on the split stage 1 chose for it
     chosen = [max(0, vi) for _, vi, _ in best]
     mixed = _combine(d, variants, runs, [(0.0, vi, {}) for vi in chosen], hw, keep_untouched=False)
     # nearest counts first: when time runs out, the untried ones are the least likely to win
-    t_mid = judge[0]
-    rest = sorted((t for t in tile_counts if t not in judge),
+    rest = sorted((t for t in tile_counts if t != t_mid),
                   key=lambda t: abs(t.bit_length() - t_mid.bit_length()))
     trials(mixed, rest, lambda i: chosen[i])
     if out_of_time:
