@@ -12,6 +12,8 @@ then the remaining cores on the outermost parallel dim it leaves unsplit.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from lowering.op_rules import ANY, check_split, default_choice, legal_core_splits, outermost_split, split_granules
 from lowering.primitives import PrimGraph, PrimOp
 from simulator.geometry import first_slice_spans, make_layout
@@ -56,11 +58,13 @@ def span_reduced_split(op: PrimOp, split: dict[str, int], gran: dict[int, int], 
     return best
 
 
-def plan_naive(pg: PrimGraph, hw, **_ignored) -> PlanDecisions:
-    decisions = PlanDecisions(planner="naive")
+def plan_naive(pg: PrimGraph, hw, input_sticks: Optional[dict] = None, **_ignored) -> PlanDecisions:
+    """`input_sticks`: graph inputs in other layouts than their last dim (a window of a
+    larger graph reads its boundary tensors in their producers' layouts)."""
+    decisions = PlanDecisions(planner="naive", input_sticks=dict(input_sticks or {}))
     stick_of = {}
     for t in pg.tensors.values():
-        stick_of[t.id] = len(t.shape) - 1 if t.shape else None
+        stick_of[t.id] = (input_sticks or {}).get(t.id, len(t.shape) - 1 if t.shape else None)
     for op in pg.ops:
         ch = default_choice(op)
         stick_of[op.output.tensor] = ch.output

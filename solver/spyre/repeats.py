@@ -393,8 +393,29 @@ def _hint_us(pg: PrimGraph, hw, hint_d: PlanDecisions) -> float:
         return float("inf")
 
 
-def _reserve_s(n_ops: int) -> float:
-    return RESERVE_BASE_S + RESERVE_S_PER_OP * n_ops
+# In wall-clock mode the reserve also follows this machine's speed right now: the whole
+# graph's heuristic plan is made first (it is the hint) and timed; what follows the solves
+# took 2-3x that on the 32-layer Llama (loaded or not), so the reserve is at least
+# RESERVE_HEURISTIC_FACTOR times it.
+RESERVE_HEURISTIC_FACTOR = 3.5
+
+
+def _reserve_s(n_ops: int, heuristic_s: Optional[float] = None) -> float:
+    """Seconds kept for what follows the solves (`RESERVE_S_PER_OP`); in wall-clock mode,
+    `heuristic_s` (the measured heuristic plan of the whole graph) can raise it."""
+    base = RESERVE_BASE_S + RESERVE_S_PER_OP * n_ops
+    if heuristic_s is None:
+        return base
+    return max(base, RESERVE_BASE_S + RESERVE_HEURISTIC_FACTOR * heuristic_s)
+
+
+def _whole_hint(pg: PrimGraph, hw, hint_d: Optional[PlanDecisions]) -> tuple[PlanDecisions, float]:
+    """The whole graph's starting plan (the heuristic's unless given) and the seconds it took."""
+    t = time.perf_counter()
+    if hint_d is None:
+        from solver.baseline.passes import plan_heuristic
+        hint_d = plan_heuristic(pg, hw)
+    return hint_d, time.perf_counter() - t
 
 
 def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
@@ -415,7 +436,10 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         return None
     notes = [repeats_note(rep, n)]
     limit = float(time_limit_s)
-    reserve = _reserve_s(n)
+    hint_d, heuristic_s = _whole_hint(pg, hw, hint_d)
+    reserve = _reserve_s(n, None if deterministic else heuristic_s)
+    notes.append(f"budget: {limit:g} s for the whole compile, {reserve:.1f} s of it kept for composing, "
+                 "checking and validating the whole program")
     before, after = partial_edges(pg, rep)
     rest_ops = rep.start - before + n - rep.stop - after
     # deterministic: shares of the limit from counts only; else what is left of the wall clock
@@ -443,9 +467,17 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
                     if b is not None and b != a.tensor and (b, a.tensor) not in pairs:
                         pairs.append((b, a.tensor))
     producer = {op.output.tensor: op for op in pg.ops}
+    producer_pos = {op.output.tensor: i for i, op in enumerate(pg.ops)}
+    # tensors made before the copies and read by them (an attention mask, rotary tables):
+    # the representative reads them in the layout the whole graph's hint writes them in, and
+    # the composed plan keeps the hint's plan for their producers where it would differ (an
+    # op reading ANY layout took its split under that layout)
+    shared_in = {a.tensor: out_stick(producer[a.tensor], hint_d.ops.get(producer[a.tensor].id))
+                 for i in block for a in pg.ops[i].inputs
+                 if a.tensor in producer and producer_pos[a.tensor] < rep.start}
     rep_notes: list[str] = []
     rep_d = solve_segment(pg, block, hw, time_limit_s=rep_s, deterministic=deterministic,
-                          name="representative", notes=rep_notes)
+                          input_sticks=shared_in, name="representative", notes=rep_notes)
 
     def mismatched(d: PlanDecisions) -> dict:
         out = {}
@@ -463,7 +495,7 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         left = 0.5 * rep_s if deterministic else rep_s - (time.perf_counter() - t_rep)
         if left >= 1.0:
             again = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
-                                  input_sticks=fix, name="representative (periodic inputs)", notes=rep_notes)
+                                  input_sticks={**shared_in, **fix}, name="representative (periodic inputs)", notes=rep_notes)
             if not mismatched(again) and (again.stats.get("predicted_us") or float("inf")) <= \
                     (rep_d.stats.get("predicted_us") or float("inf")) * 1.05:
                 rep_d = again
@@ -534,6 +566,16 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     def compose(parts) -> PlanDecisions:
         d = merge(parts)
         d.input_sticks = {t: s for t, s in d.input_sticks.items() if t in inputs}
+        pinned = 0
+        for t, want in shared_in.items():
+            op = producer[t]
+            if out_stick(op, d.ops.get(op.id)) != want and op.id in hint_d.ops:
+                p = hint_d.ops[op.id]
+                d.ops[op.id] = replace(p, core_split=dict(p.core_split), temporal_tiles=dict(p.temporal_tiles))
+                d.resident.pop(t, None)
+                pinned += 1
+        if pinned:
+            notes.append(f"seams: {pinned} tensors the copies share kept in the hint's layout")
         return d
     phase = {"representative": t_rest - t_rep, "rest": time.perf_counter() - t_rest}
 
@@ -557,10 +599,7 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         notes.append("composed plan invalid (" + "; ".join(
             f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) +
             "): edges planned by the heuristic")
-        from solver.baseline.passes import plan_heuristic
         from solver.spyre.windows import keep_part
-        if hint_d is None:
-            hint_d = plan_heuristic(pg, hw)
         edge = [(keep_part(pg, hint_d, list(range(0, rep.start)), readers), None),
                 (keep_part(pg, hint_d, list(range(rep.stop, n)), readers), None)]
         composed = compose([(p_, p_.op_order) for p_, _ in edge[:1] if p_.ops] + copies +
@@ -571,9 +610,6 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
             f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) + "): LX residencies dropped")
         composed = replace(composed, resident={}, restick_ops={})
         prog, issues = _program_or_none(pg, hw, composed)
-    if hint_d is None:
-        from solver.baseline.passes import plan_heuristic
-        hint_d = plan_heuristic(pg, hw)
     hint_us = _hint_us(pg, hw, hint_d)
     seam = ""
     if prog is None:
@@ -637,7 +673,8 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
 
     n = len(pg.ops)
     limit = float(time_limit_s)
-    reserve = _reserve_s(n)
+    hint_d, heuristic_s = _whole_hint(pg, hw, hint_d)
+    reserve = _reserve_s(n, None if deterministic else heuristic_s)
     avail = max(0.0, limit - reserve - (0.0 if deterministic else time.perf_counter() - t0))
     deadline = None if deterministic else t0 + limit - reserve
     notes = [f"windows: {n} ops, no repeated block; windows of at most {WINDOW_OPS} ops"]
@@ -660,9 +697,6 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
     if us < float("inf"):
         d, us = improve_windows(pg, hw, d, evaluate, us, deadline=deadline, deterministic=deterministic,
                                 rounds_budget_s=0.4 * avail, notes=notes)
-    if hint_d is None:
-        from solver.baseline.passes import plan_heuristic
-        hint_d = plan_heuristic(pg, hw)
     hint_us = _hint_us(pg, hw, hint_d)
     status = "FEASIBLE"
     if us > hint_us:

@@ -46,13 +46,20 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
     heuristic when the time is below `MIN_WINDOW_S`); `input_sticks` fixes the layouts of
     its boundary inputs (tensors produced before it). Keys are `pg`'s ids."""
     from solver.baseline.passes import plan_heuristic
-    from solver.spyre.cpsat_planner import plan_cpsat
+    from solver.spyre.cpsat_planner import _program_or_none, plan_cpsat
     from solver.spyre.repeats import subgraph
 
     sub = subgraph(pg, idx, f"{pg.name}#{name}")
     hint = plan_heuristic(sub, hw)
     fixed = {t: s for t, s in (input_sticks or {}).items() if t in sub.tensors and t in sub.inputs}
-    hint.input_sticks.update(fixed)
+    if fixed and any(hint.input_sticks.get(t, _last(sub, t)) != s for t, s in fixed.items()):
+        # the heuristic planned for inputs in their default layouts: with the boundary's
+        # layouts its splits may not hold (an op reading ANY layout); the naive plan does
+        hint.input_sticks.update(fixed)
+        if _program_or_none(sub, hw, hint)[0] is None:
+            from solver.naive import plan_naive
+
+            hint = plan_naive(sub, hw, input_sticks=fixed)
     if time_limit_s < MIN_WINDOW_S or len(idx) < 2:
         if notes is not None:
             notes.append(f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)")
@@ -63,6 +70,11 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
         notes.append(f"{name}: {len(idx)} ops, {st.get('solver_status')} in {st.get('solve_seconds', 0):.1f} s "
                      f"of {time_limit_s:.1f}, predicted {st.get('predicted_us', float('nan')):.1f} us")
     return d
+
+
+def _last(pg: PrimGraph, t: str):
+    rank = len(pg.tensors[t].shape)
+    return rank - 1 if rank else None
 
 
 def windows_of(n: int, window: Optional[int] = None, overlap: Optional[int] = None) -> list[tuple[int, int, int, int]]:
