@@ -43,10 +43,14 @@ def run(suites, budget_s, online_limit_s, jobs, store_path, log=print):
     from suite import load_suite
 
     store = ProgramStore(store_path)
-    rows = []
+    rows, seen, duplicates = [], {}, []
     for suite in suites:
         for name, doc in load_suite(suite):
             graph_hash = doc.graph_hash()
+            if graph_hash in seen:  # the same computation under another name: one store row
+                duplicates.append(f"{suite}/{name} = {seen[graph_hash]}")
+                continue
+            seen[graph_hash] = f"{suite}/{name}"
             store.put_graph(graph_hash, doc.to_json(), doc.name or name)
             t0 = time.time()
             online = compile_into_store(store, graph_hash, time_limit_s=online_limit_s, as_default=True)
@@ -74,7 +78,8 @@ def run(suites, budget_s, online_limit_s, jobs, store_path, log=print):
     return {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": _machine(),
             "source": _source(),
             "budget_s": budget_s, "online_limit_s": online_limit_s, "jobs": jobs, "suites": suites,
-            "reoptimize_seconds": round(time.time() - t0, 1), "totals": summary.totals(), "rows": rows}
+            "reoptimize_seconds": round(time.time() - t0, 1), "totals": summary.totals(), "rows": rows,
+            "duplicates": duplicates}
 
 
 def _source() -> str:
@@ -116,7 +121,9 @@ def markdown(result) -> str:
              f"at the same time, {result['totals']['unchanged']} unchanged, "
              f"{result['totals']['skipped']} skipped (proven optimal online), {result['totals']['failed']} failed; "
              f"simulated time saved {result['totals']['saved_us']:.3f} us; re-optimization took "
-             f"{result['reoptimize_seconds']:g} s.", "",
+             f"{result['reoptimize_seconds']:g} s."
+             + (" Same graph (one hash, one store row), listed once: " + "; ".join(result["duplicates"]) + "."
+                if result.get("duplicates") else ""), "",
              "| suite | graph | online us | re-optimized us | speedup | gap online | gap after | solver gap online "
              "| solver gap after | status after | outcome |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]

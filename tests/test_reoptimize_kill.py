@@ -21,7 +21,7 @@ NAMES = ("bmm_tiny_b4_m32_k64_n32", "gpt2_tiny_block16", "linear_tiny_m16_k64_n1
 
 
 def _command(url):
-    return [sys.executable, "-m", "service.cli", "reoptimize", "--store", url, "--time-limit", "1.5", "--jobs", "1",
+    return [sys.executable, "-m", "service.cli", "reoptimize", "--store", url, "--time-limit", "1", "--jobs", "1",
             "--json"]
 
 
