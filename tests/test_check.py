@@ -58,6 +58,18 @@ def test_unchanged_baseline_passes_and_injected_regression_fails(graphs, tmp_pat
     assert main(["check", str(graphs), "--baseline", str(base), "--tolerance", "30", "--time-limit", "2"]) == 0
 
 
+def test_gzipped_documents_are_read(graphs, tmp_path):
+    import gzip
+
+    src = graphs / f"{FAST[0]}.json"
+    (graphs / "zipped.json.gz").write_bytes(gzip.compress(src.read_bytes()))  # named by its file
+    src.unlink()
+    junit = tmp_path / "junit.xml"
+    assert main(["check", str(graphs), "--planner", "heuristic", "--junit", str(junit)]) == 0
+    _, cases = _junit(junit)
+    assert set(cases) == {"zipped", FAST[1]}
+
+
 def test_uncompilable_and_invalid_graphs_fail(graphs, tmp_path):
     doc = json.loads((graphs / f"{FAST[0]}.json").read_text())
     doc["name"] = "unsupported"

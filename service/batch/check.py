@@ -112,8 +112,9 @@ def _baseline_entry(baseline: Optional[dict[str, Any]], name: str, graph_hash: O
 
 def iter_sources(location: str) -> Iterator[tuple[str, str, Any]]:
     """(name, source, loader) per graph: loader() -> GraphDocument (raises GraphError for
-    an invalid one). A directory: every *.json below it (sorted); a store: every graph."""
-    from service.batch.common import is_store_location, read_graph_file
+    an invalid one). A directory: every *.json and *.json.gz below it (sorted); a store:
+    every graph."""
+    from service.batch.common import graph_file_stem, is_store_location, read_graph_file
 
     if is_store_location(location):
         from service.store import ProgramStore
@@ -129,8 +130,8 @@ def iter_sources(location: str) -> Iterator[tuple[str, str, Any]]:
     root = Path(location)
     if not root.is_dir():
         raise FileNotFoundError(f"{location} is neither a directory of graph documents nor a store")
-    for path in sorted(root.rglob("*.json")):
-        yield path.stem, str(path), (lambda p=path: read_graph_file(p))
+    for path in sorted(p for p in root.rglob("*") if p.name.endswith((".json", ".json.gz")) and p.is_file()):
+        yield graph_file_stem(path), str(path), (lambda p=path: read_graph_file(p))
 
 
 def check_one(name: str, source: str, load, options, baseline: Optional[dict[str, Any]], tolerance_pct: float,

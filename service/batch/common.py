@@ -27,8 +27,14 @@ def is_store_location(text: str) -> bool:
     return path.is_file() and path.suffix in (".sqlite", ".sqlite3", ".db")
 
 
+def graph_file_stem(path: str | os.PathLike[str]) -> str:
+    """`dir/name.json` and `dir/name.json.gz` -> `name`."""
+    return Path(path).name.removesuffix(".gz").removesuffix(".json")
+
+
 def read_graph_file(path: str | os.PathLike[str], limits=None):
-    """A graph document (or torch.export program JSON) file -> GraphDocument, validated
+    """A graph document (or torch.export program JSON; either may be gzipped, `.json.gz`)
+    file -> GraphDocument, validated
     as /compile validates a document: parsed, no non-finite literal, within the service's
     size limits, and every finding of the full validator (op support included). Raises
     GraphError (the first finding) when it would be a 422."""
@@ -38,7 +44,17 @@ def read_graph_file(path: str | os.PathLike[str], limits=None):
     from service.pipeline import GraphLimits, check_graph_limits
 
     raw = Path(path).read_bytes()
-    doc = document_from_export(raw, name=Path(path).stem) if _is_export(raw) else parse_document(raw)
+    if str(path).endswith(".gz"):
+        import gzip
+
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            from lowering.errors import GraphError
+
+            raise GraphError("schema", f"not a gzip file: {exc}") from None
+    name = graph_file_stem(path)
+    doc = document_from_export(raw, name=name) if _is_export(raw) else parse_document(raw)
     bad = non_finite_problems(doc)
     if bad:
         raise bad[0]

@@ -14,7 +14,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("check", help="CI gate: compile every graph, fail on errors or simulated-time regressions")
     p.add_argument("location", metavar="GRAPHS_DIR_OR_STORE",
-                   help="a directory of graph documents (*.json, recursively) or a store (SQLite file, "
+                   help="a directory of graph documents (*.json, *.json.gz, recursively) or a store (SQLite file, "
                         "sqlite:///path, postgresql://...)")
     p.add_argument("--baseline", default=None, help="baseline JSON file (simulated time per graph)")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE_PCT,
