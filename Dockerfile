@@ -5,7 +5,7 @@
 #
 #   docker build -t sticksat .
 #   docker run -p 8000:8000 -v sticksat-data:/data sticksat serve
-#   docker run --rm -v $PWD:/w sticksat compile /w/graph.json -o /w/program.json
+#   docker run --rm --user "$(id -u):$(id -g)" -v "$PWD:/w" sticksat compile /w/graph.json -o /w/program.json
 #
 # BASE is the official python:3.11-slim-bookworm pinned by its multi-arch index digest
 # (docs/container.md says where the digest comes from). Any Debian-like base with
