@@ -25,11 +25,17 @@ _sticksat_docker_setup() {
         # setsid: its own session, so the CI shell's job control never signals it.
         setsid dockerd --storage-driver vfs --iptables=false --ip6tables=false --bridge=none \
             >>"$log" 2>&1 < /dev/null &
-        local waited=0
+        local pid=$! waited=0 limit=${STICKSAT_DOCKERD_WAIT_S:-60}
         until "$docker" info >/dev/null 2>&1; do
-            if [ "$waited" -ge 60 ]; then
-                echo "container gate skipped: dockerd did not answer within 60 s; last lines of $log:"
+            if ! kill -0 "$pid" 2>/dev/null; then
+                echo "container gate skipped: dockerd exited at start; last lines of $log:"
                 tail -n 20 "$log" || true
+                return 1
+            fi
+            if [ "$waited" -ge "$limit" ]; then
+                echo "container gate skipped: dockerd did not answer within $limit s (stopped); last lines of $log:"
+                tail -n 20 "$log" || true
+                kill "$pid" 2>/dev/null || true
                 return 1
             fi
             sleep 1
