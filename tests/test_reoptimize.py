@@ -131,20 +131,28 @@ def test_only_stale_and_older_compiler_rows(tmp_path, monkeypatch):
     assert new_rows[0].stats["reoptimized"]["hint"] == "older"
 
 
-def test_dask_engine_gives_the_same_results_as_local(store_url, tmp_path):
-    """Deterministic mode, so both engines must find the same plans; the Dask run uses an
-    in-process LocalCluster (one worker, one thread)."""
+def test_dask_engine_gives_the_same_results_as_local(store_url, tmp_path, capsys):
+    """Deterministic mode, so both engines must find the same plans. The Dask run goes
+    through the CLI (`--engine dask --scheduler tcp://...`) to an in-process LocalCluster
+    (one worker, one thread) listening on TCP."""
     distributed = pytest.importorskip("distributed")
+    from service.cli import main
+
     names = ["gpt2_tiny_block16", "bmm_tiny_b4_m32_k64_n32"]
     local_url = str(tmp_path / "local.sqlite")
     _seed(local_url, names)
     _seed(store_url, names)
     local = reopt.reoptimize(local_url, budget_s=1.0, engine="local", jobs=1, deterministic=True)
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as cluster:
-        dask = reopt.reoptimize(store_url, budget_s=1.0, engine="dask", scheduler=cluster.scheduler_address,
-                                deterministic=True)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://",
+                                  host="127.0.0.1", dashboard_address=None) as cluster:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        capsys.readouterr()
+        assert main(["reoptimize", "--store", store_url, "--time-limit", "1", "--deterministic", "--engine", "dask",
+                     "--scheduler", cluster.scheduler_address, "--json"]) == 0
+    dask = json.loads(capsys.readouterr().out)
+    assert dask["engine"] == "dask" and dask["budget_s"] == 1.0
     outcome = {r.name: (r.outcome, r.after_us, r.stored_us) for r in local.rows}
-    assert {r.name: (r.outcome, r.after_us, r.stored_us) for r in dask.rows} == outcome
+    assert {r["name"]: (r["outcome"], r["after_us"], r["stored_us"]) for r in dask["rows"]} == outcome
     assert {o for o, _, _ in outcome.values()} <= {"improved", "proved", "new", "unchanged"}
+    assert all(after is not None for _, after, _ in outcome.values())  # both engines made a plan per graph
     assert ProgramStore(store_url).integrity_errors() == []

@@ -192,3 +192,32 @@ def test_postgres_store_reconnects_after_the_server_drops_it(store_url):
     with pytest.raises(psycopg.OperationalError):
         store.has_graph(GRAPH)  # the request in flight when the server dropped the connection fails...
     assert store.has_graph(GRAPH)  # ...the next one reconnects
+
+
+def _hammer(url, key, values):
+    store = ProgramStore(url)
+    for v in values:
+        store.put_program(_record(key, predicted=v))
+    store.close()
+
+
+def test_concurrent_writers_keep_the_best_row(store_url):
+    """Two processes replacing one row with random predicted times: the replacement
+    decision and the write are one transaction, so the row ends at the minimum of all."""
+    import multiprocessing
+    import random
+
+    store = ProgramStore(store_url)
+    key = program_key(GRAPH, "1.0", "o" * 64, "d" * 64)
+    # decreasing and interleaved: nearly every write of each process replaces the row, so
+    # a decision made on a row the other process has just replaced would show
+    rng = random.Random(7)
+    batches = [sorted((rng.uniform(1.0, 100.0) for _ in range(60)), reverse=True) for _ in range(2)]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_hammer, args=(store_url, key, b)) for b in batches]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    assert store.get_program(key).stats["predicted_us"] == min(min(b) for b in batches)
