@@ -46,6 +46,11 @@ def test_improves_a_stored_plan_with_a_gap_and_compile_serves_it(store_url):
     stored = store.get_program(before.key)
     assert stored.stats["simulated_us"] == pytest.approx(llama.after_us) and stored.complete
     assert stored.stats["reoptimized"]["budget_s"] == 2.0 and stored.stats["reoptimized"]["hint"] == "current"
+    from service.batch.inventory import list_store
+
+    listed = {r["name"]: r for r in list_store(store)}["llama_tiny_decode32"]
+    assert listed["simulated_us"] == pytest.approx(llama.after_us) and listed["planner"] == "cpsat"
+    assert listed["reoptimized"]["run_id"] == summary.run_id
 
     # /compile with default options answers from the store with the re-optimized program
     from fastapi.testclient import TestClient

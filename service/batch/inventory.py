@@ -78,7 +78,8 @@ def list_store(store: ProgramStore) -> list[dict[str, Any]]:
                                "planner": None, "compiler_version": None, "hardware": None,
                                "hardware_digest": None, "current": None, "predicted_us": None,
                                "simulated_us": None, "lower_bound_us": None, "gap": None, "solver_gap": None,
-                               "solver_status": None, "complete": None, "optimal": None, "solved_at": None}
+                               "solver_status": None, "complete": None, "optimal": None, "solved_at": None,
+                               "reoptimized": None}
         if best is not None:
             s = best.stats
             row.update(key=best.key, planner=s.get("planner"), compiler_version=best.compiler_version,
@@ -86,7 +87,8 @@ def list_store(store: ProgramStore) -> list[dict[str, Any]]:
                        predicted_us=s.get("predicted_us"), simulated_us=s.get("simulated_us"),
                        lower_bound_us=s.get("lower_bound_us"), gap=gap_to_bound(s), solver_gap=s.get("gap"),
                        solver_status=s.get("solver_status"), complete=best.complete,
-                       optimal=str(s.get("solver_status") or "").upper() == "OPTIMAL", solved_at=best.updated_at)
+                       optimal=str(s.get("solver_status") or "").upper() == "OPTIMAL", solved_at=best.updated_at,
+                       reoptimized=s.get("reoptimized"))
         rows.append(row)
     return rows
 
