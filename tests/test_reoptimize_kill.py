@@ -25,12 +25,14 @@ def _command(url):
             "--json"]
 
 
-def test_killed_run_then_rerun_processes_each_graph_once(store_url):
+def test_killed_run_then_rerun_processes_each_graph_once(store_url, tmp_path):
     store = ProgramStore(store_url)
     add_graphs(store, [str(TINY / f"{n}.json") for n in NAMES])
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(_command(store_url), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
+    log = tmp_path / "killed-run.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(_command(store_url), stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                start_new_session=True)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None and not store.reoptimizations():
@@ -39,7 +41,7 @@ def test_killed_run_then_rerun_processes_each_graph_once(store_url):
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and its pool worker, mid-run
         proc.wait(timeout=30)
     first = {r.graph_hash: r for r in store.reoptimizations()}
-    assert 1 <= len(first) < len(NAMES), f"the run was not killed mid-way: {len(first)} processed"
+    assert 1 <= len(first) < len(NAMES), f"not killed mid-way ({len(first)} processed): {log.read_text()[-2000:]}"
     assert store.integrity_errors() == []
 
     rerun = subprocess.run(_command(store_url), capture_output=True, text=True, env=env, timeout=300)
