@@ -7,16 +7,16 @@ file's digest)) is the target. A graph is re-solved when that row
   an older compiler version or for an older hardware file ("stale"), or
 - holds a plan that is not proven optimal (`--only-stale` skips these).
 The solve starts from the stored plan as a complete hint (the target row's program, else
-the best plan of any other row of the graph), runs the planner with the batch budget
-(by default searching for all of it: `BUDGET_MODES`),
-and its program is validated on the simulator again (besides `plan()`'s own check) and
-timed. The store then keeps it only when it is faster on the simulator, or as fast and
-proven optimal (`service.store.faster_or_proven`): never a slower or an invalid plan.
-Because it lands under the default key, `/compile` serves it from then on.
+the best plan of any other row of the graph) and runs the planner with the batch budget
+(by default searching for all of it: `BUDGET_MODES`). The worker validates and times its
+program on the simulator (besides `plan()`'s own check), and the process that commits it
+does so once more, so a worker (possibly another build on a remote Dask worker) can never
+put an invalid plan or a wrong time into the store. The store keeps the new plan only
+when it is faster on the simulator, or as fast and proven optimal
+(`service.store.faster_or_proven`): never a slower or an invalid plan. Because it lands
+under the default key, `/compile` serves it from then on.
 
-The process that commits a result validates and times its program once more, so a
-worker (possibly another build on a remote Dask worker) can never put an invalid plan,
-or a wrong time, into the store. Every result is committed as it arrives, together with a `reoptimizations` row keyed by
+Every result is committed as it arrives, together with a `reoptimizations` row keyed by
 (program key, compiler version, hardware digest, budget) in the same transaction: a run
 killed at any moment loses only the jobs in flight, and a rerun with the same budget
 skips what was processed. Failures are recorded too (a graph that does not compile with
