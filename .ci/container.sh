@@ -73,6 +73,8 @@ kill "$pip_server" 2>/dev/null || true
 pip_server=""
 # Earlier CI images this tag replaced (vfs keeps every layer whole on disk).
 "$DOCKER" image prune -f --filter label=org.sticksat.ci=1 >/dev/null 2>&1 || true
+# BuildKit's cache: enough for the next build of unchanged sources, bounded over many runs.
+"$DOCKER" builder prune -f --keep-storage 2gb >/dev/null 2>&1 || true
 image_id=$("$DOCKER" image inspect --format '{{.Id}}' "$IMAGE")
 image_size=$("$DOCKER" image inspect --format '{{.Size}}' "$IMAGE")
 image_user=$("$DOCKER" image inspect --format '{{.Config.User}}' "$IMAGE")
