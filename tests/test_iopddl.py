@@ -121,3 +121,169 @@ def test_cli_infeasible_memory_reports_no_solution(tmp_path, capsys):
     assert main(["iopddl", str(path), "--json", "--time-limit", "1"]) == 1
     out = json.loads(capsys.readouterr().out.strip())
     assert out["feasible"] is False and out["cost"] is None
+
+
+# -- node merging, group local search, windows (solver.core.merge, solver.core.search) -----
+def _random_instance(seed: int, n: int = 40, tight: float = 0.35):
+    """A random instance with followers (edges whose table allows one strategy of the second
+    node per strategy of the first), a few forbidden entries and a limit between the least
+    and the largest possible peak."""
+    import numpy as np
+    from solver.core import FORBIDDEN_COST, StrategyProblem, Timeline
+    rng = np.random.default_rng(seed)
+    k = [int(rng.integers(1, 5)) for _ in range(n)]
+    costs = [rng.integers(0, 50, size=ki) for ki in k]
+    usages = [rng.integers(1, 20, size=ki) for ki in k]
+    ivs = []
+    for _ in range(n):
+        a = int(rng.integers(0, 30))
+        ivs.append((a, a + int(rng.integers(0, 12))))
+    edges, tables = [], []
+    for v in range(1, n):
+        u = int(rng.integers(0, v))
+        t = rng.integers(0, 100, size=(k[u], k[v])).astype(np.int64)
+        if rng.random() < 0.5:  # v follows u
+            f = rng.integers(0, k[v], size=k[u])
+            t = np.full((k[u], k[v]), FORBIDDEN_COST, dtype=np.int64)
+            t[np.arange(k[u]), f] = rng.integers(0, 30, size=k[u])
+        elif rng.random() < 0.2 and t.size > 1:
+            t[int(rng.integers(k[u])), int(rng.integers(k[v]))] = FORBIDDEN_COST
+        edges.append((u, v))
+        tables.append(t)
+    for _ in range(n // 4):  # a few cycles
+        u, v = (int(x) for x in rng.choice(n, size=2, replace=False))
+        edges.append((u, v))
+        tables.append(rng.integers(0, 100, size=(k[u], k[v])))
+    p = StrategyProblem(costs, usages, ivs, edges, tables)
+    tl = Timeline.build(ivs)
+    lo = int(tl.profile(np.array([int(x.min()) for x in usages])).max())
+    hi = int(tl.profile(np.array([int(x.max()) for x in usages])).max())
+    p.usage_limit = lo + int(tight * (hi - lo))
+    return p
+
+
+def _feasible_instances(first_seed: int, count: int, **kw):
+    """(problem, reduction) for `count` random instances presolve accepts (the generator can
+    forbid every strategy of a node)."""
+    from solver.core import presolve
+    out, seed = [], first_seed
+    while len(out) < count:
+        p = _random_instance(seed, **kw)
+        seed += 1
+        try:
+            out.append((p, presolve(p)))
+        except ValueError:
+            continue
+    return out
+
+
+def test_merged_groups_expand_to_the_evaluators_cost_and_usage():
+    import numpy as np
+    from solver.core import FORBIDDEN_COST, Timeline, evaluate, presolve
+    from solver.core.merge import group_problem
+    merged_total = finite = 0
+    for seed, (p, red) in enumerate(_feasible_instances(0, 6)):
+        gp = group_problem(p, red)
+        merged_total += gp.merged_followers
+        assert gp.num_groups + gp.merged_followers == p.num_nodes
+        tl = Timeline.build(p.intervals)
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            ch = [int(rng.integers(len(c))) for c in gp.cost]
+            ex = gp.expand(ch)
+            ev = evaluate(p, ex)
+            for (u, v), t in zip(p.edges, p.edge_costs):  # no forbidden entry inside a group
+                if gp.group_of[u] == gp.group_of[v]:
+                    assert t[ex[u], ex[v]] < FORBIDDEN_COST
+            gc = gp.cost_of(ch)
+            if gc >= FORBIDDEN_COST:  # a forbidden entry between groups
+                assert ev.cost is None
+            else:
+                finite += 1
+                assert ev.cost == gc
+            prof = tl.profile(np.array([int(p.node_usages[x][ex[x]]) for x in range(p.num_nodes)]))
+            assert (prof == gp.profile(ch)).all()
+    assert merged_total > 20 and finite > 30  # the instances do have followers
+
+
+def test_merging_keeps_the_optimum():
+    """Brute force over tiny instances: the best group choice is the best original choice."""
+    import itertools
+    from solver.core import evaluate, presolve
+    from solver.core.merge import group_problem
+    for seed in range(8):
+        p = _random_instance(100 + seed, n=7, tight=0.5)
+        best = None
+        for ch in itertools.product(*[range(len(c)) for c in p.node_costs]):
+            ev = evaluate(p, ch)
+            if ev.feasible and (best is None or ev.cost < best):
+                best = ev.cost
+        gp = group_problem(p, presolve(p))
+        gbest = None
+        for ch in itertools.product(*[range(len(c)) for c in gp.cost]):
+            ev = evaluate(p, gp.expand(ch))
+            if ev.feasible and (gbest is None or ev.cost < gbest):
+                gbest = ev.cost
+        assert gbest == best
+
+
+def test_group_moves_undo_and_kicks_keep_memory_and_never_worsen():
+    import random
+    import numpy as np
+    from solver.core import evaluate, presolve
+    from solver.core.merge import group_problem
+    from solver.core.search import GroupState, kick_search, least_peak_start
+    for seed, (p, red) in enumerate(_feasible_instances(200, 4, n=60)):
+        gp = group_problem(p, red)
+        st = GroupState(gp, least_peak_start(gp))
+        assert st.repair(1e18)
+        st.descent(1e18)
+        start = evaluate(p, gp.expand(st.k))
+        assert start.feasible and start.cost == st.cur
+        # random moves then undo: profile and running cost come back exactly
+        k0, prof0 = st.k.copy(), st.prof.copy()
+        st.journal = []
+        rng = np.random.default_rng(seed)
+        for _ in range(30):
+            g = int(rng.integers(gp.num_groups))
+            st.move(g, int(rng.integers(len(gp.cost[g]))))
+            assert (st.prof == gp.profile(st.k)).all()
+        st.undo(0)
+        st.journal = None
+        assert (st.k == k0).all() and (st.prof == prof0).all() and st.cur == start.cost
+        for slack in (0.0, 0.05):
+            tried, _ = kick_search(st, 1e18, random.Random(seed), max_kicks=300, slack=slack)
+            ev = evaluate(p, gp.expand(st.k))
+            assert tried == 300 and ev.feasible, ev.reason
+            assert ev.cost == st.cur and ev.cost <= start.cost
+            assert st.feasible_memory() and (st.prof == gp.profile(st.k)).all()
+
+
+def test_window_solve_is_memory_feasible_and_never_worse():
+    import random
+    from ortools.sat.python import cp_model
+    from solver.core import evaluate, presolve
+    from solver.core.merge import group_problem
+    from solver.core.search import GroupState, _ball, group_tree_dp, window_model
+    used = 0
+    for seed, (p, red) in enumerate(_feasible_instances(300, 16, n=60, tight=0.4)):
+        gp = group_problem(p, red)
+        st = GroupState(gp, group_tree_dp(gp))
+        # followers can make the limit unreachable, a start can pick a forbidden pair
+        if not st.repair(1e18) or not evaluate(p, gp.expand(st.k)).feasible:
+            continue
+        used += 1
+        before = evaluate(p, gp.expand(st.k))
+        rng = random.Random(seed)
+        win = _ball(st, [rng.randrange(gp.num_groups)], 25, rng)
+        model, picks = window_model(st, win, pair_limit=64)  # both table encodings
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        solver.parameters.max_time_in_seconds = 10
+        assert solver.Solve(model) == cp_model.OPTIMAL
+        for i, g in enumerate(win):
+            st.move(g, next(s for s, v in enumerate(picks[i]) if solver.BooleanValue(v)))
+        after = evaluate(p, gp.expand(st.k))
+        assert after.feasible, after.reason
+        assert after.cost <= before.cost and after.cost == st.cur
+    assert used >= 3

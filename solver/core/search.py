@@ -127,9 +127,14 @@ class GroupState:
     def move(self, g: int, s: int) -> None:
         if self.journal is not None:
             self.journal.append((g, int(self.k[g])))
+        exact = False
         if s != self.k[g]:
             lc = self.local_cost(g)
-            self.cur += lc[s] - lc[self.k[g]]
+            delta = lc[s] - lc[self.k[g]]
+            if np.isfinite(delta):
+                self.cur += delta
+            else:
+                exact = True  # into or out of a forbidden state: recount below
         if self.has_limit:
             W = self.gp.W[g]
             if len(W):
@@ -137,6 +142,8 @@ class GroupState:
                 for j in np.flatnonzero(d):
                     self.prof[self.gp.seg_start[g][j]:self.gp.seg_end[g][j]] += d[j]
         self.k[g] = s
+        if exact:
+            self.cur = self.total()
 
     def undo(self, mark: int) -> None:
         """Take back the journal's moves after position `mark`."""
@@ -150,8 +157,10 @@ class GroupState:
         return not self.has_limit or bool((self.prof <= self.limit).all())
 
     def total(self) -> float:
-        return float(sum(self.cost[g][s] for g, s in enumerate(self.k))
-                     + sum(t[self.k[a], self.k[b]] for (a, b), t in zip(self.gp.edges, self.gp.tables)))
+        """Cost of the current choice (inf when a forbidden entry is chosen)."""
+        c = float(sum(int(self.gp.cost[g][s]) for g, s in enumerate(self.k))
+                  + sum(int(t[self.k[a], self.k[b]]) for (a, b), t in zip(self.gp.edges, self.gp.tables)))
+        return INF if c >= FORBIDDEN_COST else c
 
     def descent(self, deadline: float, groups: Optional[Sequence[int]] = None, max_passes: int = 50) -> int:
         """Best-improvement single-group moves that keep memory feasible, until none
@@ -211,12 +220,14 @@ class GroupState:
 
 
 def kick_search(st: GroupState, deadline: float, rng: random.Random, max_kicks: int = 10**9,
-                ball: int = 2) -> tuple[int, int]:
+                ball: int = 2, depth: Sequence[int] = (1, 2, 3, 5, 8),
+                slack: float = 0.0) -> tuple[int, int]:
     """Ejection chains: move a group (drawn by what it costs now) to its cheapest strategy
     ignoring memory, repair memory elsewhere by the cheapest usage-reducing moves (the
     kicked group tabu), descend around everything that moved, and keep the result when the
     total is no worse; otherwise undo. Returns (kicks tried, kicks that improved)."""
     tried = improved = 0
+    best = None  # (k, prof, cost) of the best state while walking on a worse one
     st.journal = []
     cur = st.cur
     while tried < max_kicks and time.perf_counter() < deadline:
@@ -229,11 +240,30 @@ def kick_search(st: GroupState, deadline: float, rng: random.Random, max_kicks: 
         finite = np.flatnonzero(np.isfinite(lc))
         if not len(finite):
             continue
-        order = finite[np.argsort(lc[finite])]
-        s = int(order[min(len(order) - 1, int(rng.random() ** 2 * min(4, len(order))))])
         mark = len(st.journal)
-        st.move(g, s)
-        ok = st.repair(deadline, tabu={g})
+        if rng.random() < 0.5:
+            order = finite[np.argsort(lc[finite])]
+            s = int(order[min(len(order) - 1, int(rng.random() ** 2 * min(4, len(order))))])
+            st.move(g, s)
+        else:
+            # a chain: g takes a random allowed strategy, then its neighbours (and theirs,
+            # up to `depth` steps) their best responses, memory ignored until the repair
+            st.move(g, int(finite[rng.randrange(len(finite))]))
+            frontier, seen = [g], {g}
+            for _ in range(rng.choice(depth)):
+                nxt = []
+                for x in frontier:
+                    for y, _ in st.inc[x]:
+                        if y in seen or len(st.cost[y]) < 2:
+                            continue
+                        seen.add(y)
+                        ly = st.local_cost(y)
+                        sy = int(np.argmin(ly))
+                        if np.isfinite(ly[sy]) and sy != st.k[y]:
+                            st.move(y, sy)
+                            nxt.append(y)
+                frontier = nxt
+        ok = st.repair(deadline, tabu={x for x, _ in st.journal[mark:]})
         if ok:
             moved = {x for x, _ in st.journal[mark:]}
             region = _ball(st, list(moved), len(moved) * 4 + 8, rng) if ball else list(moved)
@@ -245,8 +275,25 @@ def kick_search(st: GroupState, deadline: float, rng: random.Random, max_kicks: 
                 cur = new
                 st.journal = []
                 continue
+            # the kick's end state, to redo after taking a snapshot of the state before it
+            redo = [(x, int(st.k[x])) for x in {x for x, _ in st.journal[mark:]}]
+            if slack and new <= cur * (1 + slack) and st.feasible_memory():
+                # record-to-record travel: a slightly worse state is kept to walk on from,
+                # the best one is kept aside
+                if best is None:
+                    st.undo(mark)
+                    best = st.copy_choice()
+                    for x, sx in redo:
+                        st.move(x, sx)
+                cur = new
+                st.journal = []
+                continue
         st.undo(mark)
         st.journal = st.journal[:mark]
+        if best is not None and st.cur < best[2]:
+            best = None
+    if best is not None and best[2] < st.cur:
+        st.restore(best)
     st.journal = None
     return tried, improved
 
@@ -539,8 +586,8 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
              log: Optional[Callable[[str], None]] = None, window: int = 120,
              pair_limit: int = 4096, solve_cap: float = 1.0, full_share: float = 0.8,
              full_pair_limit: int = 400_000, time_share: float = 0.3,
-             window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.5,
-             kick_batch: float = 1.0) -> SearchResult:
+             window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.6,
+             kick_batch: float = 2.0, kick_slack: float = 0.01) -> SearchResult:
     """Best feasible choice found within `time_limit_s` (wall clock, all phases)."""
     t_start = time.perf_counter()
     deadline = t_start + time_limit_s
@@ -599,15 +646,14 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     while time.perf_counter() < lns_deadline - 0.2:
         if rng.random() < kick_share:
             t_k = time.perf_counter()
-            tr, im = kick_search(st, min(lns_deadline - 0.1, t_k + kick_batch), rng)
+            tr, im = kick_search(st, min(lns_deadline - 0.1, t_k + kick_batch), rng, slack=kick_slack)
             kick_stats[0] += tr
             kick_stats[1] += im
             kick_stats[2] += time.perf_counter() - t_k
-            if im:
-                ev = evaluate(problem, gp.expand(st.k))
-                if not ev.feasible or ev.cost > cur_cost:  # never: moves keep memory, cost exact
-                    raise AssertionError(f"kick search broke the incumbent: {ev.reason or ev.cost}")
-                cur_cost = ev.cost
+            ev = evaluate(problem, gp.expand(st.k))
+            if not ev.feasible or ev.cost > cur_cost:  # never: moves keep memory, cost exact
+                raise AssertionError(f"kick search broke the incumbent: {ev.reason or ev.cost}")
+            cur_cost = ev.cost
             continue
         iters += 1
         if st.has_limit and rng.random() < time_share and len(st.all_s):
