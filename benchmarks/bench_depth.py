@@ -68,13 +68,58 @@ def child_point(name: str, planner: str, time_limit_s: float, deterministic: boo
     program = plan(pg, hw, planner, fallback=False, **kwargs)
     plan_s = time.perf_counter() - t_plan
     wall = time.perf_counter() - t0
-    sim_us = time_program(program, hw).total_us
+    report = time_program(program, hw)
+    sim_us = report.total_us
     st = program.stats
+    breakdown = _breakdown(pg, report)
     repeats = next((n for n in st.notes if n.startswith("repeats:")), None)
     return dict(graph=name, planner=planner, time_limit_s=time_limit_s, deterministic=deterministic,
                 ops=len(pg.ops), wall_s=round(wall, 3), plan_s=round(plan_s, 3), sim_us=round(sim_us, 2),
                 predicted_us=st.predicted_us, status=st.solver_status, peak_mb=round(_peak_mb(), 1),
-                repeats=repeats, notes=list(st.notes))
+                repeats=repeats, notes=list(st.notes), **breakdown)
+
+
+def _breakdown(pg, report) -> dict:
+    """Where the simulated time goes, by the planner's own block detection: each copy's op
+    times (sums of op durations; ops run one after another), the rest, and restickifies at
+    seams (a restickify of a tensor produced in another segment than the op after it)."""
+    from solver.spyre.repeats import MIN_COPIES, find_repeats
+    from solver.spyre.schedule import chain_order
+
+    ordered = chain_order(pg)
+    rep = find_repeats(ordered, min_copies=MIN_COPIES)
+    if rep is None:
+        return {}
+    seg = {}
+    for i, op in enumerate(ordered.ops):
+        c = (i - rep.start) // rep.period if rep.start <= i < rep.stop else -1
+        seg[op.id] = c
+    seg_of_tensor = {op.output.tensor: seg[op.id] for op in ordered.ops}
+    copies = [0.0] * rep.copies
+    rest = seams = 0.0
+    ops = report.ops
+    for k, o in enumerate(ops):
+        dur = o.end_us - o.start_us
+        if o.op_id in seg:
+            c = seg[o.op_id]
+            if c >= 0:
+                copies[c] += dur
+            else:
+                rest += dur
+            continue
+        # a restickify (or another emitted op): its tensor's segment vs the next op's
+        nxt = next((seg[q.op_id] for q in ops[k + 1:] if q.op_id in seg), -1)
+        src = o.op_id.split(":", 1)[-1].rsplit("@", 1)[0]
+        if seg_of_tensor.get(src, nxt) != nxt:
+            seams += dur
+        elif nxt >= 0:
+            copies[nxt] += dur
+        else:
+            rest += dur
+    copies.sort()
+    return dict(copies=rep.copies, period=rep.period, copy_us_median=round(copies[len(copies) // 2], 2),
+                copy_us_min=round(copies[0], 2), copy_us_max=round(copies[-1], 2), rest_us=round(rest, 2),
+                seam_us=round(seams, 2), ops_sum_us=round(sum(copies) + rest + seams, 2))
 
 
 def child_passes(name: str, repeat: int) -> dict:
@@ -135,7 +180,7 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r.get('graph')} | | {r.get('planner')} | | | | | error: {r['error'][-120:]!r} | | |")
             continue
         lines.append(f"| {r['graph']} | {r['ops']} | {r['planner']}{' (det)' if r['deterministic'] else ''} | "
-                     f"{r['time_limit_s']:g} | {r['wall_s']:.1f} | {r['plan_s']:.1f} | {r['sim_us'] / 1000:.2f} | "
+                     f"{r['time_limit_s'] if r['planner'] != 'heuristic' else '-'} | {r['wall_s']:.1f} | {r['plan_s']:.1f} | {r['sim_us'] / 1000:.2f} | "
                      f"{r['status']} | {r['peak_mb']:.0f} | {r.get('repeats') or '-'} |")
     return "\n".join(lines)
 
@@ -162,12 +207,18 @@ def plot(rows: list[dict], path: Path) -> None:
 
     ladder = [r for r in rows if "error" not in r and r["graph"] in LADDER]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for planner in sorted({r["planner"] for r in ladder}):
-        pts = sorted((int(r["graph"].split("_x")[1].split("_")[0]), r) for r in ladder if r["planner"] == planner)
+    def series(r) -> str:
+        if r["planner"] == "heuristic":
+            return "heuristic"
+        return f"{r['planner']} {r['time_limit_s']:g} s" + (" (det)" if r.get("deterministic") else "")
+    for name in sorted({series(r) for r in ladder}):
+        pts = sorted((int(r["graph"].split("_x")[1].split("_")[0]), r) for r in ladder if series(r) == name)
+        if len(pts) < 2:
+            continue
         xs = [n for n, _ in pts]
-        axes[0].plot(xs, [r["wall_s"] for _, r in pts], "o-", label=planner)
-        axes[1].plot(xs, [r["peak_mb"] for _, r in pts], "o-", label=planner)
-        axes[2].plot(xs, [r["sim_us"] / 1000 / n for n, r in pts], "o-", label=planner)
+        axes[0].plot(xs, [r["wall_s"] for _, r in pts], "o-", label=name)
+        axes[1].plot(xs, [r["peak_mb"] for _, r in pts], "o-", label=name)
+        axes[2].plot(xs, [r["sim_us"] / 1000 / n for n, r in pts], "o-", label=name)
     for ax, title in zip(axes, ("cold compile wall (s)", "peak RSS (MB)", "simulated ms per layer")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("layers (Llama-3.1-8B, prefill 512)")
@@ -190,8 +241,17 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", action="store_true", help="emit / validate / simulate timings only")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--plot", type=Path)
+    ap.add_argument("--plot", type=Path, help="write the ladder plot (wall, peak memory, ms per layer)")
+    ap.add_argument("--from-jsonl", type=Path, help="tables and plot from rows saved by an earlier run "
+                    "(one JSON object per line, as the child prints them)")
+    ap.add_argument("--save", type=Path, help="append every row (notes included) to this JSONL file")
     args = ap.parse_args(argv)
+    if args.from_jsonl:
+        rows = [json.loads(line) for line in args.from_jsonl.read_text().splitlines() if line.strip()]
+        print(table(rows))
+        if args.plot:
+            plot(rows, args.plot)
+        return 0
     if args.child:
         g, p, lim, det = args.child
         print(json.dumps(child_point(g, p, float(lim), det == "1")))
@@ -219,6 +279,9 @@ def main(argv=None) -> int:
             r.setdefault("graph", g)
             r.setdefault("planner", p)
             rows.append(r)
+            if args.save:
+                with open(args.save, "a") as fh:
+                    fh.write(json.dumps(r) + "\n")
             print(json.dumps({k: v for k, v in r.items() if k != "notes"}) if args.json
                   else table([r]).splitlines()[-1], flush=True)
     if not args.json:

@@ -101,13 +101,15 @@ def _grouped_span_split(op: PrimOp, split: dict[str, int], gran, sticks, ch, sha
 def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                    hint=None, lx_planning: bool = True, beam_width: int = BEAM_WIDTH,
                    linear_weight_layout: bool = True, lx_planner_relayout: bool = True,
-                   **_ignored) -> PlanDecisions:
+                   input_sticks: Optional[dict] = None, **_ignored) -> PlanDecisions:
     """`lx_planner_relayout` is upstream's `SPYRE_LX_PLANNER_RELAYOUT` (default on): a
     restickify keeps its producer's ownership and may read and write LX (PR #4153; on
     chip as an LX relayout, #3439). Off: every restickify reads and writes device memory
     (upstream's restickify barrier)."""
     stick_bytes = hw.stick_bytes
-    decisions = PlanDecisions(planner="heuristic")
+    # `input_sticks`: graph inputs arriving in other layouts than their last dim (a window of
+    # a larger graph reads its boundary tensors in their producers' layouts; not upstream)
+    decisions = PlanDecisions(planner="heuristic", input_sticks=dict(input_sticks or {}))
     if linear_weight_layout:
         decisions.input_sticks.update(linear_weight_sticks(pg))
     layouts = beam_search_layouts(pg, stick_bytes, width=beam_width, input_sticks=decisions.input_sticks)

@@ -387,10 +387,18 @@ def _hint_us(pg: PrimGraph, hw, hint_d: PlanDecisions) -> float:
     from simulator.timing import time_program
     from solver.emit import emit_program
 
+    return _hint_report(pg, hw, hint_d)[0]
+
+
+def _hint_report(pg: PrimGraph, hw, hint_d: PlanDecisions):
+    from simulator.timing import time_program
+    from solver.emit import emit_program
+
     try:
-        return time_program(emit_program(pg, hw, replace(hint_d, op_order=[])), hw).total_us
+        report = time_program(emit_program(pg, hw, replace(hint_d, op_order=[])), hw)
     except ValueError:
-        return float("inf")
+        return float("inf"), None
+    return report.total_us, report
 
 
 # In wall-clock mode the reserve also follows this machine's speed right now: the whole
@@ -398,6 +406,58 @@ def _hint_us(pg: PrimGraph, hw, hint_d: PlanDecisions) -> float:
 # took 2-3x that on the 32-layer Llama (loaded or not), so the reserve is at least
 # RESERVE_HEURISTIC_FACTOR times it.
 RESERVE_HEURISTIC_FACTOR = 3.5
+
+
+def _hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hint_d: PlanDecisions, hint_report,
+            readers: dict, us: float, notes: list, compose) -> Optional[tuple[PlanDecisions, float]]:
+    """Segments (a copy, an edge, a window) whose ops the hint runs faster (simulated, op by
+    op) take the hint's decisions; the result is emitted, validated and simulated once and
+    returned when faster than `us`, else None."""
+    from simulator.timing import time_program
+    from solver.spyre.cpsat_planner import _program_or_none
+    from solver.spyre.windows import keep_part
+
+    mine = {o.op_id: o.end_us - o.start_us for o in report.ops}
+    theirs = {o.op_id: o.end_us - o.start_us for o in hint_report.ops}
+    pos = {op.id: i for i, op in enumerate(pg.ops)}
+    out, swapped = [], 0
+    for part, ids in parts:
+        if sum(theirs.get(o, 0.0) for o in ids) < sum(mine.get(o, 0.0) for o in ids) * (1 - 1e-6):
+            hp = keep_part(pg, hint_d, sorted(pos[o] for o in ids), readers)
+            out.append((hp, hp.op_order))
+            swapped += 1
+        else:
+            out.append((part, ids))
+    if not swapped:
+        return None
+    cand = compose(out)
+    prog, _ = _program_or_none(pg, hw, cand)
+    if prog is None:
+        notes.append(f"hybrid with the hint on {swapped} segments: invalid, not taken")
+        return None
+    cand_us = time_program(prog, hw).total_us
+    notes.append(f"hybrid with the hint on {swapped} of {len(parts)} segments: simulated {cand_us:.1f} us "
+                 f"({'taken' if cand_us < us else 'not taken'}, was {us:.1f})")
+    return (cand, cand_us) if cand_us < us else None
+
+
+def _checked_hint(pg: PrimGraph, hw, hint_d: PlanDecisions, hint_us: float,
+                  notes: list) -> tuple[PlanDecisions, float]:
+    """The hint, validated before it is returned; when the validator rejects it (the
+    heuristic fails on some graphs, e.g. a cumsum split on GPT-2's position ids), the naive
+    plan takes its place."""
+    from simulator.timing import time_program
+    from solver.naive import plan_naive
+    from solver.spyre.cpsat_planner import _program_or_none
+
+    prog, issues = _program_or_none(pg, hw, replace(hint_d, op_order=[]))
+    if prog is not None:
+        return hint_d, hint_us
+    notes.append("the hint is invalid (" + "; ".join(f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}"
+                                                      for i in issues[:2]) + "): the naive plan stands in")
+    naive = plan_naive(pg, hw)
+    prog, _ = _program_or_none(pg, hw, naive)
+    return naive, (time_program(prog, hw).total_us if prog is not None else float("inf"))
 
 
 def _reserve_s(n_ops: int, heuristic_s: Optional[float] = None) -> float:
@@ -610,7 +670,7 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
             f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) + "): LX residencies dropped")
         composed = replace(composed, resident={}, restick_ops={})
         prog, issues = _program_or_none(pg, hw, composed)
-    hint_us = _hint_us(pg, hw, hint_d)
+    hint_us, hint_report = _hint_report(pg, hw, hint_d)
     seam = ""
     if prog is None:
         notes.append("composed plan failed validation: " + "; ".join(
@@ -623,7 +683,14 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
             _DEBUG.update(report=report, parts=pre + head + copies + tail + post, composed=composed, pg=pg)
         per_copy = rep_d.stats.get("predicted_us")
         seam = f", representative predicted {per_copy:.1f} us x {rep.copies}" if per_copy else ""
+        if hint_report is not None and (deterministic or time.perf_counter() < t0 + limit - 0.6 * reserve):
+            better = _hybrid(pg, hw, composed, pre + head + copies + tail + post, report, hint_d, hint_report,
+                             readers, us, notes, compose)
+            if better is not None:
+                composed, us = better
     phase["compose and check"] = time.perf_counter() - t_check
+    if us > hint_us:
+        hint_d, hint_us = _checked_hint(pg, hw, hint_d, hint_us, notes)
     if us <= hint_us:
         out = composed
         notes.append(f"repeated-structure plan simulated {us:.1f} us (hint {hint_us:.1f} us{seam})")
@@ -699,6 +766,8 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
                                 rounds_budget_s=0.4 * avail, notes=notes)
     hint_us = _hint_us(pg, hw, hint_d)
     status = "FEASIBLE"
+    if us > hint_us:
+        hint_d, hint_us = _checked_hint(pg, hw, hint_d, hint_us, notes)
     if us > hint_us:
         notes.append(f"windowed plan simulated {us:.1f} us > hint {hint_us:.1f} us: returning the hint")
         d, us, status = replace(hint_d, planner="cpsat", stats={}, op_order=[]), hint_us, "HINT"
