@@ -131,3 +131,6 @@ def test_usage_errors(tmp_path, graphs):
     assert main(["check", str(graphs), "--baseline", str(tmp_path / "missing.json")]) == 2
     (tmp_path / "bad.json").write_text('{"format": "other"}')
     assert main(["check", str(graphs), "--baseline", str(tmp_path / "bad.json")]) == 2
+    # an output it could not write is a usage error before any compile, not a traceback
+    assert main(["check", str(graphs), "--junit", str(tmp_path / "no" / "such" / "dir" / "j.xml")]) == 2
+    assert main(["check", str(graphs), "--baseline", str(tmp_path / "none" / "b.json"), "--update-baseline"]) == 2

@@ -6,6 +6,7 @@ baseline; 2 on a usage error (no such directory, unreadable baseline)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -42,6 +43,14 @@ def run(args) -> int:
     if args.update_baseline and not args.baseline:
         print("sticksat check: --update-baseline needs --baseline FILE", file=sys.stderr)
         return 2
+    # an output the run could not write is a usage error, found before minutes of compiling
+    for flag, path in (("--junit", args.junit), ("--baseline", args.baseline if args.update_baseline else None)):
+        if path is not None:
+            parent = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+                print(f"sticksat check: {flag} {path}: directory {parent} is missing or not writable",
+                      file=sys.stderr)
+                return 2
 
     def progress(i, n, name):
         if name is not None and not args.json:
@@ -59,7 +68,11 @@ def run(args) -> int:
         print(f"sticksat check: {exc.code}: {exc.message}", file=sys.stderr)
         return 2
     if args.junit:
-        write_junit(args.junit, result)
+        try:
+            write_junit(args.junit, result)
+        except OSError as exc:
+            print(f"sticksat check: cannot write --junit {args.junit}: {exc}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:
