@@ -34,6 +34,7 @@ from ortools.sat.python import cp_model
 
 from solver.core import (FORBIDDEN_COST, Reduction, StrategyProblem, evaluate, local_search, presolve,
                          tree_dp_start)
+from solver.core.bp import lagrangian_starts
 from solver.core.merge import GroupedProblem, group_problem
 
 INF = float("inf")
@@ -77,6 +78,7 @@ class GroupState:
                 self.offs.append(np.zeros(0, np.int64))
         self.prof = gp.profile(self.k) if self.has_limit else np.zeros(0, np.int64)
         self.journal: Optional[list[tuple[int, int]]] = None
+        self.Wmin = [W.min(axis=1) if len(W) else np.zeros(0, np.int64) for W in gp.W]
         self.cur = self.total()  # kept up to date by move()
         # all segments of all groups, for "who is live at step t"
         self.all_g = np.concatenate([np.full(len(s), g) for g, s in enumerate(gp.seg_start)] or [np.zeros(0, int)])
@@ -186,36 +188,50 @@ class GroupState:
                     dirty.add(g)
         return moves
 
+    def _rise_ok(self, g: int) -> np.ndarray:
+        """Per strategy of g: it raises none of g's segments above the limit."""
+        W = self.gp.W[g]
+        segmax = np.maximum.reduceat(self.prof[self.steps[g]], self.offs[g])
+        rise = W - W[:, self.k[g]][:, None]
+        return ~((rise > 0) & ((segmax[:, None] + rise) > self.limit)).any(axis=0)
+
     def repair(self, deadline: float, tabu: Optional[set] = None) -> bool:
-        """Memory repair by the cheapest usage-reducing moves at the worst step (a move may
-        not push any of the group's other segments over the limit)."""
+        """Memory repair at the worst step: the usage-reducing moves of the groups live there,
+        cheapest cost increase per unit of usage saved first, applied until the step fits (a
+        move may not push any of the group's other segments over the limit)."""
         while self.has_limit and time.perf_counter() < deadline:
             over = self.prof - self.limit
             t = int(np.argmax(over))
             if over[t] <= 0:
                 return True
-            best = None
+            cands = []
             live = np.flatnonzero((self.all_s <= t) & (self.all_e > t))
             for g, j in zip(self.all_g[live], self.all_j[live]):
                 g, j = int(g), int(j)
-                if tabu is not None and g in tabu:
+                if (tabu is not None and g in tabu) or self.gp.W[g][j, self.k[g]] <= self.Wmin[g][j]:
                     continue
                 W = self.gp.W[g]
                 saved = W[j, self.k[g]] - W[j]
-                if not (saved > 0).any():
-                    continue
-                segmax = np.maximum.reduceat(self.prof[self.steps[g]], self.offs[g])
-                rise = W - W[:, self.k[g]][:, None]
-                bad = ((rise > 0) & ((segmax[:, None] + rise) > self.limit)).any(axis=0)
                 lc = self.local_cost(g)
-                ratio = np.where((saved > 0) & ~bad & np.isfinite(lc),
+                ratio = np.where((saved > 0) & self._rise_ok(g) & np.isfinite(lc),
                                  (lc - lc[self.k[g]]) / np.maximum(saved, 1), INF)
                 s = int(np.argmin(ratio))
-                if ratio[s] < INF and (best is None or ratio[s] < best[0]):
-                    best = (ratio[s], g, s)
-            if best is None:
+                if ratio[s] < INF:
+                    cands.append((float(ratio[s]), g, j, s))
+            if not cands:
                 return False
-            self.move(best[1], best[2])
+            cands.sort()
+            moved = False
+            for _, g, j, s in cands:
+                if self.prof[t] <= self.limit:
+                    break
+                W = self.gp.W[g]
+                if W[j, s] >= W[j, self.k[g]] or not self._rise_ok(g)[s]:
+                    continue  # an earlier move changed what this one would do
+                self.move(g, s)
+                moved = True
+            if not moved:
+                return False
         return self.feasible_memory()
 
 
@@ -587,7 +603,8 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
              pair_limit: int = 4096, solve_cap: float = 1.0, full_share: float = 0.8,
              full_pair_limit: int = 400_000, time_share: float = 0.3,
              window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.6,
-             kick_batch: float = 2.0, kick_slack: float = 0.01) -> SearchResult:
+             kick_batch: float = 2.0, kick_slack: float = 0.01,
+             lagrangian_share: float = 0.15) -> SearchResult:
     """Best feasible choice found within `time_limit_s` (wall clock, all phases)."""
     t_start = time.perf_counter()
     deadline = t_start + time_limit_s
@@ -601,30 +618,44 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     stats: dict = {"presolve_s": round(time.perf_counter() - t_start, 2),
                    "strategies_kept": red.num_strategies, "groups": gp.num_groups,
                    "group_edges": len(gp.edges)}
-    starts = [("least-peak", least_peak_start(gp)), ("group DP", group_tree_dp(gp))]
-    if problem.num_nodes <= 2000:
-        dp = tree_dp_start(problem, red)
-        # the core's older local search (ratio repair from the node DP start): slower,
-        # kept for small instances where it sometimes lands closer
-        ls = local_search(problem, red, start=dp)
-        if ls is not None:
-            starts.append(("node DP + local_search", gp.contract(ls, red)))
     best_state, best_cost = None, None
-    for name, ch in starts:
-        if best_state is not None and time.perf_counter() > t_start + 0.4 * time_limit_s:
-            say(f"start {name}: skipped (time)")
-            continue
+    n_starts = 0
+
+    def consider(name: str, ch: list[int], budget: float) -> None:
+        nonlocal best_state, best_cost, n_starts
         t_s = time.perf_counter()
         st = GroupState(gp, ch)
-        if not st.repair(min(deadline, t_s + 0.2 * time_limit_s)):
+        if not st.repair(min(deadline, t_s + budget)):
             say(f"start {name}: memory repair failed")
-            continue
-        st.descent(min(deadline, time.perf_counter() + 0.05 * time_limit_s))
+            return
+        st.descent(min(deadline, time.perf_counter() + budget))
+        n_starts += 1
+        if best_cost is not None and st.cur >= best_cost:
+            return
         ev = evaluate(problem, gp.expand(st.k))
         say(f"start {name}: {ev.cost if ev.feasible else 'infeasible ' + ev.reason} "
             f"({time.perf_counter() - t_s:.1f}s)")
         if ev.feasible and (best_cost is None or ev.cost < best_cost):
             best_state, best_cost = st, ev.cost
+
+    # the feasibility-first start (always memory-feasible when each node alone fits)
+    consider("least-peak", least_peak_start(gp), 0.2 * time_limit_s)
+    # min-sum message passing under Lagrangian usage penalties (three step sizes), each
+    # decoded choice repaired and descended
+    lag_deadline = time.perf_counter() + lagrangian_share * time_limit_s
+    for step in (0.01, 0.003, 0.03):
+        if time.perf_counter() > lag_deadline:
+            break
+        for k in lagrangian_starts(gp, lag_deadline, step=step):
+            if time.perf_counter() > lag_deadline:
+                break
+            consider(f"lagrangian {step}", k, 0.02 * time_limit_s)
+    if problem.num_nodes <= 2000 and time.perf_counter() < lag_deadline:
+        # the core's older local search (ratio repair from the node DP start)
+        ls = local_search(problem, red, start=tree_dp_start(problem, red))
+        if ls is not None:
+            consider("node DP + local_search", gp.contract(ls, red), 0.05 * time_limit_s)
+    stats["starts"] = n_starts
     stats["start_cost"] = best_cost
     stats["start_s"] = round(time.perf_counter() - t_start, 2)
     bound = float(trivial_bound(problem, red))

@@ -1,0 +1,105 @@
+"""Min-sum message passing on the group graph (a pairwise MRF), for starts far from the
+local optima the single-group moves get stuck in.
+
+Sequential (Gauss-Seidel) min-sum with damping over the groups in a fixed order, forward
+then backward; decoding is greedy in the same order, each group taking its best strategy
+given the already decoded neighbours' strategies plus the messages of the others. Memory
+enters as Lagrangian penalties: `penalty[t]` per unit of usage at compressed step t adds
+sum_t penalty[t] * usage to a group's strategies (`unary_with_penalty`); `lagrangian_starts`
+raises the penalties where the decoded choice exceeds the limit (subgradient steps) and
+returns every decoded choice for the caller to repair and improve.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import numpy as np
+
+from solver.core import FORBIDDEN_COST
+from solver.core.merge import GroupedProblem
+
+BIG = 1e15  # forbidden entries in message passing (finite: no inf - inf)
+
+
+class MinSum:
+    def __init__(self, gp: GroupedProblem):
+        self.gp = gp
+        G = gp.num_groups
+        self.unary0 = [np.where(c >= FORBIDDEN_COST, BIG, c.astype(np.float64)) for c in gp.cost]
+        # directed edges: for group g, list of (neighbour, table oriented [g, nb], message id in, id out)
+        self.nbrs: list[list[tuple[int, np.ndarray, int, int]]] = [[] for _ in range(G)]
+        self.msg: list[np.ndarray] = []
+        for (a, b), t in zip(gp.edges, gp.tables):
+            tf = np.where(t >= FORBIDDEN_COST, BIG, t.astype(np.float64))
+            ab = len(self.msg)
+            self.msg.append(np.zeros(t.shape[1]))  # a -> b, over b's strategies
+            ba = len(self.msg)
+            self.msg.append(np.zeros(t.shape[0]))  # b -> a, over a's strategies
+            self.nbrs[a].append((b, tf, ba, ab))
+            self.nbrs[b].append((a, tf.T, ab, ba))
+        self.order = list(range(G))
+
+    def unary_with_penalty(self, penalty: Optional[np.ndarray]) -> list[np.ndarray]:
+        if penalty is None:
+            return self.unary0
+        gp = self.gp
+        cum = np.concatenate([[0.0], np.cumsum(penalty)])
+        out = []
+        for g, u in enumerate(self.unary0):
+            W = gp.W[g]
+            if len(W):
+                w = cum[gp.seg_end[g]] - cum[gp.seg_start[g]]  # penalty summed over each segment
+                u = u + w @ W
+            out.append(u)
+        return out
+
+    def sweep(self, unary: list[np.ndarray], damping: float = 0.5) -> None:
+        for order in (self.order, self.order[::-1]):
+            for g in order:
+                belief = unary[g].copy()
+                for _, _, m_in, _ in self.nbrs[g]:
+                    belief += self.msg[m_in]
+                for nb, t, m_in, m_out in self.nbrs[g]:
+                    h = belief - self.msg[m_in]
+                    new = (h[:, None] + t).min(axis=0)
+                    new -= new.min()
+                    self.msg[m_out] = damping * self.msg[m_out] + (1 - damping) * new
+
+    def decode(self, unary: list[np.ndarray]) -> list[int]:
+        G = self.gp.num_groups
+        k = [-1] * G
+        for g in self.order:
+            c = unary[g].copy()
+            for nb, t, m_in, _ in self.nbrs[g]:
+                c += t[:, k[nb]] if k[nb] >= 0 else self.msg[m_in]
+            k[g] = int(np.argmin(c))
+        return k
+
+
+def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, rounds: int = 40,
+                      step: float = 0.01, decay: float = 0.9) -> list[list[int]]:
+    """Decoded choices of min-sum runs under usage penalties raised by subgradient steps:
+    penalty[t] += step * decay^r * (usage[t] - limit) / limit (kept >= 0), in cost units per
+    unit of usage; messages are kept warm between rounds. The first choice has no penalty."""
+    ms = MinSum(gp)
+    out: list[list[int]] = []
+    seen = set()
+    has_limit = gp.limit is not None and gp.tl.n_steps > 0
+    penalty = np.zeros(gp.tl.n_steps)
+    for r in range(rounds):
+        if time.perf_counter() > deadline:
+            break
+        unary = ms.unary_with_penalty(penalty if has_limit else None)
+        for _ in range(sweeps):
+            ms.sweep(unary)
+        k = ms.decode(unary)
+        key = tuple(k)
+        if key not in seen:
+            seen.add(key)
+            out.append(k)
+        if not has_limit:
+            break
+        prof = gp.profile(k)
+        penalty = np.maximum(0.0, penalty + step * decay ** r * (prof - gp.limit) / gp.limit)
+    return out
