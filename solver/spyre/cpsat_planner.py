@@ -114,6 +114,7 @@ DETERMINISTIC_PER_SECOND = 0.15
 # slower plans (geomean 7393/7359 us against 6992/6918: the solve rounds get too little time).
 LOCAL_SEARCH_SHARE = 0.15
 FUSION_SHARE = 0.3
+FUSION_MAX_SHARE = 0.5
 _BUNDLE_CODES = frozenset({"bundle_limit", "lx_cross_bundle"})
 
 
@@ -943,8 +944,11 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
     # emit + validation (two emits, a validation or two for the tile buffers, a simulation;
     # measured on the layer graphs), and at least FUSION_SHARE of the limit: fusion gains
     # more than the solver's last seconds do (layer graphs: 10-20% vs a few %).
-    # Two searches: the plan as solved, and again with its matmuls re-split for tiling.
-    fusion_s = max(4 * (2 * FUSION_TRIALS + 2) * emit_s, FUSION_SHARE * limit_s) if fuse else 0.0
+    # Reserved for the first search (the plan as solved) and capped at FUSION_MAX_SHARE, so a
+    # slow emit on a loaded machine cannot starve the solve; the second search (matmuls
+    # re-split for tiling) runs in whatever time is left.
+    fusion_s = min(max(4 * (FUSION_TRIALS + 2) * emit_s, FUSION_SHARE * limit_s),
+                   FUSION_MAX_SHARE * limit_s) if fuse else 0.0
     if start_prog is not None and predict_program_ns(start_prog, hw) < hint_ns:
         hint_d, hint_prog, hint_ns = start_d, start_prog, predict_program_ns(start_prog, hw)
         hint_name += " + local search"
