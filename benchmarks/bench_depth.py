@@ -68,10 +68,18 @@ def child_point(name: str, planner: str, time_limit_s: float, deterministic: boo
     program = plan(pg, hw, planner, fallback=False, **kwargs)
     plan_s = time.perf_counter() - t_plan
     wall = time.perf_counter() - t0
+    from simulator.validate import validate_program
+
+    t = time.perf_counter()
     report = time_program(program, hw)
+    simulate_s = time.perf_counter() - t
+    t = time.perf_counter()
+    validate_program(program, hw)
+    validate_s = time.perf_counter() - t
     sim_us = report.total_us
     st = program.stats
     breakdown = _breakdown(pg, report)
+    breakdown.update(program_ops=len(program.ops), validate_s=round(validate_s, 3), simulate_s=round(simulate_s, 3))
     repeats = next((n for n in st.notes if n.startswith("repeats:")), None)
     return dict(graph=name, planner=planner, time_limit_s=time_limit_s, deterministic=deterministic,
                 ops=len(pg.ops), wall_s=round(wall, 3), plan_s=round(plan_s, 3), sim_us=round(sim_us, 2),
