@@ -12,7 +12,7 @@ returns every decoded choice for the caller to repair and improve.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -78,28 +78,27 @@ class MinSum:
 
 
 def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, rounds: int = 40,
-                      step: float = 0.01, decay: float = 0.9) -> list[list[int]]:
+                      step: float = 0.01, decay: float = 0.9) -> Iterator[tuple[list[int], float]]:
     """Decoded choices of min-sum runs under usage penalties raised by subgradient steps:
     penalty[t] += step * decay^r * (usage[t] - limit) / limit (kept >= 0), in cost units per
-    unit of usage; messages are kept warm between rounds. The first choice has no penalty."""
+    unit of usage; messages stay warm between rounds. Yields (choice, share of compressed
+    steps over the limit) for each new choice; the first round has no penalty."""
     ms = MinSum(gp)
-    out: list[list[int]] = []
     seen = set()
     has_limit = gp.limit is not None and gp.tl.n_steps > 0
     penalty = np.zeros(gp.tl.n_steps)
     for r in range(rounds):
         if time.perf_counter() > deadline:
-            break
+            return
         unary = ms.unary_with_penalty(penalty if has_limit else None)
         for _ in range(sweeps):
             ms.sweep(unary)
         k = ms.decode(unary)
+        prof = gp.profile(k) if has_limit else None
         key = tuple(k)
         if key not in seen:
             seen.add(key)
-            out.append(k)
+            yield k, float((prof > gp.limit).mean()) if has_limit else 0.0
         if not has_limit:
-            break
-        prof = gp.profile(k)
+            return
         penalty = np.maximum(0.0, penalty + step * decay ** r * (prof - gp.limit) / gp.limit)
-    return out

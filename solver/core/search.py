@@ -604,7 +604,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
              full_pair_limit: int = 400_000, time_share: float = 0.3,
              window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.6,
              kick_batch: float = 2.0, kick_slack: float = 0.01,
-             lagrangian_share: float = 0.15) -> SearchResult:
+             lagrangian_share: float = 0.25) -> SearchResult:
     """Best feasible choice found within `time_limit_s` (wall clock, all phases)."""
     t_start = time.perf_counter()
     deadline = t_start + time_limit_s
@@ -646,10 +646,9 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     for step in (0.01, 0.003, 0.03):
         if time.perf_counter() > lag_deadline:
             break
-        for k in lagrangian_starts(gp, lag_deadline, step=step):
-            if time.perf_counter() > lag_deadline:
-                break
-            consider(f"lagrangian {step}", k, 0.02 * time_limit_s)
+        for k, over in lagrangian_starts(gp, lag_deadline, step=step):
+            if over <= 0.1:  # far over the limit (no penalty yet): a long repair, skipped
+                consider(f"lagrangian {step}", k, 0.05 * time_limit_s)
     if problem.num_nodes <= 2000 and time.perf_counter() < lag_deadline:
         # the core's older local search (ratio repair from the node DP start)
         ls = local_search(problem, red, start=tree_dp_start(problem, red))
