@@ -61,8 +61,11 @@ def machine() -> str:
 
 
 def graph_pool(n_chain: int = 24) -> list[dict]:
-    graphs = [chain_graph(rows=32 * (1 + i % 8), n_ops=2 + i % 5, cols=64 * (1 + i % 2), name=f"load{i}")
-              for i in range(n_chain)]
+    """Distinct chain graphs (sizes and lengths vary; distinct hashes) plus the tiny
+    benchmark graphs: with many graphs, solves go on all through the run instead of the
+    store answering everything after the first minute."""
+    graphs = [chain_graph(rows=32 * (1 + i % 8), n_ops=2 + (i // 8) % 24, cols=64 * (1 + (i // 192) % 2),
+                          name=f"load{i}") for i in range(n_chain)]
     graphs += [json.loads(p.read_text()) for p in sorted(TINY.glob("*.json"))]
     return graphs
 
@@ -85,6 +88,8 @@ class Recorder:
         self.retries_after_wait = 0
         self.retries_after_wait_ok = 0
         self.keys: set[str] = set()
+        self.crashed: list[str] = []  # 500 worker_crashed: the job a killed worker ran
+        self.kills: list[int] = []
 
     def record(self, route: str, status: int, seconds: float) -> None:
         with self.lock:
@@ -163,6 +168,15 @@ def client_loop(url: str, graphs: list[dict], until: float, rec: Recorder, seed:
                     time.sleep(retry_after)
                     waited = True
                     continue
+                if resp.status_code == 500 and "worker_crashed" in resp.text:
+                    # the one job a killed worker was running (--kill-every); requests that
+                    # joined the same job all get its 500, so jobs are counted by key
+                    import re
+
+                    job = re.search(r"running job (\S+) died", resp.text)
+                    with rec.lock:
+                        rec.crashed.append(job.group(1) if job else f"{route}#{len(rec.crashed)}")
+                    break
                 if resp.status_code != 200:
                     rec.error(f"{route}: {resp.status_code} {resp.text[:200]}")
                     break
@@ -183,12 +197,51 @@ def client_loop(url: str, graphs: list[dict], until: float, rec: Recorder, seed:
                 break
 
 
-def run_load(url: str, clients: int, seconds: float, seed: int = 0) -> dict:
-    graphs = graph_pool()
+def worker_pids(server_pid: int) -> list[int]:
+    """The solver worker processes of a `sticksat serve` (its spawned children, not
+    multiprocessing's resource tracker)."""
+    pids = []
+    try:
+        children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    except OSError:
+        return pids
+    for child in children:
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            pids.append(int(child))
+    return pids
+
+
+def killer(server_pid: int, every_s: float, until: float, rec: Recorder, seed: int) -> None:
+    """SIGKILL a random solver worker every `every_s` seconds (fault injection)."""
+    import signal
+
+    rng = random.Random(seed)
+    while time.time() + every_s < until:
+        time.sleep(every_s)
+        pids = worker_pids(server_pid)
+        if pids:
+            pid = rng.choice(pids)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                with rec.lock:
+                    rec.kills.append(pid)
+            except ProcessLookupError:
+                pass
+
+
+def run_load(url: str, clients: int, seconds: float, seed: int = 0, n_graphs: int = 24,
+             kill_every_s: float | None = None, server_pid: int | None = None) -> dict:
+    graphs = graph_pool(n_graphs)
     rec = Recorder()
     until = time.time() + seconds
     threads = [threading.Thread(target=client_loop, args=(url, graphs, until, rec, seed + i))
                for i in range(clients)]
+    if kill_every_s and server_pid:
+        threads.append(threading.Thread(target=killer, args=(server_pid, kill_every_s, until, rec, seed)))
     started = time.time()
     for t in threads:
         t.start()
@@ -226,13 +279,16 @@ def run_load(url: str, clients: int, seconds: float, seed: int = 0) -> dict:
                           "max": max(rec.retry_after, default=None)},
         "retries_after_waiting": rec.retries_after_wait, "retries_after_waiting_ok": rec.retries_after_wait_ok,
         "programs_returned": len(rec.keys), "programs_lost": lost,
+        "workers_killed": len(rec.kills), "jobs_failed_by_kills": len(set(rec.crashed)),
+        "requests_failed_by_kills": len(rec.crashed),
     }
 
 
 def markdown(result: dict, args) -> str:
     lines = [
         f"Measured {datetime.date.today().isoformat()} on {machine()}: `benchmarks/load_test.py --clients "
-        f"{result['clients']} --seconds {args.seconds:g} --workers {args.workers} --queue-limit {args.queue_limit}` "
+        f"{result['clients']} --seconds {args.seconds:g} --graphs {args.graphs} --workers {args.workers} "
+        f"--queue-limit {args.queue_limit}" + (f" --kill-every {args.kill_every:g}" if args.kill_every else "") + "` "
         f"(naive and heuristic planners; latencies are client wall time, 503s included).",
         "",
         f"{result['requests']} requests in {result['seconds']} s ({result['requests_per_s']}/s); "
@@ -240,7 +296,11 @@ def markdown(result: dict, args) -> str:
         f"lost: {len(result['programs_lost'])}; 503s: {result['retry_after_s']['count']} "
         f"(Retry-After {result['retry_after_s']['min']}-{result['retry_after_s']['max']} s), "
         f"{result['retries_after_waiting_ok']} of {result['retries_after_waiting']} retries after waiting "
-        f"Retry-After succeeded.",
+        f"Retry-After succeeded."
+        + (f" Fault injection: {result['workers_killed']} workers SIGKILLed, {result['jobs_failed_by_kills']} "
+           f"jobs ({result['requests_failed_by_kills']} requests) failed with 500 worker_crashed: the job each "
+           f"killed worker was running."
+           if result["workers_killed"] else ""),
         "",
         "| route | requests | statuses | p50 ms | p90 ms | p99 ms | max ms |",
         "|---|---|---|---|---|---|---|",
@@ -261,6 +321,10 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--queue-limit", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--graphs", type=int, default=200, help="distinct chain graphs in the request pool")
+    ap.add_argument("--kill-every", type=float, default=None, metavar="S",
+                    help="SIGKILL a random solver worker every S seconds (fault injection; needs the service "
+                         "started here)")
     ap.add_argument("--url", default=None, help="an already running service (default: start one on loopback)")
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--write", default=None, help="replace the load-test block of this markdown doc")
@@ -274,7 +338,8 @@ def main() -> int:
                                 ["--workers", str(args.workers), "--queue-limit", str(args.queue_limit)]).start()
         url = server.url
     try:
-        result = run_load(url, args.clients, args.seconds, args.seed)
+        result = run_load(url, args.clients, args.seconds, args.seed, args.graphs, args.kill_every,
+                          server.proc.pid if server is not None and server.proc is not None else None)
     finally:
         if server is not None:
             server.stop()
@@ -292,7 +357,9 @@ def main() -> int:
             doc.write_text(head + START + "\n" + text + "\n" + END + tail)
         else:
             raise SystemExit(f"{doc} has no {START} ... {END} block")
-    return 0 if not result["errors"] and not result["programs_lost"] else 1
+    ok = (not result["errors"] and not result["programs_lost"]
+          and result["jobs_failed_by_kills"] <= result["workers_killed"])
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

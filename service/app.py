@@ -776,8 +776,8 @@ async def _compile(state: ServiceState, request: Request, prepared: PreparedComp
     key = program_key(graph_hash, COMPILER_VERSION, options.options_hash(), hw.digest)
     log_fields = {"graph_hash": graph_hash, "key": key, "planner": options.planner, "target": options.target}
 
-    def answer(record: ProgramRecord, cached: bool, coalesced: bool, **log_extra) -> Response:
-        if cached:
+    def answer(record: ProgramRecord, cached: bool, coalesced: bool, hit: bool = False, **log_extra) -> Response:
+        if hit:  # a complete stored program: a store hit (a stored fallback plan is not one)
             metrics.cache_hits.inc()
         metrics.document_compiled(prepared.n_nodes, cached=cached)
         log_event("compile", cached=cached, coalesced=coalesced, status=record.stats.get("solver_status"),
@@ -788,7 +788,7 @@ async def _compile(state: ServiceState, request: Request, prepared: PreparedComp
 
     stored = store.get_program(key)
     if stored is not None and stored.complete:
-        return answer(stored, cached=True, coalesced=False)
+        return answer(stored, cached=True, coalesced=False, hit=True)
 
     # A miss: validate fully (a stored program proves an identical graph passed before).
     document_json = prepared.document_json
@@ -831,7 +831,7 @@ async def _compile(state: ServiceState, request: Request, prepared: PreparedComp
     # No await between this look and submit(): a job stores before it leaves the pool.
     again = store.get_program(key)
     if again is not None and again.complete:
-        return answer(again, cached=True, coalesced=False)
+        return answer(again, cached=True, coalesced=False, hit=True)
     metrics.cache_misses.inc()
     try:
         future, joined = state.pool.submit(key, pipeline.compile_job, job, on_done=persist)

@@ -34,3 +34,22 @@ def test_concurrent_clients_get_200_or_an_honest_503_and_nothing_is_lost(server)
         assert route["p50_ms"] <= route["p90_ms"] <= route["p99_ms"] <= route["max_ms"]
     assert server.metric("sticksat_requests_total", {"status": "500"}) == 0
     assert server.metric("sticksat_worker_crashes_total") == 0
+
+
+def test_workers_killed_under_load_fail_only_their_own_jobs(tmp_path):
+    """The same load with a solver worker SIGKILLed every 2 s (2 workers): each kill
+    fails at most the one request whose job that worker ran (500 worker_crashed), every
+    other request is a 200 or an honest 503, and nothing returned is lost."""
+    proc = ServiceProcess(tmp_path / "store.sqlite", tmp_path / "server.log",
+                          ["--workers", "2", "--queue-limit", "2"]).start()
+    try:
+        result = run_load(proc.url, clients=6, seconds=8, seed=2, n_graphs=200, kill_every_s=2.0,
+                          server_pid=proc.proc.pid)
+        assert result["workers_killed"] >= 2
+        assert result["errors"] == []
+        assert result["jobs_failed_by_kills"] <= result["workers_killed"]
+        assert result["programs_lost"] == [] and result["programs_returned"] >= 5
+        assert proc.metric("sticksat_worker_crashes_total") == result["requests_failed_by_kills"]
+        assert proc.metric("sticksat_requests_total", {"status": "500"}) == result["requests_failed_by_kills"]
+    finally:
+        proc.stop()
