@@ -673,8 +673,25 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     stats["pair_terms"] = pair_terms
     tl = gp.tl
     kick_stats = [0, 0, 0.0]  # tried, improved, seconds
+    # which of the two (kick batches, CP-SAT windows) runs next: the one with the larger
+    # recent gain per second (decayed sums), the other one now and then (`kick_share` is the
+    # kick probability while either has been tried fewer than twice)
+    arm = {"kick": [0.0, 0.0, 0], "window": [0.0, 0.0, 0]}  # gain, seconds, tries
+
+    def credit(name: str, gain: float, secs: float) -> None:
+        a = arm[name]
+        a[0] = 0.7 * a[0] + gain
+        a[1] = 0.7 * a[1] + secs
+        a[2] += 1
+
     while time.perf_counter() < lns_deadline - 0.2:
-        if rng.random() < kick_share:
+        if arm["kick"][2] < 2 or arm["window"][2] < 2:
+            use_kick = rng.random() < kick_share
+        else:
+            rate = {k: a[0] / max(a[1], 1e-9) for k, a in arm.items()}
+            use_kick = (rate["kick"] >= rate["window"]) != (rng.random() < 0.15)
+        t_it, cost_it = time.perf_counter(), cur_cost
+        if use_kick:
             t_k = time.perf_counter()
             tr, im = kick_search(st, min(lns_deadline - 0.1, t_k + kick_batch), rng, slack=kick_slack)
             kick_stats[0] += tr
@@ -684,6 +701,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             if not ev.feasible or ev.cost > cur_cost:  # never: moves keep memory, cost exact
                 raise AssertionError(f"kick search broke the incumbent: {ev.reason or ev.cost}")
             cur_cost = ev.cost
+            credit("kick", cost_it - cur_cost, time.perf_counter() - t_it)
             continue
         iters += 1
         if st.has_limit and rng.random() < time_share and len(st.all_s):
@@ -730,6 +748,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             terms_cap = max(2000.0, terms_cap * 0.7)
         if status != cp_model.OPTIMAL:
             size = max(20, int(size * 0.85))
+        credit("window", cost_it - cur_cost, time.perf_counter() - t_it)
         if iters % 20 == 0:
             say(f"lns {iters}: cost {cur_cost}, window {size}, terms {int(terms_cap)}, "
                 f"{time.perf_counter() - t_start:.0f}s")
