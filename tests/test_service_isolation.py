@@ -182,9 +182,9 @@ def test_numerics_beyond_the_element_limit_is_refused_before_any_job(server):
 
 def test_healthz_answers_while_a_large_body_is_parsed(server):
     server.idle()
-    # 30,000 nodes (about 7 MB): over the format's 20,000-node bound, so a 422 after a
+    # 24,000 nodes (about 5 MB): over the format's 20,000-node bound, so a 422 after a
     # parse of seconds, which happens in a worker (offload_parse_bytes = 200 kB here).
-    raw = json.dumps({"graph": chain_graph(rows=64, n_ops=30_000, name="huge"), "options": NAIVE})
+    raw = json.dumps({"graph": chain_graph(rows=64, n_ops=24_000, name="huge"), "options": NAIVE})
     result: dict = {}
 
     def post():
@@ -212,8 +212,8 @@ def test_healthz_answers_while_a_large_body_is_parsed(server):
 
 def test_queued_at_its_deadline_is_dropped_and_the_504_says_so(server):
     server.idle()
-    httpx.get(server.url + "/test/occupy", params={"seconds": 4, "key": "busy1"})
-    httpx.get(server.url + "/test/occupy", params={"seconds": 4, "key": "busy2"})
+    httpx.get(server.url + "/test/occupy", params={"seconds": 2.5, "key": "busy1"})
+    httpx.get(server.url + "/test/occupy", params={"seconds": 2.5, "key": "busy2"})
     graph = chain_graph(rows=64, n_ops=3, name="queued-deadline")
     key = _key(graph)
     resp = httpx.post(server.url + "/compile", json={"graph": graph, "options": {**NAIVE, "deadline_s": 0.5}},
@@ -241,8 +241,8 @@ def test_running_at_its_deadline_is_stored_under_the_key_the_504_names(server):
 
 def test_a_client_that_leaves_drops_its_queued_job(server):
     server.idle()
-    httpx.get(server.url + "/test/occupy", params={"seconds": 3, "key": "busy3"})
-    httpx.get(server.url + "/test/occupy", params={"seconds": 3, "key": "busy4"})
+    httpx.get(server.url + "/test/occupy", params={"seconds": 2, "key": "busy3"})
+    httpx.get(server.url + "/test/occupy", params={"seconds": 2, "key": "busy4"})
     graph = chain_graph(rows=64, n_ops=5, name="gone-queued")
     key = _key(graph)
     sock = _post_raw(server.port, "/compile", json.dumps({"graph": graph, "options": NAIVE}).encode())

@@ -25,7 +25,7 @@ def server(tmp_path_factory):
 
 
 def test_concurrent_clients_get_200_or_an_honest_503_and_nothing_is_lost(server):
-    result = run_load(server.url, clients=6, seconds=8, seed=1)
+    result = run_load(server.url, clients=6, seconds=6, seed=1)
     assert result["errors"] == []
     assert result["programs_lost"] == [] and result["programs_returned"] >= 5
     compile_statuses = result["routes"]["/compile"]["statuses"]
@@ -37,13 +37,13 @@ def test_concurrent_clients_get_200_or_an_honest_503_and_nothing_is_lost(server)
 
 
 def test_workers_killed_under_load_fail_only_their_own_jobs(tmp_path):
-    """The same load with a solver worker SIGKILLed every 2 s (2 workers): each kill
+    """The same load with a solver worker SIGKILLed every 1.5 s (2 workers): each kill
     fails at most the one request whose job that worker ran (500 worker_crashed), every
     other request is a 200 or an honest 503, and nothing returned is lost."""
     proc = ServiceProcess(tmp_path / "store.sqlite", tmp_path / "server.log",
                           ["--workers", "2", "--queue-limit", "2"]).start()
     try:
-        result = run_load(proc.url, clients=6, seconds=8, seed=2, n_graphs=200, kill_every_s=2.0,
+        result = run_load(proc.url, clients=6, seconds=6, seed=2, n_graphs=200, kill_every_s=1.5,
                           server_pid=proc.proc.pid)
         assert result["workers_killed"] >= 2
         assert result["errors"] == []
