@@ -92,3 +92,58 @@ def test_validating_a_program_with_20000_lx_tensors_is_bounded():
     # Generous: the pairwise scan took minutes here; the sweep takes well under a second
     # of its own (parsing 20,000 declarations dominates).
     assert seconds < 20, seconds
+
+
+def test_operator_caps_from_flags_and_environment(monkeypatch, tmp_path):
+    """`sticksat serve --max-time-limit/--body-timeout/--max-numerics-elements` and
+    STICKSAT_MAX_TIME_LIMIT / STICKSAT_BODY_TIMEOUT reach the service's config."""
+    import argparse
+
+    import uvicorn
+
+    from service.app import config_from_env
+    from service.commands import serve
+
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(config=app.state.service.config))
+
+    def run(argv, env):
+        for k in ("STICKSAT_MAX_TIME_LIMIT", "STICKSAT_BODY_TIMEOUT"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        parser = argparse.ArgumentParser()
+        serve.register(parser.add_subparsers())
+        args = parser.parse_args(["serve", "--store", str(tmp_path / "s.sqlite"), "--workers", "1", *argv])
+        assert args.func(args) == 0
+        return seen["config"]
+
+    config = run(["--max-time-limit", "30", "--body-timeout", "4", "--max-numerics-elements", "1000"], {})
+    assert (config.max_time_limit_s, config.body_read_timeout_s, config.max_numerics_elements) == (30, 4, 1000)
+    config = run([], {"STICKSAT_MAX_TIME_LIMIT": "12.5", "STICKSAT_BODY_TIMEOUT": "7"})
+    assert (config.max_time_limit_s, config.body_read_timeout_s) == (12.5, 7)
+    config = run([], {})
+    assert config.max_time_limit_s == 3600 and config.body_read_timeout_s == 30
+    with pytest.raises(SystemExit):
+        run(["--max-time-limit", "0"], {})
+    monkeypatch.setenv("STICKSAT_MAX_TIME_LIMIT", "9")
+    assert config_from_env().max_time_limit_s == 9
+
+
+def test_time_limit_cap_in_request_preparation():
+    """Above the cap: refused (422 invalid_option naming it), never clamped; without a
+    time limit the default is held under the cap."""
+    import json as _json
+
+    from service.app import RequestLimits, prepare_compile
+    from service.pipeline import GraphLimits
+    from service_helpers import chain_graph
+
+    limits = RequestLimits(GraphLimits(), max_time_limit_s=5.0, max_numerics_elements=1000)
+    body = {"graph": chain_graph(rows=32), "options": {"planner": "naive", "time_limit_s": 6}}
+    refused = prepare_compile(_json.dumps(body).encode(), limits)
+    assert refused["problem"]["code"] == "invalid_option" and "cap of 5 s" in refused["problem"]["detail"]
+    body["options"]["time_limit_s"] = 5
+    assert prepare_compile(_json.dumps(body).encode(), limits).options.time_limit_s == 5
+    del body["options"]["time_limit_s"]
+    assert prepare_compile(_json.dumps(body).encode(), limits).options.time_limit_s == 5  # default 10, capped
