@@ -207,6 +207,29 @@ def passes_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[dict]) -> str:
+    """One row per graph: heuristic, CP-SAT at each limit (wall-clock and deterministic)."""
+    ok = [r for r in rows if "error" not in r]
+    graphs = [g for g in LADDER + OTHERS if any(r["graph"] == g for r in rows)]
+    runs = sorted({(r["time_limit_s"], bool(r.get("deterministic"))) for r in ok if r["planner"] == "cpsat"})
+    head = ["graph", "ops", "heuristic sim ms"] + [
+        f"cpsat {lim:g} s{' det' if det else ''}: wall s, sim ms, status" for lim, det in runs] + ["peak MB (max)"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|" + "---|" * len(runs) + "---:|"]
+    for g in graphs:
+        mine = [r for r in ok if r["graph"] == g]
+        h = next((r for r in mine if r["planner"] == "heuristic"), None)
+        err = next((r for r in rows if r["graph"] == g and r.get("planner") == "heuristic" and "error" in r), None)
+        cells = [g, str(next((r["ops"] for r in mine), "")),
+                 f"{h['sim_us'] / 1000:.2f}" if h else ("invalid" if err else "-")]
+        for lim, det in runs:
+            r = next((r for r in mine if r["planner"] == "cpsat" and r["time_limit_s"] == lim
+                      and bool(r.get("deterministic")) == det), None)
+            cells.append(f"{r['wall_s']:.1f}, {r['sim_us'] / 1000:.2f}, {r['status']}" if r else "-")
+        cells.append(f"{max((r['peak_mb'] for r in mine), default=0):.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -256,7 +279,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.from_jsonl:
         rows = [json.loads(line) for line in args.from_jsonl.read_text().splitlines() if line.strip()]
-        print(table(rows))
+        print(table(rows) + "\n\n" + summary(rows))
         if args.plot:
             plot(rows, args.plot)
         return 0
