@@ -105,7 +105,8 @@ def test_operator_caps_from_flags_and_environment(monkeypatch, tmp_path):
     from service.commands import serve
 
     seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(config=app.state.service.config))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(config=app.state.service.config,
+                                                                      http=kw["http"]))
 
     def run(argv, env):
         for k in ("STICKSAT_MAX_TIME_LIMIT", "STICKSAT_BODY_TIMEOUT"):
@@ -124,6 +125,7 @@ def test_operator_caps_from_flags_and_environment(monkeypatch, tmp_path):
     assert (config.max_time_limit_s, config.body_read_timeout_s) == (12.5, 7)
     config = run([], {})
     assert config.max_time_limit_s == 3600 and config.body_read_timeout_s == 30
+    assert seen["http"].__name__ == "HeaderTimeoutProtocol"
     with pytest.raises(SystemExit):
         run(["--max-time-limit", "0"], {})
     monkeypatch.setenv("STICKSAT_MAX_TIME_LIMIT", "9")

@@ -2,7 +2,9 @@
 127.0.0.1 running in a thread with its real solver pool (spawned workers), so a test can
 reach the pool (which process runs which job) and add a route that occupies a worker:
 
-- a stalled upload gets 408 and its connection closed (raw socket);
+- a stalled upload gets 408 and its connection closed (raw socket); so does a
+  connection that stalls before its headers are complete (`sticksat serve
+  --header-timeout`, the protocol the CLI runs uvicorn with);
 - `time_limit_s` above the operator's cap is a 422 naming the cap;
 - /simulate numerics beyond the element limit is a 422 before any job starts;
 - a 20 MB-class body is parsed in a worker while /healthz keeps answering;
@@ -30,6 +32,7 @@ from lowering.graph_format import GraphDocument
 from lowering.version import COMPILER_VERSION
 from service import pipeline
 from service.app import ServiceConfig, create_app
+from service.commands.serve import header_timeout_protocol
 from service.store import program_key
 from service_helpers import chain_graph, free_port
 
@@ -49,7 +52,8 @@ class _Server:
         self.app.add_api_route("/test/occupy", occupy, methods=["GET"])
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None,
-                                                    access_log=False, lifespan="on"))
+                                                    access_log=False, lifespan="on",
+                                                    http=header_timeout_protocol(1.0)))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
@@ -145,6 +149,36 @@ def test_stalled_upload_gets_408_and_the_connection_closed(server):
     problem = json.loads(payload)
     assert problem["code"] == "body_timeout" and f"20 of {len(body)} bytes" in problem["detail"]
     assert server.metric("sticksat_rejected_total", {"reason": "body_timeout"}) >= 1
+    assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("first_bytes", [b"", b"POST /compile HTTP/1.1\r\nHost: 127.0.0.1\r\n", b"G"])
+def test_stalled_headers_get_the_connection_closed(server, first_bytes):
+    started = time.time()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    try:
+        if first_bytes:
+            sock.sendall(first_bytes)
+        assert _read_all(sock, timeout_s=20) == b""  # closed, nothing answered
+    finally:
+        sock.close()
+    assert time.time() - started < 6
+
+
+def test_a_kept_alive_connection_that_stalls_in_its_next_headers_is_closed(server):
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    try:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.endswith(b"}"):
+            reply += sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 200")
+        started = time.time()
+        sock.sendall(b"GET /hea")  # the next request never completes its headers
+        assert _read_all(sock, timeout_s=20) == b""
+        assert time.time() - started < 4  # our 1 s header deadline, not a keep-alive timer
+    finally:
+        sock.close()
     assert httpx.get(server.url + "/healthz").status_code == 200
 
 

@@ -31,6 +31,9 @@ def register(sub) -> None:
     p.add_argument("--body-timeout", type=float, default=_env_float("STICKSAT_BODY_TIMEOUT"), metavar="S",
                    help="a request body must arrive whole within S seconds, else 408 and the connection is "
                         "closed (default $STICKSAT_BODY_TIMEOUT or 30)")
+    p.add_argument("--header-timeout", type=float, default=_env_float("STICKSAT_HEADER_TIMEOUT"), metavar="S",
+                   help="a connection must deliver a request's complete headers within S seconds of its first "
+                        "byte (or of connecting), else it is closed (default $STICKSAT_HEADER_TIMEOUT or 10)")
     p.add_argument("--max-numerics-elements", type=int, default=None,
                    help="/simulate numerics: most elements the reference and functional run may materialize "
                         "(422 numerics_too_large beyond; default 2^26)")
@@ -57,6 +60,58 @@ def resolve_token(token_file=None):
             raise SystemExit(f"sticksat serve: token file {token_file} is empty")
         return token
     return os.environ.get("STICKSAT_TOKEN") or None
+
+
+def header_timeout_protocol(timeout_s: float):
+    """uvicorn's h11 protocol with a deadline on request headers. uvicorn times out idle
+    keep-alive connections and the service times out bodies (408), but nothing bounds a
+    client that connects, or sends part of a request line or headers, and then stalls:
+    each such connection would be held open for good. Here a connection that is not in a
+    request (headers complete, response not yet sent) must complete its headers within
+    `timeout_s` of connecting or of its first byte after a response; else it is closed."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer = None
+
+        def _in_request(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(timeout_s, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if not self._in_request() and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._in_request():
+                self._disarm()
+            else:
+                self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self._in_request():
+                self._disarm()  # idle now: uvicorn's keep-alive timeout takes over
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutProtocol
 
 
 def run(args) -> int:
@@ -92,6 +147,8 @@ def run(args) -> int:
         config = dataclasses.replace(config, body_read_timeout_s=args.body_timeout)
     if args.max_numerics_elements is not None:
         config = dataclasses.replace(config, max_numerics_elements=args.max_numerics_elements)
+    header_timeout = args.header_timeout if args.header_timeout is not None else 10.0
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_config=None,
+                http=header_timeout_protocol(header_timeout),
                 log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5)
     return 0
