@@ -369,9 +369,9 @@ def repeats_note(rep: Repeats, n_ops: int) -> str:
 # validating and simulating the composed plan and the hint, and `planners.plan()` emitting,
 # validating and bounding it once more. Measured 2026-12-01 on the 32-layer Llama (1995 ops,
 # 2 shared cores): heuristic 1.06 s, emit 0.14 s, validate 0.50 s, simulate 0.26 s, lower
-# bound 0.57 s, so about 1.6 ms per op with the two emit/validate rounds; 2.5 ms leaves slack
-# for a loaded machine.
-RESERVE_S_PER_OP = 0.0025
+# bound 0.57 s, so about 1.6 ms per op with the two emit/validate rounds; 2 ms leaves slack
+# (2.5 ms kept 5.3 s of a 10 s limit and the compile ended at 7.4 s).
+RESERVE_S_PER_OP = 0.002
 RESERVE_BASE_S = 0.3
 # Of what is left for solving: the representative's share (the rest goes to the windows of
 # what does not repeat, by op count); the representative decides `copies` times its ops.
@@ -409,6 +409,10 @@ def _hint_report(pg: PrimGraph, hw, hint_d: PlanDecisions):
 RESERVE_HEURISTIC_FACTOR = 2.5
 
 
+# The hybrid is tried only when the segments the hint runs faster add up to this share.
+HYBRID_MIN_GAIN = 0.002
+
+
 def _hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hint_d: PlanDecisions, hint_report,
             readers: dict, us: float, notes: list, compose) -> Optional[tuple[PlanDecisions, float]]:
     """Segments (a copy, an edge, a window) whose ops the hint runs faster (simulated, op by
@@ -421,16 +425,18 @@ def _hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hin
     mine = {o.op_id: o.end_us - o.start_us for o in report.ops}
     theirs = {o.op_id: o.end_us - o.start_us for o in hint_report.ops}
     pos = {op.id: i for i, op in enumerate(pg.ops)}
-    out, swapped = [], 0
+    out, swapped, gain = [], 0, 0.0
     for part, ids in parts:
-        if sum(theirs.get(o, 0.0) for o in ids) < sum(mine.get(o, 0.0) for o in ids) * (1 - 1e-6):
+        t_mine, t_theirs = sum(mine.get(o, 0.0) for o in ids), sum(theirs.get(o, 0.0) for o in ids)
+        if t_theirs < t_mine * (1 - 1e-6):
+            gain += t_mine - t_theirs
             hp = keep_part(pg, hint_d, sorted(pos[o] for o in ids), readers)
             out.append((hp, hp.op_order))
             swapped += 1
         else:
             out.append((part, ids))
-    if not swapped:
-        return None
+    if not swapped or gain < HYBRID_MIN_GAIN * us:
+        return None   # not worth another emit, validation and simulation of the whole graph
     cand = compose(out)
     prog, _ = _program_or_none(pg, hw, cand)
     if prog is None:
@@ -507,6 +513,9 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     avail = limit - reserve - (0.0 if deterministic else time.perf_counter() - t0)
     avail = max(0.0, avail)
     rest_s = avail * min(1.0 - REPRESENTATIVE_SHARE, rest_ops / (rest_ops + rep.period))
+    from solver.spyre.windows import MIN_WINDOW_S
+    if rest_s < MIN_WINDOW_S:
+        rest_s = 0.0   # too short for a solve: the rest keeps its heuristic plan, the copy gets it all
     rep_s = avail - rest_s
     readers = reader_index(pg)
 
