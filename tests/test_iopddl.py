@@ -303,7 +303,7 @@ def test_real_instance_groups_and_lagrangian_starts_agree_with_the_evaluator():
     gp = group_problem(p, presolve(p))
     assert gp.merged_followers > 300 and gp.num_groups < p.num_nodes // 2
     seen = 0
-    for k, over in lagrangian_starts(gp, time.perf_counter() + 5, rounds=6):
+    for k, over, _ in lagrangian_starts(gp, time.perf_counter() + 5, rounds=6):
         ev = evaluate(p, gp.expand(k))
         assert ev.cost == gp.cost_of(k)
         assert ev.peak_usage == int(gp.profile(k).max())
@@ -313,3 +313,50 @@ def test_real_instance_groups_and_lagrangian_starts_agree_with_the_evaluator():
     r = optimize(p, time_limit_s=6, workers=1)
     assert r.feasible and evaluate(p, r.choice).cost == r.cost
     assert r.cost <= r.stats["start_cost"]
+
+
+def test_minsum_window_moves_keep_memory_and_never_worsen():
+    import random
+    import numpy as np
+    from solver.core import evaluate
+    from solver.core.bp import window_minsum
+    from solver.core.merge import group_problem
+    from solver.core.search import GroupState, least_peak_start, minsum_window_search
+    for seed, (p, red) in enumerate(_feasible_instances(400, 4, n=60)):
+        gp = group_problem(p, red)
+        st = GroupState(gp, least_peak_start(gp))
+        if not st.repair(1e18):
+            continue
+        st.descent(1e18)
+        start = st.cur
+        # with no memory and the whole graph in the window, min-sum decodes exactly on a tree
+        k = window_minsum(st, list(range(gp.num_groups)), None)
+        assert len(k) == gp.num_groups and all(0 <= s < len(c) for s, c in zip(k, gp.cost))
+        import time
+        minsum_window_search(st, time.perf_counter() + 0.5, random.Random(seed),
+                             np.random.default_rng(seed), np.ones(gp.tl.n_steps) * 1e-3)
+        ev = evaluate(p, gp.expand(st.k))
+        assert ev.feasible and ev.cost == st.cur <= start
+
+
+def test_minsum_is_exact_on_a_tree():
+    """On a tree without memory, min-sum's decode is the optimum (brute force)."""
+    import itertools
+    import numpy as np
+    from solver.core import StrategyProblem, evaluate, presolve
+    from solver.core.bp import MinSum
+    from solver.core.merge import group_problem
+    rng = np.random.default_rng(7)
+    for _ in range(5):
+        n = 7
+        k = [int(rng.integers(2, 4)) for _ in range(n)]
+        edges = [(int(rng.integers(0, v)), v) for v in range(1, n)]
+        p = StrategyProblem([rng.integers(0, 20, size=x) for x in k], [np.ones(x, int) for x in k],
+                            [(0, 1)] * n, edges, [rng.integers(0, 50, size=(k[u], k[v])) for u, v in edges])
+        gp = group_problem(p, presolve(p, prune_dominated=False), merge_followers=False)
+        ms = MinSum(gp)
+        u = ms.unary_with_penalty(None)
+        for _ in range(6):
+            ms.sweep(u, damping=0.0)
+        best = min(evaluate(p, ch).cost for ch in itertools.product(*[range(x) for x in k]))
+        assert evaluate(p, gp.expand(ms.decode(u))).cost == best

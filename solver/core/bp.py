@@ -78,11 +78,12 @@ class MinSum:
 
 
 def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, rounds: int = 40,
-                      step: float = 0.01, decay: float = 0.9) -> Iterator[tuple[list[int], float]]:
+                      step: float = 0.01, decay: float = 0.9) -> Iterator[tuple[list[int], float, np.ndarray]]:
     """Decoded choices of min-sum runs under usage penalties raised by subgradient steps:
     penalty[t] += step * decay^r * (usage[t] - limit) / limit (kept >= 0), in cost units per
     unit of usage; messages stay warm between rounds. Yields (choice, share of compressed
-    steps over the limit) for each new choice; the first round has no penalty."""
+    steps over the limit, the penalties it was decoded under) for each new choice; the first
+    round has no penalty."""
     ms = MinSum(gp)
     seen = set()
     has_limit = gp.limit is not None and gp.tl.n_steps > 0
@@ -98,7 +99,63 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
         key = tuple(k)
         if key not in seen:
             seen.add(key)
-            yield k, float((prof > gp.limit).mean()) if has_limit else 0.0
+            yield k, float((prof > gp.limit).mean()) if has_limit else 0.0, penalty.copy()
         if not has_limit:
             return
         penalty = np.maximum(0.0, penalty + step * decay ** r * (prof - gp.limit) / gp.limit)
+
+
+def window_minsum(st, window: list[int], penalty: Optional[np.ndarray], sweeps: int = 4,
+                  noise: float = 0.0, rng: Optional[np.random.Generator] = None) -> list[int]:
+    """Min-sum over a window of groups with every other group fixed at its current strategy
+    (`st`: a search.GroupState): fixed neighbours become unary costs, `penalty` (per step,
+    as in `lagrangian_starts`) prices usage. Returns the decoded strategy of each window group
+    (in window order); memory is left to the caller's repair."""
+    gp = st.gp
+    inw = {g: i for i, g in enumerate(window)}
+    cum = np.concatenate([[0.0], np.cumsum(penalty)]) if penalty is not None else None
+    unary = []
+    for g in window:
+        u = np.where(np.isfinite(st.cost[g]), st.cost[g], BIG)
+        for o, t in st.inc[g]:
+            if o not in inw:
+                u = u + np.minimum(t[:, st.k[o]], BIG)
+        if cum is not None and len(gp.W[g]):
+            u = u + (cum[gp.seg_end[g]] - cum[gp.seg_start[g]]) @ gp.W[g]
+        if noise and rng is not None:
+            fin = u < BIG
+            spread = float(np.ptp(u[fin])) if fin.sum() > 1 else 0.0
+            u = u + rng.random(len(u)) * noise * spread
+        unary.append(u)
+    nbrs: list[list] = [[] for _ in window]
+    msg: list[np.ndarray] = []
+    for i, g in enumerate(window):
+        for o, t in st.inc[g]:
+            j = inw.get(o)
+            if j is None or j < i:
+                continue
+            tf = np.minimum(t, BIG)
+            ij = len(msg)
+            msg.append(np.zeros(tf.shape[1]))
+            ji = len(msg)
+            msg.append(np.zeros(tf.shape[0]))
+            nbrs[i].append((j, tf, ji, ij))
+            nbrs[j].append((i, tf.T, ij, ji))
+    order = list(range(len(window)))
+    for _ in range(sweeps):
+        for seq in (order, order[::-1]):
+            for i in seq:
+                belief = unary[i].copy()
+                for _, _, m_in, _ in nbrs[i]:
+                    belief += msg[m_in]
+                for j, t, m_in, m_out in nbrs[i]:
+                    new = ((belief - msg[m_in])[:, None] + t).min(axis=0)
+                    new -= new.min()
+                    msg[m_out] = 0.5 * msg[m_out] + 0.5 * new
+    k = [-1] * len(window)
+    for i in order:
+        c = unary[i].copy()
+        for j, t, m_in, _ in nbrs[i]:
+            c += t[:, k[j]] if k[j] >= 0 else msg[m_in]
+        k[i] = int(np.argmin(c))
+    return k

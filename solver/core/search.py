@@ -34,7 +34,7 @@ from ortools.sat.python import cp_model
 
 from solver.core import (FORBIDDEN_COST, Reduction, StrategyProblem, evaluate, local_search, presolve,
                          tree_dp_start)
-from solver.core.bp import lagrangian_starts
+from solver.core.bp import lagrangian_starts, window_minsum
 from solver.core.merge import GroupedProblem, group_problem
 
 INF = float("inf")
@@ -311,6 +311,38 @@ def kick_search(st: GroupState, deadline: float, rng: random.Random, max_kicks: 
     if best is not None and best[2] < st.cur:
         st.restore(best)
     st.journal = None
+    return tried, improved
+
+
+def minsum_window_search(st: GroupState, deadline: float, rng: random.Random,
+                         nrng: np.random.Generator, penalty: Optional[np.ndarray]) -> tuple[int, int]:
+    """Large moves by message passing: a ball of groups around one drawn by what it costs
+    now (30-120 groups) is re-decoded by min-sum with the rest fixed (fixed neighbours as
+    costs, usage priced by a scaled copy of the Lagrangian penalties, a little noise), then
+    memory is repaired, the surroundings descended, and the result kept when no worse."""
+    tried = improved = 0
+    while time.perf_counter() < deadline:
+        tried += 1
+        size = rng.choice((30, 60, 120))
+        win = [g for g in _ball(st, [_costly_group(st, rng)], size, rng) if len(st.cost[g]) > 1]
+        if not win:
+            continue
+        scale = rng.choice((0.0, 0.5, 1.0)) if penalty is not None else 0.0
+        k = window_minsum(st, win, penalty * scale if scale else None,
+                          noise=rng.choice((0.0, 0.02, 0.05)), rng=nrng)
+        st.journal = []
+        before = st.cur
+        for g, s in zip(win, k):
+            if s != st.k[g]:
+                st.move(g, s)
+        ok = st.repair(deadline)
+        if ok:
+            st.descent(deadline, groups=_ball(st, win, 2 * size, rng), max_passes=3)
+        if ok and st.cur <= before and st.feasible_memory():
+            improved += int(st.cur < before)
+        else:
+            st.undo(0)
+        st.journal = None
     return tried, improved
 
 
@@ -619,24 +651,27 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
                    "strategies_kept": red.num_strategies, "groups": gp.num_groups,
                    "group_edges": len(gp.edges)}
     best_state, best_cost = None, None
+    best_penalty: Optional[np.ndarray] = None  # the Lagrangian penalties of the best start
     n_starts = 0
 
-    def consider(name: str, ch: list[int], budget: float) -> None:
+    def consider(name: str, ch: list[int], budget: float) -> bool:
         nonlocal best_state, best_cost, n_starts
         t_s = time.perf_counter()
         st = GroupState(gp, ch)
         if not st.repair(min(deadline, t_s + budget)):
             say(f"start {name}: memory repair failed")
-            return
+            return False
         st.descent(min(deadline, time.perf_counter() + budget))
         n_starts += 1
         if best_cost is not None and st.cur >= best_cost:
-            return
+            return False
         ev = evaluate(problem, gp.expand(st.k))
         say(f"start {name}: {ev.cost if ev.feasible else 'infeasible ' + ev.reason} "
             f"({time.perf_counter() - t_s:.1f}s)")
         if ev.feasible and (best_cost is None or ev.cost < best_cost):
             best_state, best_cost = st, ev.cost
+            return True
+        return False
 
     # the feasibility-first start (always memory-feasible when each node alone fits)
     consider("least-peak", least_peak_start(gp), 0.2 * time_limit_s)
@@ -646,9 +681,10 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     for step in (0.01, 0.003, 0.03):
         if time.perf_counter() > lag_deadline:
             break
-        for k, over in lagrangian_starts(gp, lag_deadline, step=step):
+        for k, over, pen in lagrangian_starts(gp, lag_deadline, step=step):
             if over <= 0.1:  # far over the limit (no penalty yet): a long repair, skipped
-                consider(f"lagrangian {step}", k, 0.05 * time_limit_s)
+                if consider(f"lagrangian {step}", k, 0.05 * time_limit_s):
+                    best_penalty = pen
     if problem.num_nodes <= 2000 and time.perf_counter() < lag_deadline:
         # the core's older local search (ratio repair from the node DP start)
         ls = local_search(problem, red, start=tree_dp_start(problem, red))
@@ -676,7 +712,9 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     # which of the two (kick batches, CP-SAT windows) runs next: the one with the larger
     # recent gain per second (decayed sums), the other one now and then (`kick_share` is the
     # kick probability while either has been tried fewer than twice)
-    arm = {"kick": [0.0, 0.0, 0], "window": [0.0, 0.0, 0]}  # gain, seconds, tries
+    arm = {"kick": [0.0, 0.0, 0], "window": [0.0, 0.0, 0], "minsum": [0.0, 0.0, 0]}  # gain, seconds, tries
+    nrng = np.random.default_rng(seed)
+    ms_stats = [0, 0, 0.0]
 
     def credit(name: str, gain: float, secs: float) -> None:
         a = arm[name]
@@ -685,13 +723,27 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         a[2] += 1
 
     while time.perf_counter() < lns_deadline - 0.2:
-        if arm["kick"][2] < 2 or arm["window"][2] < 2:
-            use_kick = rng.random() < kick_share
+        untried = [k for k, a in arm.items() if a[2] < 2]
+        if untried:
+            choice_arm = untried[0]
+        elif rng.random() < 0.15:
+            choice_arm = rng.choice(list(arm))
         else:
-            rate = {k: a[0] / max(a[1], 1e-9) for k, a in arm.items()}
-            use_kick = (rate["kick"] >= rate["window"]) != (rng.random() < 0.15)
+            choice_arm = max(arm, key=lambda k: arm[k][0] / max(arm[k][1], 1e-9))
         t_it, cost_it = time.perf_counter(), cur_cost
-        if use_kick:
+        if choice_arm == "minsum":
+            tr, im = minsum_window_search(st, min(lns_deadline - 0.1, t_it + kick_batch), rng, nrng,
+                                          best_penalty)
+            ms_stats[0] += tr
+            ms_stats[1] += im
+            ms_stats[2] += time.perf_counter() - t_it
+            ev = evaluate(problem, gp.expand(st.k))
+            if not ev.feasible or ev.cost > cur_cost:  # never: moves keep memory, cost exact
+                raise AssertionError(f"min-sum windows broke the incumbent: {ev.reason or ev.cost}")
+            cur_cost = ev.cost
+            credit("minsum", cost_it - cur_cost, time.perf_counter() - t_it)
+            continue
+        if choice_arm == "kick":
             t_k = time.perf_counter()
             tr, im = kick_search(st, min(lns_deadline - 0.1, t_k + kick_batch), rng, slack=kick_slack)
             kick_stats[0] += tr
@@ -752,7 +804,8 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         if iters % 20 == 0:
             say(f"lns {iters}: cost {cur_cost}, window {size}, terms {int(terms_cap)}, "
                 f"{time.perf_counter() - t_start:.0f}s")
-    stats.update(kicks=kick_stats[0], kick_improvements=kick_stats[1], kick_s=round(kick_stats[2], 1))
+    stats.update(kicks=kick_stats[0], kick_improvements=kick_stats[1], kick_s=round(kick_stats[2], 1),
+                 minsum_windows=ms_stats[0], minsum_improvements=ms_stats[1], minsum_s=round(ms_stats[2], 1))
     stats.update(lns_status=status_counts, final_terms=int(terms_cap), lns_iterations=iters,
                  lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
     if use_full and deadline - time.perf_counter() > 2:
