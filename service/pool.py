@@ -264,6 +264,11 @@ class SolverPool:
         job.attempts += 1
         job.started = time.monotonic()
         try:
+            # A process that died while idle may not be noticed by its executor yet: look
+            # first, so the job is not sent to (and failed with) a dead process.
+            processes = list((getattr(slot.executor, "_processes", None) or {}).values())
+            if any(not process.is_alive() for process in processes):
+                raise BrokenProcessPool("the worker process died while idle")
             work = loop.run_in_executor(slot.executor, job.fn, *job.args)
         except (BrokenProcessPool, RuntimeError):
             # The slot's process died while idle (killed between jobs): this job never
