@@ -173,11 +173,14 @@ class SolverPool:
     def _stop_executor(executor: Optional[ProcessPoolExecutor]) -> None:
         if executor is None:
             return
-        processes = list((getattr(executor, "_processes", None) or {}).values())
-        executor.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
+        try:
+            processes = list((getattr(executor, "_processes", None) or {}).values())
+            executor.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
+        except Exception:  # noqa: BLE001 - a broken executor is being discarded anyway
+            pass
 
     # -- jobs ----------------------------------------------------------------------
     @property
@@ -270,7 +273,7 @@ class SolverPool:
             if any(not process.is_alive() for process in processes):
                 raise BrokenProcessPool("the worker process died while idle")
             work = loop.run_in_executor(slot.executor, job.fn, *job.args)
-        except (BrokenProcessPool, RuntimeError):
+        except Exception:  # noqa: BLE001 - BrokenProcessPool, shut down, a broken pipe: the job never left
             # The slot's process died while idle (killed between jobs): this job never
             # reached it. Back to the head of the queue, once, for the fresh process.
             slot.job = None
@@ -323,32 +326,35 @@ class SolverPool:
 
     def _restart(self, slot: _Slot) -> None:
         """A fresh process for a slot whose worker died; warmed before it takes a job.
-        A warm-up that dies as well is retried (a slot never stays empty)."""
-        old, slot.executor = slot.executor, self._new_executor()
+        Starting the process or warming it may fail too (the new process killed while
+        it boots: the spawn's pipe breaks, or the executor breaks): then it is tried
+        again after a short back-off, so a slot never stays empty or stuck."""
+        old, slot.executor = slot.executor, None
         self._stop_executor(old)
-        self._emit("worker_restarted", slot=slot.index)
-        if self._warm is None:
-            self._dispatch()
-            return
         slot.warming = True
+        self._emit("worker_restarted", slot=slot.index)
+        asyncio.get_running_loop().create_task(self._start_slot(slot))
+
+    async def _start_slot(self, slot: _Slot) -> None:
         loop = asyncio.get_running_loop()
-        warm, warm_args = self._warm
-        work = loop.run_in_executor(slot.executor, warm, *warm_args)
-
-        async def warmed() -> None:
+        delay = 0.0
+        while not self._closed:
+            if delay:
+                await asyncio.sleep(delay)
             try:
-                await work
-            except BrokenProcessPool:
-                if not self._closed:
-                    await asyncio.sleep(0.5)
-                    self._restart(slot)
-                return
-            except Exception:  # noqa: BLE001 - the slot still takes jobs; each reports its own error
-                pass
-            slot.warming = False
-            self._dispatch()
-
-        loop.create_task(warmed())
+                slot.executor = self._new_executor()
+                if self._warm is not None:
+                    warm, warm_args = self._warm
+                    await loop.run_in_executor(slot.executor, warm, *warm_args)
+                break
+            except (BrokenProcessPool, OSError, RuntimeError, EOFError):
+                self._stop_executor(slot.executor)
+                slot.executor = None
+                delay = min(5.0, max(0.25, 2 * delay))
+            except Exception:  # noqa: BLE001 - warm itself failed: the process is up; each job reports its own error
+                break
+        slot.warming = False
+        self._dispatch()
 
     def _settle(self, job: _Job, result: Any = None, exc: Optional[BaseException] = None) -> None:
         job.state = "done"
