@@ -11,18 +11,23 @@ the model, and the search it needs, 32 times a layer's; here the planner instead
    the same copy, everything else is a boundary input of the same shape, dtype and role;
 2. solves one representative copy (`plan_depth`): the block as a graph of its own
    (`subgraph`: boundary inputs become graph inputs, tensors read after the block become
-   graph outputs), planned by the ordinary CP-SAT pipeline, with the boundary condition of
-   a stack: the block's input from the previous copy arrives in the layout the block writes
-   its own output in (a fixed point: the representative is solved again with that input
-   layout when its first solve writes the output in another one);
+   graph outputs), planned by the ordinary CP-SAT pipeline, with its real boundary
+   conditions: tensors made before the copies (mask, rotary tables) arrive in the layout
+   the whole graph's hint writes them in, and the input from the previous copy in the
+   layout the block writes its own counterpart in (a fixed point: solved again with that
+   layout when the first solve writes another one, time permitting);
 3. copies its decisions to every copy (`copy_decisions`: ops, weight layouts, residencies,
    restickify splits, bundle starts and op order renamed through the copy's op and tensor
-   maps), plans what does not repeat (prologue, epilogue, irregular models) by
-   `solver.spyre.windows`, and composes one plan; the seams between copies are where the
-   emitter inserts the restickifies that layouts on both sides need and each segment starts
-   a bundle of its own (no LX residency crosses a seam);
-4. emits and validates the whole program once and returns it only when it is predicted no
-   slower than the whole graph's heuristic plan (the hint); otherwise the hint, with a note.
+   maps) and to the ops just outside the copies that repeat the block's end and start
+   (`partial_edges`, `partial_copy`), plans what does not repeat by `solver.spyre.windows`,
+   and composes one plan (`merge`): each segment starts a bundle (no LX residency crosses a
+   seam) and the emitter inserts the restickifies the layouts on both sides of a seam need;
+4. emits and validates the whole program once (repairs at seams: tile buffers a seam
+   restickify lands in go to device memory, a seam restickify whose split does not divide
+   runs on one core, else the hint's plan for the edges), lets segments the hint runs
+   faster take its decisions (`_hybrid`), and returns the result only when it simulates no
+   slower than the whole graph's hint (validated; the naive plan when it is invalid);
+   otherwise the hint, with status HINT.
 The CP-SAT models solved are one copy's and the windows', so their size follows the number
 of distinct layers, not the depth.
 """
@@ -34,8 +39,8 @@ from typing import Optional
 
 import numpy as np
 
-from lowering.primitives import PrimGraph, PrimOp, PrimTensor, body_to_json
-from solver.plan import OpPlan, PlanDecisions, Residency
+from lowering.primitives import PrimGraph, PrimTensor, body_to_json
+from solver.plan import OpPlan, PlanDecisions
 
 # A block shorter than this is not worth a representative solve (the seams would dominate).
 MIN_BLOCK_OPS = 8
@@ -378,9 +383,6 @@ RESERVE_BASE_S = 0.3
 REPRESENTATIVE_SHARE = 0.65
 
 
-_DEBUG: Optional[dict] = None  # tests and benchmarks may set a dict: the last composed plan lands here
-
-
 def _hint_us(pg: PrimGraph, hw, hint_d: PlanDecisions) -> float:
     """Simulated time of the whole graph's hint (emitted, not validated here: when it is
     returned, `planners.plan()` validates it like any plan); inf when it cannot be emitted."""
@@ -486,8 +488,7 @@ def _whole_hint(pg: PrimGraph, hw, hint_d: Optional[PlanDecisions]) -> tuple[Pla
 
 
 def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
-               rep: Optional[Repeats] = None, hint_d: Optional[PlanDecisions] = None,
-               events=None) -> Optional[PlanDecisions]:
+               rep: Optional[Repeats] = None, hint_d: Optional[PlanDecisions] = None) -> Optional[PlanDecisions]:
     """The repeated-structure plan of `pg` (module docstring), or None when `pg` has no
     repeated block covering `MIN_COVERAGE` of its ops. `pg` is in the planner's op order;
     `t0` is when the whole compile started (the time limit covers everything from there,
@@ -696,8 +697,6 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     else:
         report = time_program(prog, hw)
         us = report.total_us
-        if _DEBUG is not None:
-            _DEBUG.update(report=report, parts=pre + head + copies + tail + post, composed=composed, pg=pg)
         per_copy = rep_d.stats.get("predicted_us")
         seam = f", representative predicted {per_copy:.1f} us x {rep.copies}" if per_copy else ""
         if hint_report is not None and (deterministic or time.perf_counter() < t0 + limit - 0.6 * reserve):
