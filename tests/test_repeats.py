@@ -193,3 +193,27 @@ def test_irregular_graph_is_planned_in_windows(monkeypatch):
     assert sum(1 for n in notes if n.startswith("window ")) >= 2, notes
     assert any(n.startswith("windows LNS:") for n in notes), notes
     assert time_program(program, HW).total_us <= _heuristic_us(pg) * (1 + 1e-9)
+
+
+def test_partial_copy_keeps_only_residencies_inside_and_never_an_output():
+    """The ops before the first copy get the block's decisions for their positions; an LX
+    residency is reused only when its producer and every reader are among them, and never
+    for a graph output (it must reach device memory)."""
+    pg = _chain(4)
+    d = PlanDecisions(planner="cpsat")
+    for j in range(8):
+        d.ops[f"b1_{j}"] = OpPlan(core_split={"d1": 4})
+    # b1_5 is read by b1_6 only; b1_1 is produced before the part that is copied
+    d.resident = {"b1_5": Residency(0, 64), "b1_1": Residency(64, 64)}
+    readers = windows.reader_index(pg)
+    # the last 3 positions of block 1 (ops 13..15) onto ops 5..7 of block 0
+    src, dst = list(range(13, 16)), list(range(5, 8))
+    out = repeats.partial_copy(pg, d, src, dst, readers)
+    assert set(out.ops) == {"b0_5", "b0_6", "b0_7"}
+    assert all(p.core_split == {"d1": 4} for p in out.ops.values())
+    assert set(out.resident) == {"b0_5"}          # b0_1 is produced outside the part
+    # the last block's output is a graph output: never resident, even when copied
+    d.ops = {f"b2_{j}": OpPlan() for j in range(8)}
+    d.resident = {"b2_7": Residency(0, 64)}
+    out = repeats.partial_copy(pg, d, list(range(16, 24)), list(range(24, 32)), readers)
+    assert not out.resident
