@@ -639,6 +639,9 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         d.input_sticks = {t: s for t, s in d.input_sticks.items() if t in inputs}
         pinned = 0
         for t, want in shared_in.items():
+            # the copies read it from device memory, as the representative did (a graph
+            # input there): a restickify of it split as in the copy must find it there
+            d.resident.pop(t, None)
             op = producer[t]
             if out_stick(op, d.ops.get(op.id)) != want and op.id in hint_d.ops:
                 p = hint_d.ops[op.id]
@@ -669,7 +672,10 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
             notes.append(f"seams: {len(bad)} reused tile buffers moved to device memory ({', '.join(sorted(bad)[:3])})")
         if resticks:
             notes.append(f"seams: {len(resticks)} restickifies on one core ({', '.join(sorted(resticks)[:3])})")
-        composed = replace(composed, resident={t: r for t, r in composed.resident.items() if t not in bad},
+        # (a one-core restickify reads its source from device memory)
+        sources = {k.rpartition("@stick")[0] for k in resticks}
+        composed = replace(composed, resident={t: r for t, r in composed.resident.items()
+                                               if t not in bad and t not in sources},
                            restick_ops={**composed.restick_ops, **{k: OpPlan() for k in resticks}})
         prog, issues = _program_or_none(pg, hw, composed)
     if prog is None and (head or tail):
