@@ -265,9 +265,12 @@ def test_running_at_its_deadline_is_stored_under_the_key_the_504_names(server):
     graph = chain_graph(rows=256, n_ops=6, name="running-deadline")
     resp = httpx.post(server.url + "/compile", json={"graph": graph, "options": {**NAIVE, "deadline_s": 0.001}},
                       timeout=60)
-    assert resp.status_code == 504, resp.text
     key = _key(graph)
-    assert key in resp.json()["detail"] and "will be stored" in resp.json()["detail"]
+    if resp.status_code == 200:  # the late plan was stored just as the wait ended: it is the answer
+        assert resp.json()["complete"] is False and resp.json()["key"] == key
+    else:
+        assert resp.status_code == 504, resp.text
+        assert key in resp.json()["detail"] and "will be stored" in resp.json()["detail"]
     server.idle()
     stored = httpx.get(server.url + f"/programs/{key}")
     assert stored.status_code == 200 and stored.json()["complete"] is False
