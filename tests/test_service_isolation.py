@@ -241,7 +241,8 @@ def test_healthz_answers_while_a_large_body_is_parsed(server):
     assert result["resp"].status_code == 422 and result["resp"].json()["code"] == "schema", result["resp"].text
     assert "20000" in result["resp"].json()["detail"]
     assert probes >= 3 and result["seconds"] > 1.0
-    assert worst < 0.75, (worst, result["seconds"])
+    # Parsed on the event loop, one probe would wait out the whole parse (seconds).
+    assert worst < min(1.5, result["seconds"] / 2), (worst, result["seconds"])
 
 
 def test_queued_at_its_deadline_is_dropped_and_the_504_says_so(server):
