@@ -54,9 +54,16 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def child_point(name: str, planner: str, time_limit_s: float, deterministic: bool) -> dict:
-    """One cold compile (the child's whole life): load, lower, plan, simulate."""
+def child_point(name: str, planner: str, time_limit_s: float, deterministic: bool,
+                windows_only: bool = False) -> dict:
+    """One cold compile (the child's whole life): load, lower, plan, simulate.
+    `windows_only`: no repeated-block detection (every graph is irregular to the planner):
+    the windows path on the same graphs."""
     t0 = time.perf_counter()
+    if windows_only:
+        from solver.spyre import repeats
+
+        repeats.MIN_COPIES = 10 ** 9
     from simulator.hardware import load_target
     from simulator.timing import time_program
     from solver.planners import plan
@@ -81,7 +88,8 @@ def child_point(name: str, planner: str, time_limit_s: float, deterministic: boo
     breakdown = _breakdown(pg, report)
     breakdown.update(program_ops=len(program.ops), validate_s=round(validate_s, 3), simulate_s=round(simulate_s, 3))
     repeats = next((n for n in st.notes if n.startswith("repeats:")), None)
-    return dict(graph=name, planner=planner, time_limit_s=time_limit_s, deterministic=deterministic,
+    return dict(graph=name, planner=planner + (" windows" if windows_only else ""), time_limit_s=time_limit_s,
+                deterministic=deterministic,
                 ops=len(pg.ops), wall_s=round(wall, 3), plan_s=round(plan_s, 3), sim_us=round(sim_us, 2),
                 predicted_us=st.predicted_us, status=st.solver_status, peak_mb=round(_peak_mb(), 1),
                 repeats=repeats, notes=list(st.notes), **breakdown)
@@ -270,6 +278,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--passes", action="store_true", help="emit / validate / simulate timings only")
+    ap.add_argument("--windows-only", action="store_true",
+                    help="plan without repeated-block detection (the windows path for graphs over 300 ops)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", type=Path, help="write the ladder plot (wall, peak memory, ms per layer)")
@@ -285,7 +295,7 @@ def main(argv=None) -> int:
         return 0
     if args.child:
         g, p, lim, det = args.child
-        print(json.dumps(child_point(g, p, float(lim), det == "1")))
+        print(json.dumps(child_point(g, p, float(lim), det == "1", windows_only=args.windows_only)))
         return 0
     if args.child_passes:
         print(json.dumps(child_passes(args.child_passes[0], int(args.child_passes[1]))))
@@ -306,7 +316,8 @@ def main(argv=None) -> int:
         return 0
     for g in graphs:
         for p in args.planner or ["cpsat"]:
-            r = _run_child(["--child", g, p, str(args.time_limit), "1" if args.deterministic else "0"])
+            r = _run_child(["--child", g, p, str(args.time_limit), "1" if args.deterministic else "0"]
+                           + (["--windows-only"] if args.windows_only else []))
             r.setdefault("graph", g)
             r.setdefault("planner", p)
             rows.append(r)
