@@ -842,11 +842,13 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     `events`: an optional progress sink (solver.events): phases, and each improving
     incumbent and bound of the CP-SAT solve; it never changes the plan."""
     t0 = time.perf_counter()
-    if depth and budget == "scaled" and not isinstance(hint, Program):
+    if depth and budget == "scaled":
         from solver.spyre.repeats import plan_whole
 
         _phase(events, "repeats", True, "repeated structure and windows")
-        d = plan_whole(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, t0=t0, hint_d=hint)
+        # a stored program (re-optimization) is the hint as its decisions
+        hint_d = decisions_from_program(pg, hint) if isinstance(hint, Program) else hint
+        d = plan_whole(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, t0=t0, hint_d=hint_d)
         _phase(events, "repeats", False, "not taken" if d is None else d.stats["notes"][0])
         if d is not None:
             return d
