@@ -38,12 +38,18 @@ def _load(path: str, hw):
 def run(args) -> int:
     from pydantic import ValidationError
 
-    from simulator.hardware import load_target
+    from simulator.hardware import list_targets, load_target
     from simulator.report import build_report, diff_programs, render_diff_text, render_text
 
     try:
         head = json.loads(Path(args.program).read_bytes())
-        hw = load_target(args.hardware or head.get("hardware", "spyre"))
+        # --hardware may name a file (the user chose it); the program's own field only a
+        # shipped target, so a program file cannot make the CLI open a path it names
+        named = head.get("hardware", "spyre") if isinstance(head, dict) else "spyre"
+        if not args.hardware and named not in list_targets():
+            raise ValueError(f"the program's hardware {str(named)[:200]!r} is no shipped target "
+                             f"({', '.join(sorted(list_targets()))}); pass --hardware")
+        hw = load_target(args.hardware or named)
         program, timing = _load(args.program, hw)
         other = _load(args.against, hw) if args.against else None
     except (OSError, ValueError, ValidationError) as e:
