@@ -41,7 +41,7 @@ from service.problems import (
     openapi_responses,
     problem_response,
 )
-from service.store import ProgramRecord, ProgramStore, program_key
+from service.store import ProgramRecord, ProgramStore, describe_location, program_key
 from lowering.version import COMPILER_VERSION
 from simulator.superdsc import Program
 
@@ -312,7 +312,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             try:
                 await state.pool.start(pipeline.warm_worker)
                 log_event("pool_ready", workers=config.workers, queue_limit=config.queue_limit,
-                          store=str(config.store_path))
+                          store=describe_location(config.store_path))
             except Exception as exc:  # noqa: BLE001 - reported by /readyz
                 state.warm_error = f"{type(exc).__name__}: {exc}"
                 log_event("pool_failed", error=state.warm_error)

@@ -118,3 +118,11 @@ def test_the_service_compiles_into_either_backend(store_url):
         graph = client.get(f"/graphs/{first.json()['graph_hash']}").json()
         assert [p["key"] for p in graph["programs"]] == [first.json()["key"]]
     assert ProgramStore(store_url).get_program(first.json()["key"]).complete
+
+
+def test_store_locations_are_logged_without_their_password():
+    from service.store import describe_location
+    assert describe_location("postgresql://ci:s3cret@127.0.0.1:5432/db") == "postgresql://ci:***@127.0.0.1:5432/db"
+    assert "s3cret" not in describe_location("postgres://u:s3cret@h/db")
+    assert describe_location("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert describe_location("/var/lib/store.sqlite") == "/var/lib/store.sqlite"
