@@ -1,7 +1,8 @@
 """The sticksat HTTP service (FastAPI).
 
 Routes: POST /compile, POST /simulate, GET /programs/{key}, GET /graphs/{graph_hash},
-GET /healthz, GET /readyz, GET /metrics, GET /version. Every error is an RFC 9457
+GET /healthz, GET /readyz, GET /metrics, GET /version; the HTML pages (GET /, GET
+/programs/{key}/report) live in service/pages.py. Every error is an RFC 9457
 problem document (service/problems.py). Solves run in the process pool created in the
 lifespan (service/pool.py), never on the event loop; the store (service/store.py) makes
 a repeated compile a lookup.
