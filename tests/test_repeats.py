@@ -217,3 +217,24 @@ def test_partial_copy_keeps_only_residencies_inside_and_never_an_output():
     d.resident = {"b2_7": Residency(0, 64)}
     out = repeats.partial_copy(pg, d, list(range(16, 24)), list(range(24, 32)), readers)
     assert not out.resident
+
+
+def test_aligned_windows_tile_and_cut_where_fewest_tensors_cross():
+    crossing = [3] * 300
+    for i in (100, 200, 60):   # cheap cut points: near the nominal 104 and 100 + 104; 60 too far
+        crossing[i] = 1
+    wins = windows.aligned_windows(crossing, 120, 16)
+    kept = [i for _, _, a, b in wins for i in range(a, b)]
+    assert kept == list(range(300))
+    assert [kt for _, _, _, kt in wins[:-1]] == [100, 200]
+    for a, b, ka, kb in wins:
+        assert a == ka and kb <= b <= a + 120 + 8
+
+
+def test_crossings_count_tensors_alive_across_each_position():
+    pg = _chain(2)   # in each block: op j reads op j-1; the last op also reads the block input
+    c = windows.crossings(pg, list(range(len(pg.ops))))
+    assert c[0] == 0
+    assert c[1] == 1            # b0_0 -> b0_1 (x is a graph input, not produced)
+    assert c[8] == 1            # between blocks only b0_7 crosses
+    assert c[9] == 2            # b1_0 (read by b1_1) and b0_7 (read by b1_7)
