@@ -73,8 +73,10 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
     d = plan_cpsat(sub, hw, time_limit_s=limit, deterministic=deterministic, hint=hint, depth=False)
     if notes is not None:
         st = d.stats
+        model = next((n.split()[1] for n in st.get("notes", []) if n.startswith("strategies:")), "?")
         notes.append(f"{name}: {len(idx)} ops, {st.get('solver_status')} in {st.get('solve_seconds', 0):.1f} s "
-                     f"of {time_limit_s:.1f}, predicted {st.get('predicted_us', float('nan')):.1f} us")
+                     f"of {time_limit_s:.1f}, predicted {st.get('predicted_us', float('nan')):.1f} us "
+                     f"(CP-SAT model: {model} strategies)")
     return d
 
 
