@@ -22,6 +22,31 @@ from solver.core.merge import GroupedProblem
 BIG = 1e15  # forbidden entries in message passing (finite: no inf - inf)
 
 
+def bfs_order(gp: GroupedProblem, root: int) -> list[int]:
+    """Groups in breadth-first order from `root` (then the other components)."""
+    adj: list[list[int]] = [[] for _ in range(gp.num_groups)]
+    for a, b in gp.edges:
+        adj[a].append(b)
+        adj[b].append(a)
+    seen = [False] * gp.num_groups
+    out: list[int] = []
+    for r in [root] + list(range(gp.num_groups)):
+        if seen[r]:
+            continue
+        seen[r] = True
+        queue = [r]
+        head = 0
+        while head < len(queue):
+            x = queue[head]
+            head += 1
+            out.append(x)
+            for y in adj[x]:
+                if not seen[y]:
+                    seen[y] = True
+                    queue.append(y)
+    return out
+
+
 class MinSum:
     def __init__(self, gp: GroupedProblem):
         self.gp = gp
@@ -78,13 +103,16 @@ class MinSum:
 
 
 def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, rounds: int = 40,
-                      step: float = 0.01, decay: float = 0.9) -> Iterator[tuple[list[int], float, np.ndarray]]:
+                      step: float = 0.01, decay: float = 0.9,
+                      order: Optional[list[int]] = None) -> Iterator[tuple[list[int], float, np.ndarray]]:
     """Decoded choices of min-sum runs under usage penalties raised by subgradient steps:
     penalty[t] += step * decay^r * (usage[t] - limit) / limit (kept >= 0), in cost units per
     unit of usage; messages stay warm between rounds. Yields (choice, share of compressed
     steps over the limit, the penalties it was decoded under) for each new choice; the first
-    round has no penalty."""
+    round has no penalty. `order`: the sweep and decoding order (default: group index)."""
     ms = MinSum(gp)
+    if order is not None:
+        ms.order = list(order)
     seen = set()
     has_limit = gp.limit is not None and gp.tl.n_steps > 0
     penalty = np.zeros(gp.tl.n_steps)
