@@ -94,3 +94,25 @@ def test_compile_defaults_to_the_cpsat_planner(graph_file, tmp_path, capsys):
     assert code == 0
     stats = json.loads(prog_path.read_text())["stats"]
     assert stats["planner"] == "cpsat" and stats["solver_status"] in ("OPTIMAL", "FEASIBLE")
+
+
+def test_compile_reads_gzipped_documents_beyond_the_services_request_limits(tmp_path, capsys):
+    """The benchmark's whole-model graphs are `.json.gz`; and a local file is held to the
+    format's bounds only, not to the service's per-request element limit (2**34)."""
+    import gzip
+    big = json.loads(json.dumps(DOC))
+    big["inputs"][1]["meta"] = META([64, 2**29])  # 2**35 elements: over the service's limit
+    big["nodes"][0]["outputs"] = [META([16, 2**29])]
+    big["nodes"][1]["outputs"] = [META([16, 2**29])]
+    small = tmp_path / "graph.json.gz"
+    small.write_bytes(gzip.compress(json.dumps(DOC).encode()))
+    code, _ = _run(["compile", str(small), "--planner", "naive", "-o", str(tmp_path / "p.json"), "-q"], capsys)
+    assert code == 0 and Program.from_json((tmp_path / "p.json").read_bytes()).ops
+    from service.commands.compile import load_primgraph
+    from service.batch.common import read_graph_file
+    from lowering.errors import GraphError
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(big))
+    with pytest.raises(GraphError):
+        read_graph_file(path)  # the service's limits
+    assert load_primgraph(str(path)).ops

@@ -28,13 +28,17 @@ def register(sub) -> None:
 
 
 def load_primgraph(path: str):
-    """Read, validate and lower a graph document."""
+    """Read (a graph document or torch.export program JSON, either may be `.json.gz`),
+    validate as /compile does, and lower. The service's per-request operating limits
+    (service.pipeline.GraphLimits: nodes, total elements) bound what a remote client may
+    make the service allocate; a local file planned for its own user is held only to the
+    format's bounds, so a whole model at real size compiles here."""
     from lowering import lower_document
-    from lowering.validate import parse_document, validate_document
+    from service.batch.common import read_graph_file
+    from service.pipeline import GraphLimits
 
-    doc = parse_document(Path(path).read_bytes())
-    validate_document(doc)
-    return lower_document(doc)
+    local = GraphLimits(max_nodes=2**31, max_total_elements=2**62)
+    return lower_document(read_graph_file(path, local))
 
 
 def run(args) -> int:
