@@ -99,12 +99,13 @@ def greedy_place(buffers: list[LxBuffer], capacity: int, alignment: int) -> list
     for b in buffers:
         b.address = None
     times = sorted({b.start for b in buffers} | {b.end for b in buffers})
+    starting: dict[int, list[LxBuffer]] = {}   # in the buffers' order, as upstream walks them
+    for b in buffers:
+        starting.setdefault(b.start, []).append(b)
     live: list[LxBuffer] = []
     for t in times:
         live = [b for b in live if b.end != t]
-        for b in buffers:
-            if b.start != t:
-                continue
+        for b in starting.get(t, ()):
             addr = _find_free_block(live, b.size, capacity, alignment)
             if addr is not None:
                 b.address = addr
