@@ -805,6 +805,8 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             cur_cost = ev.cost
             credit("minsum", cost_it - cur_cost, time.perf_counter() - t_it)
             continue
+        if choice_arm == "window" and lns_deadline - time.perf_counter() < 3.0:
+            choice_arm = "kick"  # building a window model can take seconds on large instances
         if choice_arm == "kick":
             t_k = time.perf_counter()
             tr, im = kick_search(st, min(lns_deadline - 0.1, t_k + kick_batch), rng, slack=kick_slack)
@@ -872,7 +874,8 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
                  lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
     stats["restarts"] = restarts
     if kept_cost < cur_cost:
-        st, cur_cost = GroupState(gp, kept_choice), kept_cost
+        st.restore((np.array(kept_choice, dtype=np.int64), gp.profile(kept_choice), float(kept_cost)))
+        cur_cost = kept_cost
     if use_full and deadline - time.perf_counter() > 2:
         t_full = time.perf_counter()
         model, picks = window_model(st, list(range(G)), pair_limit)
