@@ -30,7 +30,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -44,20 +43,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from service_helpers import ServiceProcess, chain_graph  # noqa: E402
 
+from bench_service import machine  # noqa: E402  (benchmarks/ is on the path: this file's directory)
+
 START, END = "<!-- load_test:start -->", "<!-- load_test:end -->"
 TINY = REPO / "benchmarks" / "graphs" / "tiny"
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
 
 
 def graph_pool(n_chain: int = 24) -> list[dict]:

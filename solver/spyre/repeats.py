@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -253,7 +253,7 @@ class CopyMap:
     tensors: dict[str, str] = field(default_factory=dict)
 
 
-def copy_map(pg: PrimGraph, src: range, dst: range) -> CopyMap:
+def copy_map(pg: PrimGraph, src: Sequence[int], dst: Sequence[int]) -> CopyMap:
     m = CopyMap()
     for i, j in zip(src, dst):
         a, b = pg.ops[i], pg.ops[j]
@@ -318,13 +318,7 @@ def partial_copy(pg: PrimGraph, rep_d: PlanDecisions, src: list[int], dst: list[
     """The representative's decisions for a part of a copy (`dst`, matching the block
     positions `src`): op plans and weight layouts; LX residencies only of tensors produced
     and read entirely inside `dst`; the part starts a bundle."""
-    m = CopyMap()
-    for i, j in zip(src, dst):
-        a, b = pg.ops[i], pg.ops[j]
-        m.ops[a.id] = b.id
-        m.tensors[a.output.tensor] = b.output.tensor
-        for x, y in zip(a.inputs, b.inputs):
-            m.tensors.setdefault(x.tensor, y.tensor)
+    m = copy_map(pg, src, dst)
     produced_inside = {pg.ops[j].output.tensor for j in dst}
     produced_anywhere = {op.output.tensor for op in pg.ops}
     boundary = {t for t in m.tensors.values() if t in produced_anywhere and t not in produced_inside}
