@@ -40,6 +40,40 @@ from solver.core.merge import GroupedProblem, group_problem
 INF = float("inf")
 
 
+def _shared_tables(gp: GroupedProblem) -> tuple:
+    G = gp.num_groups
+    inc: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(G)]
+    inc_e: list[list[int]] = [[] for _ in range(G)]
+    for e, ((a, b), t) in enumerate(zip(gp.edges, gp.tables)):
+        tf = t.astype(np.float64)
+        tf[t >= FORBIDDEN_COST] = INF
+        inc[a].append((b, tf))
+        inc[b].append((a, tf.T))
+        inc_e[a].append(e)
+        inc_e[b].append(e)
+    cost = []
+    for c in gp.cost:
+        cf = c.astype(np.float64)
+        cf[c >= FORBIDDEN_COST] = INF
+        cost.append(cf)
+    steps, offs = [], []
+    for g in range(G):
+        ss, se = gp.seg_start[g], gp.seg_end[g]
+        if len(ss):
+            steps.append(np.concatenate([np.arange(a, b) for a, b in zip(ss, se)]))
+            offs.append(np.concatenate([[0], np.cumsum(se - ss)[:-1]]))
+        else:
+            steps.append(np.zeros(0, np.int64))
+            offs.append(np.zeros(0, np.int64))
+    wmin = [W.min(axis=1) if len(W) else np.zeros(0, np.int64) for W in gp.W]
+    # all segments of all groups, for "who is live at step t"
+    all_g = np.concatenate([np.full(len(x), g) for g, x in enumerate(gp.seg_start)] or [np.zeros(0, int)])
+    all_j = np.concatenate([np.arange(len(x)) for x in gp.seg_start] or [np.zeros(0, int)])
+    all_s = np.concatenate(gp.seg_start or [np.zeros(0, int)])
+    all_e = np.concatenate(gp.seg_end or [np.zeros(0, int)])
+    return inc, inc_e, {}, cost, steps, offs, wmin, all_g, all_j, all_s, all_e
+
+
 class GroupState:
     """A complete group choice with its usage profile on the compressed timeline, for fast
     single-group move evaluation (cost rows against the neighbours' current choices, memory
@@ -47,44 +81,20 @@ class GroupState:
 
     def __init__(self, gp: GroupedProblem, choice: Sequence[int]):
         self.gp = gp
-        G = gp.num_groups
-        self.inc: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(G)]
-        self.inc_e: list[list[int]] = [[] for _ in range(G)]
-        self._reduced: dict[int, tuple] = {}
-        for e, ((a, b), t) in enumerate(zip(gp.edges, gp.tables)):
-            tf = t.astype(np.float64)
-            tf[t >= FORBIDDEN_COST] = INF
-            self.inc[a].append((b, tf))
-            self.inc[b].append((a, tf.T))
-            self.inc_e[a].append(e)
-            self.inc_e[b].append(e)
-        self.cost = []
-        for c in gp.cost:
-            cf = c.astype(np.float64)
-            cf[c >= FORBIDDEN_COST] = INF
-            self.cost.append(cf)
+        # what does not depend on the choice is built once per grouped problem and shared by
+        # every state (on S the float tables alone are tens of MB per state)
+        shared = getattr(gp, "_state_shared", None)
+        if shared is None:
+            shared = _shared_tables(gp)
+            gp._state_shared = shared  # type: ignore[attr-defined]
+        self.inc, self.inc_e, self._reduced, self.cost, self.steps, self.offs, self.Wmin, \
+            self.all_g, self.all_j, self.all_s, self.all_e = shared
         self.k = np.array([int(s) for s in choice], dtype=np.int64)
         self.limit = gp.limit
         self.has_limit = gp.limit is not None and gp.tl.n_steps > 0
-        self.steps, self.offs = [], []
-        for g in range(G):
-            ss, se = gp.seg_start[g], gp.seg_end[g]
-            if len(ss):
-                lens = se - ss
-                self.steps.append(np.concatenate([np.arange(a, b) for a, b in zip(ss, se)]))
-                self.offs.append(np.concatenate([[0], np.cumsum(lens)[:-1]]))
-            else:
-                self.steps.append(np.zeros(0, np.int64))
-                self.offs.append(np.zeros(0, np.int64))
         self.prof = gp.profile(self.k) if self.has_limit else np.zeros(0, np.int64)
         self.journal: Optional[list[tuple[int, int]]] = None
-        self.Wmin = [W.min(axis=1) if len(W) else np.zeros(0, np.int64) for W in gp.W]
         self.cur = self.total()  # kept up to date by move()
-        # all segments of all groups, for "who is live at step t"
-        self.all_g = np.concatenate([np.full(len(s), g) for g, s in enumerate(gp.seg_start)] or [np.zeros(0, int)])
-        self.all_j = np.concatenate([np.arange(len(s)) for s in gp.seg_start] or [np.zeros(0, int)])
-        self.all_s = np.concatenate(gp.seg_start or [np.zeros(0, int)])
-        self.all_e = np.concatenate(gp.seg_end or [np.zeros(0, int)])
 
     def reduced(self, e: int):
         """Edge e's table over its distinct rows and columns: (row class of each strategy of
