@@ -5,19 +5,24 @@
   single-strategy nodes fold into their neighbours' costs; everything below works on groups
   and memory stays exact (each member keeps its live interval: a group's usage is piecewise
   constant over its segments on the compressed timeline);
-- feasibility-first starts: every group on its least-peak strategy, and a spanning-forest DP
-  on the group graph; each repaired (cheapest cost increase per unit of usage saved at the
-  worst step) and descended;
+- starts: every group on its least-peak strategy (feasibility first), and min-sum message
+  passing (`solver.core.bp`) under Lagrangian usage penalties per compressed step (several
+  trajectories: step sizes, sweep orders); each decode repaired (cheapest cost increase per
+  unit of usage saved at the worst step) and descended; the best few trajectories' starts
+  are polished by kicks and the search restarts from the next one when it stagnates;
 - local search: single-group moves (a group move is a chain move of all its members) with
-  incremental cost and memory deltas, best-improvement descent;
-- large-neighbourhood search: CP-SAT on windows of the group graph (a breadth-first ball
-  around a group drawn by what it costs now, or one live at a random time step), every group
-  outside fixed: fixed neighbours become costs, fixed usage a per-step budget, one memory row
-  per distinct live signature of the window that can bind; the window is capped by the pair
-  terms inside it, a cap that adapts to how fast windows solve; a window is accepted only
-  when the evaluator says it is no worse;
-- the full grouped model (the same builder with every group in the window) hinted with the
-  LNS result gets the last part of the budget when it is small enough.
+  incremental cost and memory deltas and a journal to undo, best-improvement descent, and
+  kicks (ejection chains: a group to a cheap or random strategy, its neighbours to their
+  best responses, memory repaired, kept when no worse; record-to-record travel);
+- large-neighbourhood search, two kinds of windows: CP-SAT on a ball of the group graph
+  with every group outside fixed (fixed neighbours become costs, fixed usage a per-step
+  budget, one memory row per distinct live signature of the window that can bind, tables
+  over their distinct rows and columns; the window is capped by the pair terms inside it, a
+  cap that adapts to how fast windows solve), and min-sum on a ball with the rest fixed
+  (usage priced by the Lagrangian penalties, then repaired); kicks and both windows are
+  chosen by their recent gain per second; a result is kept only when no worse;
+- the full grouped model (the CP-SAT window builder with every group in the window) hinted
+  with the best choice gets the last 80% of the budget when it is small enough (B, G).
 
 `optimize(problem, time_limit_s, ...)` runs them within the time limit and returns the
 best feasible choice found (always checked with `evaluate` on the original problem).
