@@ -360,3 +360,46 @@ def test_minsum_is_exact_on_a_tree():
             ms.sweep(u, damping=0.0)
         best = min(evaluate(p, ch).cost for ch in itertools.product(*[range(x) for x in k]))
         assert evaluate(p, gp.expand(ms.decode(u))).cost == best
+
+
+def test_optimize_finds_the_optimum_on_odd_small_instances():
+    """Self-edges, duplicate edges, empty intervals, single-strategy nodes, no limit, no
+    edges: optimize returns the brute-force optimum (the instances are small enough for the
+    full grouped model to prove it)."""
+    import itertools
+    import numpy as np
+    from solver.core import FORBIDDEN_COST, StrategyProblem, evaluate
+    from solver.core.search import optimize
+    rng = np.random.default_rng(11)
+    cases = 0
+    for case in range(8):
+        n = 6
+        k = [int(rng.integers(1, 4)) for _ in range(n)]
+        ivs = [(int(a), int(a) + int(rng.integers(0, 4))) for a in rng.integers(0, 6, size=n)]
+        edges, tables = [], []
+        for _ in range(0 if case == 0 else 7):
+            u, v = (int(x) for x in rng.integers(0, n, size=2))  # may repeat, may be u == v
+            t = rng.integers(0, 40, size=(k[u], k[v])).astype(np.int64)
+            if rng.random() < 0.3:
+                t[int(rng.integers(k[u])), int(rng.integers(k[v]))] = FORBIDDEN_COST
+            edges.append((u, v))
+            tables.append(t)
+        usages = [rng.integers(1, 10, size=x) for x in k]
+        p = StrategyProblem([rng.integers(0, 30, size=x) for x in k], usages, ivs, edges, tables,
+                            usage_limit=None if case % 3 == 0 else 14)
+        best = None
+        for ch in itertools.product(*[range(x) for x in k]):
+            ev = evaluate(p, ch)
+            if ev.feasible and (best is None or ev.cost < best):
+                best = ev.cost
+        try:
+            r = optimize(p, time_limit_s=1.5, workers=1)
+        except ValueError:  # presolve: a node with every strategy forbidden
+            assert best is None
+            continue
+        if best is None:
+            assert not r.feasible
+            continue
+        cases += 1
+        assert r.feasible and evaluate(p, r.choice).cost == r.cost == best
+    assert cases >= 4
