@@ -102,20 +102,34 @@ class MinSum:
         return k
 
 
-def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, rounds: int = 40,
+def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, rounds: int = 25,
                       step: float = 0.01, decay: float = 0.9,
-                      order: Optional[list[int]] = None) -> Iterator[tuple[list[int], float, np.ndarray]]:
+                      order: Optional[list[int]] = None, node_rounds: int = 100,
+                      beta: float = 0.3) -> Iterator[tuple[list[int], float, np.ndarray]]:
     """Decoded choices of min-sum runs under usage penalties raised by subgradient steps:
     penalty[t] += step * decay^r * (usage[t] - limit) / limit (kept >= 0), in cost units per
-    unit of usage; messages stay warm between rounds. Yields (choice, share of compressed
-    steps over the limit, the penalties it was decoded under) for each new choice; the first
-    round has no penalty. `order`: the sweep and decoding order (default: group index)."""
+    unit of usage; messages stay warm between rounds. Then `node_rounds` rounds of per-group
+    penalties (the contest winners' node-specific weights): each group's penalty term is
+    scaled by its own factor, raised by (1 + beta) for the groups above their least usage at
+    a step the decode overfills, and all lowered by (1 - beta / 3) after a decode that fits,
+    so the pressure lands on the groups that cause the overflow (V: starts of 1.77-1.81 M
+    against 2.27 M from the per-step penalties alone). Yields (choice, share of compressed
+    steps over the limit, the per-step penalties) for each new choice; the first round has no
+    penalty. `order`: the sweep and decoding order (default: group index)."""
     ms = MinSum(gp)
     if order is not None:
         ms.order = list(order)
     seen = set()
     has_limit = gp.limit is not None and gp.tl.n_steps > 0
     penalty = np.zeros(gp.tl.n_steps)
+
+    def new(k: list[int], prof: Optional[np.ndarray]):
+        key = tuple(k)
+        if key in seen:
+            return None
+        seen.add(key)
+        return k, float((prof > gp.limit).mean()) if has_limit else 0.0, penalty.copy()
+
     for r in range(rounds):
         if time.perf_counter() > deadline:
             return
@@ -124,13 +138,41 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
             ms.sweep(unary)
         k = ms.decode(unary)
         prof = gp.profile(k) if has_limit else None
-        key = tuple(k)
-        if key not in seen:
-            seen.add(key)
-            yield k, float((prof > gp.limit).mean()) if has_limit else 0.0, penalty.copy()
+        out = new(k, prof)
+        if out is not None:
+            yield out
         if not has_limit:
             return
         penalty = np.maximum(0.0, penalty + step * decay ** r * (prof - gp.limit) / gp.limit)
+    # per-group penalty factors
+    base = ms.unary_with_penalty(penalty)
+    zero = ms.unary0
+    rho = np.ones(gp.num_groups)
+    all_g = np.concatenate([np.full(len(x), g) for g, x in enumerate(gp.seg_start)] or [np.zeros(0, int)])
+    all_j = np.concatenate([np.arange(len(x)) for x in gp.seg_start] or [np.zeros(0, int)])
+    all_s = np.concatenate(gp.seg_start or [np.zeros(0, int)])
+    all_e = np.concatenate(gp.seg_end or [np.zeros(0, int)])
+    for r in range(node_rounds):
+        if time.perf_counter() > deadline:
+            return
+        unary = [z + (b - z) * rho[g] for g, (z, b) in enumerate(zip(zero, base))]
+        for _ in range(sweeps):
+            ms.sweep(unary)
+        k = ms.decode(unary)
+        prof = gp.profile(k)
+        out = new(k, prof)
+        if out is not None:
+            yield out
+        over = np.flatnonzero(prof > gp.limit)
+        if len(over):
+            hit = np.zeros(len(all_s), dtype=bool)
+            for t in over:
+                hit |= (all_s <= t) & (all_e > t)
+            for g, j in zip(all_g[hit], all_j[hit]):
+                if gp.W[g][j, k[g]] > gp.W[g][j].min():
+                    rho[g] *= 1 + beta
+        else:
+            rho *= 1 - beta / 3
 
 
 def window_minsum(st, window: list[int], penalty: Optional[np.ndarray], sweeps: int = 4,
