@@ -114,8 +114,8 @@ def main() -> None:
         row = json.loads(res.stdout.strip().splitlines()[-1])
         print(json.dumps(row), flush=True)
         rows.append(row)
-    header = (f"`benchmarks/bench_iopddl.py --time-limit {args.time_limit:g} --workers {args.workers}"
-              f" --write-docs`, {date}, machine: {machine}; `solver.core.search.optimize`, "
+    command = " ".join(["benchmarks/bench_iopddl.py"] + sys.argv[1:])  # the command as run
+    header = (f"`{command}`, {date}, machine: {machine}; `solver.core.search.optimize`, "
               f"load + presolve + search within the limit, each instance in a fresh process:")
     text = table(rows, header)
     print(text)
