@@ -808,31 +808,23 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         else:
             choice_arm = max(arm, key=lambda k: arm[k][0] / max(arm[k][1], 1e-9))
         t_it, cost_it = time.perf_counter(), cur_cost
-        if choice_arm == "minsum":
-            tr, im = minsum_window_search(st, min(lns_deadline - 0.1, t_it + kick_batch), rng, nrng,
-                                          best_penalty)
-            ms_stats[0] += tr
-            ms_stats[1] += im
-            ms_stats[2] += time.perf_counter() - t_it
-            ev = evaluate(problem, gp.expand(st.k))
-            if not ev.feasible or ev.cost > cur_cost:  # never: moves keep memory, cost exact
-                raise AssertionError(f"min-sum windows broke the incumbent: {ev.reason or ev.cost}")
-            cur_cost = ev.cost
-            credit("minsum", cost_it - cur_cost, time.perf_counter() - t_it)
-            continue
         if choice_arm == "window" and lns_deadline - time.perf_counter() < 3.0:
             choice_arm = "kick"  # building a window model can take seconds on large instances
-        if choice_arm == "kick":
-            t_k = time.perf_counter()
-            tr, im = kick_search(st, min(lns_deadline - 0.1, t_k + kick_batch), rng, slack=kick_slack)
-            kick_stats[0] += tr
-            kick_stats[1] += im
-            kick_stats[2] += time.perf_counter() - t_k
+        if choice_arm in ("minsum", "kick"):
+            until = min(lns_deadline - 0.1, t_it + kick_batch)
+            if choice_arm == "minsum":
+                tr, im = minsum_window_search(st, until, rng, nrng, best_penalty)
+            else:
+                tr, im = kick_search(st, until, rng, slack=kick_slack)
+            arm_stats = ms_stats if choice_arm == "minsum" else kick_stats
+            arm_stats[0] += tr
+            arm_stats[1] += im
+            arm_stats[2] += time.perf_counter() - t_it
             ev = evaluate(problem, gp.expand(st.k))
             if not ev.feasible or ev.cost > cur_cost:  # never: moves keep memory, cost exact
-                raise AssertionError(f"kick search broke the incumbent: {ev.reason or ev.cost}")
+                raise AssertionError(f"{choice_arm} search broke the incumbent: {ev.reason or ev.cost}")
             cur_cost = ev.cost
-            credit("kick", cost_it - cur_cost, time.perf_counter() - t_it)
+            credit(choice_arm, cost_it - cur_cost, time.perf_counter() - t_it)
             continue
         iters += 1
         if st.has_limit and rng.random() < time_share and len(st.all_s):
