@@ -101,6 +101,35 @@ class _Slot:
         pids = [p.pid for p in list(processes.values()) if p.pid is not None]
         return pids[0] if pids else None
 
+    def process_alive(self) -> bool:
+        processes = list((getattr(self.executor, "_processes", None) or {}).values())
+        return bool(processes) and all(p.is_alive() for p in processes)
+
+
+# How often a running job's worker is looked at, and how long a dead worker's executor
+# may take to notice before the pool declares the job crashed itself: a worker killed
+# while it hands back its result can leave ProcessPoolExecutor waiting for ever (seen
+# once in the kill-under-load test: a job "running" for 300 s with its worker gone).
+WATCH_S = 1.0
+DEAD_GRACE_S = 3.0
+
+
+async def _watched(slot: _Slot, work: asyncio.Future) -> Any:
+    """`work`'s result; BrokenProcessPool also when the slot's process has been gone for
+    DEAD_GRACE_S and its executor has not failed the job."""
+    dead_since: Optional[float] = None
+    while True:
+        done, _ = await asyncio.wait({work}, timeout=WATCH_S)
+        if done:
+            return work.result()
+        if slot.process_alive():
+            dead_since = None
+            continue
+        dead_since = dead_since or time.monotonic()
+        if time.monotonic() - dead_since >= DEAD_GRACE_S:
+            work.cancel()
+            raise BrokenProcessPool("the worker process died and its executor did not fail the job")
+
 
 class SolverPool:
     def __init__(self, workers: int, queue_limit: int,
@@ -291,7 +320,7 @@ class SolverPool:
 
     async def _finish(self, slot: _Slot, job: _Job, work: asyncio.Future) -> None:
         try:
-            result = await work
+            result = await _watched(slot, work)
         except BrokenProcessPool:
             if self._closed:
                 return

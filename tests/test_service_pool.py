@@ -237,3 +237,33 @@ def test_a_queued_job_nobody_waits_for_is_dropped():
 def _sleep_then_return(seconds: float, value):
     time.sleep(seconds)
     return value
+
+
+def test_a_running_job_whose_worker_vanished_unnoticed_fails_as_a_crash(monkeypatch):
+    """ProcessPoolExecutor can miss a worker killed while it hands back its result and
+    wait for ever; the pool looks at the process itself and fails the job as crashed once
+    the process has been gone for DEAD_GRACE_S, while a live worker is waited for."""
+    import asyncio
+    from concurrent.futures.process import BrokenProcessPool
+    from types import SimpleNamespace
+
+    import service.pool as pool
+
+    monkeypatch.setattr(pool, "WATCH_S", 0.05)
+    monkeypatch.setattr(pool, "DEAD_GRACE_S", 0.2)
+    alive = SimpleNamespace(is_alive=lambda: True, pid=1)
+    dead = SimpleNamespace(is_alive=lambda: False, pid=2)
+
+    async def scenario():
+        slot = pool._Slot(0)
+        slot.executor = SimpleNamespace(_processes={2: dead})
+        never = asyncio.get_running_loop().create_future()
+        with pytest.raises(BrokenProcessPool):
+            await asyncio.wait_for(pool._watched(slot, never), timeout=5)
+        assert never.cancelled()
+        slot.executor = SimpleNamespace(_processes={1: alive})
+        later = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.5, later.set_result, "plan")
+        assert await asyncio.wait_for(pool._watched(slot, later), timeout=5) == "plan"
+
+    asyncio.run(scenario())
