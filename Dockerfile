@@ -35,9 +35,10 @@ RUN --mount=type=bind,target=/context \
     --mount=type=secret,id=pip-cert,required=false \
     set -eu; \
     if [ -f /run/secrets/pip.conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip.conf; fi; \
-    cp -r /context /tmp/src; \
+    tmp="$(mktemp -d)"; \
+    cp -r /context "$tmp/src"; \
     python3 -m venv /opt/venv; \
-    cd /tmp/src && pip install -c constraints.txt . && cd / && rm -rf /tmp/src /root/.cache; \
+    cd "$tmp/src" && pip install -c constraints.txt . && cd "$HOME" && rm -rf "$tmp" "$HOME/.cache"; \
     find /opt/venv -name __pycache__ -prune -exec rm -rf {} +; \
     useradd --create-home --uid 10001 --shell /usr/sbin/nologin sticksat; \
     mkdir -p /data /w; \
