@@ -160,7 +160,7 @@ def test_split_k_matmul_is_resplit_when_tiling_would_beat_it():
                                    "mm2": OpPlan(core_split={"m": 8, "k": 4})},
                       resident={"y": Residency(lx_address=0)})
     _, strategies, _ = build_model(pg, HW, d)  # the hint's strategies are kept
-    out = resplit_for_tiling(pg, HW, d, strategies)
+    out = resplit_for_tiling(pg, d, strategies)
     assert out is not None
     moved_d, moved = out
     assert moved == ["mm2"]

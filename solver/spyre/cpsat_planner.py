@@ -751,13 +751,13 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     if res is None:
         return d, 0.0
     notes.extend(res.notes)
-    alt = resplit_for_tiling(pg, hw, d, strategies)
+    alt = resplit_for_tiling(pg, d, strategies)
     if alt is not None and (deadline is None or time.perf_counter() < deadline):
         # the same search once more on the plan with its split-K matmuls re-split so they
         # can be tiled; the faster of the two is kept
         res_alt = fuse_tiled_groups(pg, hw, alt[0], deadline=deadline)
         if res_alt is not None and res_alt.fused_us < res.fused_us:
-            notes.append(f"fusion after re-splitting {len(alt[1])} split-K matmuls for tiling "
+            notes.append(f"fusion after re-splitting {len(alt[1])} matmuls for tiling "
                          f"({', '.join(alt[1][:4])}{', ...' if len(alt[1]) > 4 else ''}): simulated "
                          f"{res.fused_us:.1f} -> {res_alt.fused_us:.1f} us")
             res_alt.base_us = res.base_us

@@ -629,12 +629,12 @@ def _tiled_ns(strategy) -> float:
     return max(c.memory_ns, c.compute_ns) + c.extra_ns
 
 
-def resplit_for_tiling(pg: PrimGraph, hw, d: PlanDecisions, strategies: dict, margin: float = 0.9
+def resplit_for_tiling(pg: PrimGraph, d: PlanDecisions, strategies: dict, margin: float = 0.9
                        ) -> Optional[tuple[PlanDecisions, list[str]]]:
-    """`d` with every matmul whose reduction dim is split across cores moved to the
-    non-reduction split (same stick choice) that would be fastest once tiled, where that
-    beats its planned time by `margin`; None when no op moves. Returns the plan and the ops
-    moved.
+    """`d` with every matmul moved to the non-reduction split (same stick choice) that
+    would be fastest once tiled, where that beats its planned time (untiled for a split-K
+    matmul, which cannot be tiled; else its own tiled estimate) by `margin`; None when no
+    op moves. Returns the plan and the ops moved.
 
     Why: the planner prices each op untiled, and untiled a split K often wins (each core
     streams a smaller weight slice and loads overlap compute only over
