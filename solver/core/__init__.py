@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -311,29 +311,38 @@ def tree_dp_start(problem: StrategyProblem, reduction: Reduction) -> list[int]:
         sub = t[np.ix_(alive[u], alive[v])].astype(np.float64)
         finite = sub[sub < big]
         weight.append((float(finite.max() - finite.min()) if finite.size else big, e))
-    parent = list(range(n_nodes))
+    k = forest_min_sum(n_nodes, weight, lambda e: problem.edges[e],
+                       lambda e: problem.edge_costs[e][np.ix_(alive[problem.edges[e][0]],
+                                                              alive[problem.edges[e][1]])].astype(np.float64),
+                       lambda x: problem.node_costs[x][alive[x]].astype(np.float64))
+    return [int(alive[x][k[x]]) for x in range(n_nodes)]
+
+
+def forest_min_sum(n: int, weights: Sequence[tuple[float, int]], ends: Callable[[int], tuple[int, int]],
+                   table: Callable[[int], np.ndarray], node_cost: Callable[[int], np.ndarray]) -> list[int]:
+    """Per node, the index into `node_cost(x)` of a choice that is optimal on a maximum
+    spanning forest of the edges (`weights`: (weight, edge) pairs; Kruskal on them, heaviest
+    first), memory ignored: min-sum dynamic programming from the leaves up, then the best
+    choices from each root down. `table(e)` is edge e's cost matrix [strategy of its first
+    end, strategy of its second]."""
+    parent = list(range(n))
 
     def find(x: int) -> int:
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
-    adj: list[list[tuple[int, int]]] = [[] for _ in range(n_nodes)]
-    for _, e in sorted(weight, reverse=True):
-        u, v = problem.edges[e]
+    adj: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for _, e in sorted(weights, reverse=True):
+        u, v = ends(e)
         ru, rv = find(u), find(v)
         if ru != rv:
             parent[ru] = rv
             adj[u].append((v, e))
             adj[v].append((u, e))
-    # tables oriented [node strategy, neighbour strategy] over kept strategies
-    def table(e: int, node: int) -> np.ndarray:
-        u, v = problem.edges[e]
-        t = problem.edge_costs[e][np.ix_(alive[u], alive[v])].astype(np.float64)
-        return t if node == u else t.T
-    choice = [-1] * n_nodes
-    seen = [False] * n_nodes
-    for root in range(n_nodes):
+    choice = [0] * n
+    seen = [False] * n
+    for root in range(n):
         if seen[root]:
             continue
         order, par = [], {root: (-1, -1)}
@@ -347,22 +356,23 @@ def tree_dp_start(problem: StrategyProblem, reduction: Reduction) -> list[int]:
                     seen[y] = True
                     par[y] = (x, e)
                     stack.append(y)
-        cost = {x: problem.node_costs[x][alive[x]].astype(np.float64) for x in order}
+        cost = {x: node_cost(x) for x in order}
         best_child: dict[int, np.ndarray] = {}
         for x in reversed(order):
             p, e = par[x]
             if p < 0:
                 continue
-            m = table(e, p) + cost[x][None, :]  # [parent strategy, child strategy]
+            t = table(e)
+            t = t if ends(e)[0] == p else t.T
+            m = t + cost[x][None, :]  # [parent strategy, child strategy]
             best_child[x] = np.argmin(m, axis=1)
             cost[p] = cost[p] + m.min(axis=1)
         k = {root: int(np.argmin(cost[root]))}
         for x in order:
-            p, e = par[x]
+            p, _ = par[x]
             if p >= 0:
                 k[x] = int(best_child[x][k[p]])
-        for x in order:
-            choice[x] = int(alive[x][k[x]])
+            choice[x] = k[x]
     return choice
 
 

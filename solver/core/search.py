@@ -37,8 +37,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
-from solver.core import (FORBIDDEN_COST, Reduction, StrategyProblem, evaluate, local_search, presolve,
-                         tree_dp_start)
+from solver.core import (FORBIDDEN_COST, Reduction, StrategyProblem, evaluate, forest_min_sum, local_search,
+                         presolve, tree_dp_start)
 from solver.core.bp import bfs_order, lagrangian_starts, window_minsum
 from solver.core.merge import GroupedProblem, group_problem
 
@@ -382,59 +382,16 @@ def group_tree_dp(gp: GroupedProblem) -> list[int]:
     for e, t in enumerate(gp.tables):
         fin = t[t < FORBIDDEN_COST]
         weight.append((float(fin.max() - fin.min()) if fin.size else float(FORBIDDEN_COST), e))
-    parent = list(range(G))
+    def table(e: int) -> np.ndarray:
+        t = gp.tables[e].astype(np.float64)
+        t[gp.tables[e] >= FORBIDDEN_COST] = INF
+        return t
 
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-    adj: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(G)]
-    for _, e in sorted(weight, reverse=True):
-        a, b = gp.edges[e]
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[ra] = rb
-            t = gp.tables[e].astype(np.float64)
-            t[gp.tables[e] >= FORBIDDEN_COST] = INF
-            adj[a].append((b, t))
-            adj[b].append((a, t.T))
-    choice = [0] * G
-    seen = [False] * G
-    for root in range(G):
-        if seen[root]:
-            continue
-        order, par = [], {root: (-1, None)}
-        stack = [root]
-        seen[root] = True
-        while stack:
-            x = stack.pop()
-            order.append(x)
-            for y, t in adj[x]:
-                if not seen[y]:
-                    seen[y] = True
-                    par[y] = (x, t)  # [parent strategy, child strategy]
-                    stack.append(y)
-        cost = {}
-        for x in order:
-            c = gp.cost[x].astype(np.float64)
-            c[gp.cost[x] >= FORBIDDEN_COST] = INF
-            cost[x] = c
-        best_child = {}
-        for x in reversed(order):
-            p, t = par[x]
-            if p < 0:
-                continue
-            m = t + cost[x][None, :]
-            best_child[x] = np.argmin(m, axis=1)
-            cost[p] = cost[p] + m.min(axis=1)
-        k = {root: int(np.argmin(cost[root]))}
-        for x in order:
-            p, _ = par[x]
-            if p >= 0:
-                k[x] = int(best_child[x][k[p]])
-            choice[x] = k[x]
-    return choice
+    def node_cost(x: int) -> np.ndarray:
+        c = gp.cost[x].astype(np.float64)
+        c[gp.cost[x] >= FORBIDDEN_COST] = INF
+        return c
+    return forest_min_sum(G, weight, lambda e: gp.edges[e], table, node_cost)
 
 
 # -- CP-SAT on a window of groups ------------------------------------------------------------
