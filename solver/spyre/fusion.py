@@ -50,7 +50,7 @@ from typing import Optional
 from lowering.primitives import PrimGraph, PrimOp, op_from_json
 from lowering.op_rules import legal_core_splits, split_units
 from simulator.geometry import box_contains, core_ranges, layout_nbytes, op_granules, operand_box, reduction_split
-from simulator.superdsc import Program
+from simulator.superdsc import Program, fused_group_key
 from simulator.timing import TimingReport, time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
@@ -427,12 +427,18 @@ def _trial(pg: PrimGraph, hw, d: PlanDecisions) -> Optional[tuple[PlanDecisions,
 
 
 def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[float] = None,
-                      tile_counts=TILE_COUNTS, align=SPLIT_VARIANTS) -> Optional[FusionResult]:
+                      tile_counts=TILE_COUNTS, align=SPLIT_VARIANTS, reorder: bool = False
+                      ) -> Optional[FusionResult]:
     """`d` with fused kernels on the runs of ops where the simulator times them faster: per
     run a common core split (`align` alternatives to the planned splits), a tile count and
     tile buffers for the kernel's own results. None when `d` does not emit to a valid
     program. Stops trying at `deadline` (perf_counter seconds); the result is always a
-    validated program no slower (simulated) than `d`'s."""
+    validated program no slower (simulated) than `d`'s.
+
+    `reorder`: also try moving matmuls that read one tensor next to each other in the op
+    order and merging them into one kernel (`_merge_siblings`); the result's `op_order` is
+    then the order its program was validated and timed in, so a caller that passes True must
+    keep that order (not reset it to the graph's)."""
     base_prog = _valid_program(pg, hw, d)
     if base_prog is None:
         return None
@@ -528,6 +534,8 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     if chosen_tr is None:
         return result
     fused_d, prog, rep = _merge_adjacent(pg, hw, chosen_tr, runs, deadline, longest[0])
+    if reorder:
+        fused_d, prog, rep = _merge_siblings(pg, hw, (fused_d, prog, rep), deadline, longest[0])
     groups = len({o.fused_group for o in rep.ops if o.fused_group is not None})
     buffers = sum(1 for t in prog.tensors if getattr(t.memory, "per_tile", False))
     result.decisions, result.program, result.report = fused_d, prog, rep
@@ -576,6 +584,75 @@ def _merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadlin
             if out is not None and out[2].total_us < rep.total_us and not validate_program(out[1], hw):
                 fused_d, prog, rep = out
     return fused_d, prog, rep
+
+
+def _sibling_order(pg: PrimGraph, program: Program, d: PlanDecisions) -> Optional[list[str]]:
+    """The program's op order with each group of tiled matmuls that read one tensor (the
+    query, key and value projections of one normalized input) next to each other: each later
+    one moves up to right after the group so far, where every operand it reads is made by
+    then. Only a matmul that is a kernel of its own moves (a kernel with members would lose
+    them), and one that heads a bundle (`_with_tiles`), so the kernel before it does not
+    grow. None when nothing moves."""
+    order = [o.id for o in program.ops if o.id in {op.id for op in pg.ops}]
+    if len(order) != len(pg.ops):
+        return None
+    prims = {op.id: op for op in pg.ops}
+    producer = {op.output.tensor: op.id for op in pg.ops}
+    key = {o.id: fused_group_key(o) for o in program.ops}
+    pos0 = {o.id: k for k, o in enumerate(program.ops)}
+    ids = [o.id for o in program.ops]
+
+    def lone_kernel(oid: str) -> bool:
+        k = pos0[oid]
+        nxt = ids[k + 1] if k + 1 < len(ids) else None
+        return (key[oid] is not None and oid in d.bundle_starts
+                and (nxt is None or nxt in d.bundle_starts or key.get(nxt) != key[oid]))
+    readers: dict[str, list[str]] = {}
+    for oid in order:
+        if prims[oid].body.kind == "matmul" and lone_kernel(oid):
+            for t in dict.fromkeys(a.tensor for a in prims[oid].inputs):
+                readers.setdefault(t, []).append(oid)
+    out = list(order)
+    moved: set[str] = set()
+    for group in readers.values():
+        group = [o for o in group if o not in moved]
+        if len(group) < 2:
+            continue
+        last = group[0]
+        for oid in group[1:]:
+            pos = {o: k for k, o in enumerate(out)}
+            if pos[oid] == pos[last] + 1:
+                last = oid
+                continue
+            deps = [producer[a.tensor] for a in prims[oid].inputs if a.tensor in producer]
+            if any(pos[p] > pos[last] for p in deps):
+                continue
+            out.remove(oid)
+            out.insert(out.index(last) + 1, oid)
+            moved.add(oid)
+            last = oid
+    return out if moved else None
+
+
+def _merge_siblings(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float) -> tuple:
+    """Matmuls that read one tensor but each head a chain of their own (`chain_order` runs
+    each chain straight into its consumer, so their consumers sit between them) moved next to
+    each other (`_sibling_order`) and merged into one kernel by `_merge_adjacent`: the kernel
+    loads the common input once and overlaps one matmul's weight stream with another's
+    compute. Kept only when the merged program is valid and faster; else `tr` as it was."""
+    fused_d, prog, rep = tr
+    order = _sibling_order(pg, prog, fused_d)
+    if order is None or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
+        return tr
+    moved = _trial(pg, hw, replace(fused_d, op_order=order))
+    if moved is None or validate_program(moved[1], hw):
+        return tr
+    graph_ops = {op.id for op in pg.ops}
+    runs = _runs(moved[1], _tile_dims(moved[1], hw), graph_ops)
+    merged = _merge_adjacent(pg, hw, moved, runs, deadline, trial_s)
+    if merged[2].total_us < rep.total_us and not validate_program(merged[1], hw):
+        return merged
+    return tr
 
 
 def _aligned_heads(prog: Program, hw, ops: dict, head_a: str, run_b: list[str]) -> Optional[dict]:
