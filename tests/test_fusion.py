@@ -259,3 +259,46 @@ def test_sibling_matmuls_move_next_to_each_other_and_share_one_kernel():
     assert together.fused_us < apart.fused_us
     # without reorder nothing moves
     assert not apart.decisions.op_order or apart.decisions.op_order == order
+
+
+def _projection_then_row_stats(M=512, K=4096, N=4096):
+    """s = sum_n((x @ w)^2): a projection followed by a norm's statistics, as in an
+    RMSNorm after an attention output projection; the reduction runs over the dim the
+    matmul's cores split, under another name (as lowering names it: d2 in the chain, r2 in
+    the reduction)."""
+    from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
+                                     PrimOp, PrimTensor, ReduceBody)
+    ts = {t.id: t for t in (PrimTensor("x", (M, K), "float16", "user_input"),
+                            PrimTensor("w", (K, N), "float16", "parameter"),
+                            PrimTensor("y", (M, N), "float16", "intermediate"),
+                            PrimTensor("sq", (M, N), "float16", "intermediate"),
+                            PrimTensor("s", (M, 1), "float16", "intermediate"))}
+    ops = [PrimOp("mm", (IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),
+                  (Access("x", (0, 2)), Access("w", (2, 1))), Access("y", (0, 1)), MatmulBody(0, 1, 2)),
+           PrimOp("sq", (IterDim("m", M), IterDim("n", N)), (Access("y", (0, 1)),), Access("sq", (0, 1)),
+                  PointwiseBody(Call("mul", (In(0), In(0))))),
+           PrimOp("sum", (IterDim("m", M), IterDim("r", N, "reduction")), (Access("sq", (0, 1)),),
+                  Access("s", (0, None)), ReduceBody("sum"))]
+    return PrimGraph("proj_stats", ts, ops, ["x", "w"], ["y", "s"])
+
+
+def test_a_reduction_over_the_heads_split_dim_joins_its_kernel(monkeypatch):
+    """A row sum reading a chain on the matmul's m x n split: no split of the sum's own dim
+    names is the head's (the result has no n), so the variants give it the split that reads
+    the box each core wrote, mapped through the tensor it reads (n split as a reduction,
+    partial sums combined on the ring); in the kernel it reads the squares on chip."""
+    import solver.spyre.fusion as fusion
+    from solver.plan import OpPlan
+    pg = _projection_then_row_stats()
+    d = PlanDecisions("test", ops={"mm": OpPlan(core_split={"m": 8, "n": 4}),
+                                   "sq": OpPlan(core_split={"m": 8, "n": 4}),
+                                   "sum": OpPlan(core_split={"m": 32})})
+    res = fuse_tiled_groups(pg, HW, d)
+    assert res is not None and not validate_program(res.program, HW)
+    groups = {o.op_id: o.fused_group for o in res.report.ops}
+    assert groups["mm"] is not None and groups["mm"] == groups["sq"] == groups["sum"]
+    assert {k: v for k, v in res.decisions.ops["sum"].core_split.items() if v > 1} == {"m": 8, "r": 4}
+    monkeypatch.setattr(fusion, "_from_producer", lambda *a: None)
+    without = fuse_tiled_groups(pg, HW, d)
+    assert without.report.op("sum").fused_group != without.report.op("mm").fused_group
+    assert res.fused_us < without.fused_us

@@ -312,21 +312,28 @@ def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[l
             if which is None or which >= len(cands):
                 continue
             want = cands[which]
+        made: dict[str, str] = {}  # result tensor -> the run member making it
         for oid in run:
             prim = prims[oid]
+            made[prim.output.tensor] = oid
             if prim.body.kind == "matmul":
                 continue
             if which == "head":
                 want = want_of(prim)
-                if want is None:
+            mine = want
+            if mine is None or not all(n in {x.name for x in prim.iter_dims} for n in mine):
+                # e.g. a reduction over a split dim: the split that reads the box its
+                # producer's cores wrote, mapped through the tensor it reads
+                mine = _from_producer(prim, made, prims, ops)
+                if mine is None:
                     continue
             cur = {k: v for k, v in ops.get(oid, OpPlan()).core_split.items() if v > 1}
-            if cur == want or not all(n in {x.name for x in prim.iter_dims} for n in want):
+            if cur == mine:
                 continue
             gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
-            if want not in legal_core_splits(prim, gran, hw.cores):
+            if mine not in legal_core_splits(prim, gran, hw.cores):
                 continue
-            ops[oid] = replace(ops.get(oid, OpPlan()), core_split=dict(want), core_slices=None)
+            ops[oid] = replace(ops.get(oid, OpPlan()), core_split=dict(mine), core_slices=None)
             changed.setdefault(run[0], set()).add(oid)
         head = prims[run[0]]
         if with_head and which != "head" and head.body.kind == "matmul":
@@ -357,6 +364,34 @@ def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[l
     if not changed and not touched:
         return None
     return _Variant(replace(d, ops=ops, resident=resident), changed, touched)
+
+
+def _from_producer(prim: PrimOp, made: dict[str, str], prims: dict[str, PrimOp],
+                   ops: dict[str, OpPlan]) -> Optional[dict[str, int]]:
+    """The split of `prim`'s iteration dims (reduction dims included) under which each core
+    reads the box of an earlier run member's result that the same core wrote: the
+    producer's split of its result's tensor dims, mapped to the dims `prim` reads them
+    along. None when `prim` reads no earlier member's result or a split tensor dim has no
+    image in it."""
+    for a in prim.inputs:
+        p = made.get(a.tensor)
+        if p is None or p == prim.id:
+            continue
+        pp = prims[p]
+        split = {k: v for k, v in ops.get(p, OpPlan()).core_split.items() if v > 1}
+        names = [d.name for d in pp.iter_dims]
+        out: dict[str, int] = {}
+        for j, i in enumerate(pp.output.dims):
+            if i is None or names[i] not in split:
+                continue
+            r = a.dims[j] if j < len(a.dims) else None
+            if r is None:
+                return None
+            out[prim.iter_dims[r].name] = split[names[i]]
+        if len(out) != len(split) or not out:
+            return None
+        return out
+    return None
 
 
 def _from_head(head: PrimOp, head_split: dict[str, int], shapes: dict[str, tuple]):
