@@ -581,16 +581,19 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
 
 
 def _merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadline: Optional[float],
-                    trial_s: float) -> tuple:
+                    trial_s: float, heads: Optional[set[str]] = None) -> tuple:
     """Adjacent tiled runs as one kernel where that is valid and faster: one run takes the
     other's tile count (and, where both are headed by matmuls, the other head's core
     split, its members following), and the bundle cut `_with_tiles` put between them goes.
     A matmul heading the second run then runs inside the first's tile loop: its loads
     overlap the first's compute, and an input the first kernel already loaded (e.g. the
     gate and up projections of a gated MLP reading the same normalized rows) is not
-    loaded again. Greedy along the program, each step validated and simulated."""
+    loaded again. Greedy along the program, each step validated and simulated. `heads`:
+    only pairs with a run headed by one of these ops are tried."""
     fused_d, prog, rep = tr
     for a, b in zip(runs, runs[1:]):
+        if heads is not None and a[0] not in heads and b[0] not in heads:
+            continue
         pos = {o.id: k for k, o in enumerate(prog.ops)}
         cores = {o.id: o.num_cores_used for o in prog.ops}
         tiles = {o: fused_d.ops[o].temporal_tiles for o in a + b
@@ -621,13 +624,14 @@ def _merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadlin
     return fused_d, prog, rep
 
 
-def _sibling_order(pg: PrimGraph, program: Program, d: PlanDecisions) -> Optional[list[str]]:
+def _sibling_order(pg: PrimGraph, program: Program, d: PlanDecisions) -> Optional[tuple[list[str], set[str]]]:
     """The program's op order with each group of tiled matmuls that read one tensor (the
     query, key and value projections of one normalized input) next to each other: each later
     one moves up to right after the group so far, where every operand it reads is made by
     then. Only a matmul that is a kernel of its own moves (a kernel with members would lose
     them), and one that heads a bundle (`_with_tiles`), so the kernel before it does not
-    grow. None when nothing moves."""
+    grow. Returns the order and the matmuls of the groups that changed; None when nothing
+    moves."""
     order = [o.id for o in program.ops if o.id in {op.id for op in pg.ops}]
     if len(order) != len(pg.ops):
         return None
@@ -649,6 +653,7 @@ def _sibling_order(pg: PrimGraph, program: Program, d: PlanDecisions) -> Optiona
                 readers.setdefault(t, []).append(oid)
     out = list(order)
     moved: set[str] = set()
+    grouped: set[str] = set()  # the members of groups that changed
     for group in readers.values():
         group = [o for o in group if o not in moved]
         if len(group) < 2:
@@ -665,8 +670,9 @@ def _sibling_order(pg: PrimGraph, program: Program, d: PlanDecisions) -> Optiona
             out.remove(oid)
             out.insert(out.index(last) + 1, oid)
             moved.add(oid)
+            grouped.update((last, oid))
             last = oid
-    return out if moved else None
+    return (out, grouped) if moved else None
 
 
 def _merge_siblings(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float) -> tuple:
@@ -676,15 +682,16 @@ def _merge_siblings(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], tri
     loads the common input once and overlaps one matmul's weight stream with another's
     compute. Kept only when the merged program is valid and faster; else `tr` as it was."""
     fused_d, prog, rep = tr
-    order = _sibling_order(pg, prog, fused_d)
-    if order is None or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
+    found = _sibling_order(pg, prog, fused_d)
+    if found is None or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
         return tr
+    order, group = found
     moved = _trial(pg, hw, replace(fused_d, op_order=order))
     if moved is None or validate_program(moved[1], hw):
         return tr
     graph_ops = {op.id for op in pg.ops}
     runs = _runs(moved[1], _tile_dims(moved[1], hw), graph_ops)
-    merged = _merge_adjacent(pg, hw, moved, runs, deadline, trial_s)
+    merged = _merge_adjacent(pg, hw, moved, runs, deadline, trial_s, heads=group)
     if merged[2].total_us < rep.total_us and not validate_program(merged[1], hw):
         return merged
     return tr
