@@ -210,14 +210,15 @@ def test_adjacent_runs_merge_into_one_kernel_where_that_is_faster(monkeypatch):
 
 
 def _two_heads(M=512, K=4096, N=1024):
-    """exp(x @ wq) + neg(x @ wk): two projections of the same rows, each heading a chain of
-    its own; the chain order runs each chain straight into the add, so the two matmuls are
-    not adjacent."""
+    """exp(x @ wq + bq) + neg(x @ wk + bk): two projections of the same rows with bias adds,
+    each heading a chain of its own; the chain order runs each chain straight into the final
+    add, so the two matmuls are not adjacent."""
     from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
                                      PrimOp, PrimTensor)
     from solver.spyre.schedule import chain_order
-    names = [("x", (M, K), "user_input"), ("wq", (K, N), "parameter"), ("wk", (K, N), "parameter")]
-    names += [(t, (M, N), "intermediate") for t in ("q", "k", "qe", "kn", "z")]
+    names = [("x", (M, K), "user_input"), ("wq", (K, N), "parameter"), ("wk", (K, N), "parameter"),
+             ("bq", (N,), "parameter"), ("bk", (N,), "parameter")]
+    names += [(t, (M, N), "intermediate") for t in ("q0", "k0", "q", "k", "qe", "kn", "z")]
     ts = {n: PrimTensor(n, shape, "float16", role) for n, shape, role in names}
     rows = (IterDim("m", M), IterDim("n", N))
 
@@ -226,36 +227,40 @@ def _two_heads(M=512, K=4096, N=1024):
                       (Access("x", (0, 2)), Access(b, (2, 1))), Access(out, (0, 1)), MatmulBody(0, 1, 2))
 
     def pw(oid, fn, ins, out):
-        return PrimOp(oid, rows, tuple(Access(t, (0, 1)) for t in ins), Access(out, (0, 1)),
-                      PointwiseBody(Call(fn, tuple(In(i) for i in range(len(ins))))))
-    ops = [mm("mm_q", "wq", "q"), mm("mm_k", "wk", "k"), pw("exp", "exp", ["q"], "qe"),
+        acc = tuple(Access(t, (1,) if t.startswith("b") else (0, 1)) for t in ins)
+        return PrimOp(oid, rows, acc, Access(out, (0, 1)), PointwiseBody(Call(fn, tuple(In(i) for i in range(len(ins))))))
+    ops = [mm("mm_q", "wq", "q0"), mm("mm_k", "wk", "k0"), pw("bias_q", "add", ["q0", "bq"], "q"),
+           pw("bias_k", "add", ["k0", "bk"], "k"), pw("exp", "exp", ["q"], "qe"),
            pw("neg", "neg", ["k"], "kn"), pw("add", "add", ["qe", "kn"], "z")]
-    return chain_order(PrimGraph("two_heads", ts, ops, ["x", "wq", "wk"], ["z"]))
+    return chain_order(PrimGraph("two_heads", ts, ops, ["x", "wq", "wk", "bq", "bk"], ["z"]))
 
 
 def test_sibling_matmuls_move_next_to_each_other_and_share_one_kernel():
-    """Two projections of one input (query and key), each followed by its own chain: with `reorder` the
-    search moves the second next to the first (op_order, dependencies kept), merges them
-    into one kernel that loads x once, and the result is valid and faster than without."""
+    """Two projections of one input (query and key), each with its bias add in its kernel
+    and followed by a chain of its own: with `reorder` the search moves the second kernel
+    next to the first (op_order, dependencies kept), merges them into one kernel that loads
+    x once, and the result is valid and faster than without."""
     from solver.plan import OpPlan
     pg = _two_heads()
     order = [op.id for op in pg.ops]
-    assert abs(order.index("mm_q") - order.index("mm_k")) > 1  # apart before the search
-    # the chains on 16 cores: each matmul is a kernel of its own (a matmul heading a kernel
-    # with members does not move: they would lose their kernel)
-    d = PlanDecisions("test", ops={op.id: OpPlan(core_split={"m": 8, "n": 4} if op.id.startswith("mm")
+    assert abs(order.index("mm_q") - order.index("mm_k")) > 2  # apart before the search
+    # the chains after the bias adds on 16 cores: no kernel of the plain search spans them
+    d = PlanDecisions("test", ops={op.id: OpPlan(core_split={"m": 8, "n": 4} if op.id[:2] in ("mm", "bi")
                                                  else {"m": 16}) for op in pg.ops})
     apart = fuse_tiled_groups(pg, HW, d)
     together = fuse_tiled_groups(pg, HW, d, reorder=True)
     assert apart is not None and together is not None
     assert not validate_program(together.program, HW)
     new = together.decisions.op_order
-    assert sorted(new) == sorted(order) and abs(new.index("mm_q") - new.index("mm_k")) == 1
+    assert sorted(new) == sorted(order)
+    first, second = sorted(("mm_q", "mm_k"), key=new.index)
+    assert new.index(second) == new.index(first) + 2  # after the first's bias add
     assert [o.id for o in together.program.ops if o.kind == "compute"] == new
     groups = {o.op_id: o.fused_group for o in together.report.ops}
-    assert groups["mm_q"] is not None and groups["mm_q"] == groups["mm_k"]
-    second = "mm_k" if new.index("mm_k") > new.index("mm_q") else "mm_q"
-    assert together.report.op(second).hbm_read_bytes < 512 * 4096 * 2 + 4096 * 1024 * 2  # x not re-read
+    assert groups["mm_q"] is not None and groups["mm_q"] == groups["mm_k"] == groups["bias_q"] == groups["bias_k"]
+    assert together.report.op(second).hbm_read_bytes == 4096 * 1024 * 2  # its weight; x is on chip
+    assert any("x already on chip" in e for e in together.report.op(second).effects)
+    assert apart.report.op("mm_q").fused_group != apart.report.op("mm_k").fused_group
     assert together.fused_us < apart.fused_us
     # without reorder nothing moves
     assert not apart.decisions.op_order or apart.decisions.op_order == order

@@ -626,52 +626,60 @@ def _merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadlin
 
 def _sibling_order(pg: PrimGraph, program: Program, d: PlanDecisions) -> Optional[tuple[list[str], set[str]]]:
     """The program's op order with each group of tiled matmuls that read one tensor (the
-    query, key and value projections of one normalized input) next to each other: each later
-    one moves up to right after the group so far, where every operand it reads is made by
-    then. Only a matmul that is a kernel of its own moves (a kernel with members would lose
-    them), and one that heads a bundle (`_with_tiles`), so the kernel before it does not
-    grow. Returns the order and the matmuls of the groups that changed; None when nothing
-    moves."""
-    order = [o.id for o in program.ops if o.id in {op.id for op in pg.ops}]
+    query, key and value projections of one normalized input) next to each other: each
+    later one's kernel (the matmul heading a bundle, `_with_tiles`, and the members after it,
+    e.g. a bias add) moves up to right after the group's kernels so far, where every operand
+    its ops read is made by then. Returns the order and the matmuls of the groups that
+    changed; None when nothing moves."""
+    graph_ops = {op.id for op in pg.ops}
+    order = [o.id for o in program.ops if o.id in graph_ops]
     if len(order) != len(pg.ops):
         return None
     prims = {op.id: op for op in pg.ops}
     producer = {op.output.tensor: op.id for op in pg.ops}
-    key = {o.id: fused_group_key(o) for o in program.ops}
-    pos0 = {o.id: k for k, o in enumerate(program.ops)}
-    ids = [o.id for o in program.ops]
-
-    def lone_kernel(oid: str) -> bool:
-        k = pos0[oid]
-        nxt = ids[k + 1] if k + 1 < len(ids) else None
-        return (key[oid] is not None and oid in d.bundle_starts
-                and (nxt is None or nxt in d.bundle_starts or key.get(nxt) != key[oid]))
+    block: dict[str, list[str]] = {}  # kernel head -> its ops in order
+    ops = program.ops
+    for k, o in enumerate(ops):
+        key = fused_group_key(o)
+        if key is None or o.id not in d.bundle_starts or o.opfunc != "matmul" or o.id not in graph_ops:
+            continue
+        members = [o.id]
+        for nxt in ops[k + 1:]:
+            if nxt.id in d.bundle_starts or fused_group_key(nxt) != key or nxt.id not in graph_ops:
+                break
+            members.append(nxt.id)
+        block[o.id] = members
     readers: dict[str, list[str]] = {}
     for oid in order:
-        if prims[oid].body.kind == "matmul" and lone_kernel(oid):
+        if oid in block:
             for t in dict.fromkeys(a.tensor for a in prims[oid].inputs):
                 readers.setdefault(t, []).append(oid)
     out = list(order)
     moved: set[str] = set()
-    grouped: set[str] = set()  # the members of groups that changed
+    grouped: set[str] = set()  # the heads of groups that changed
     for group in readers.values():
         group = [o for o in group if o not in moved]
         if len(group) < 2:
             continue
         last = group[0]
-        for oid in group[1:]:
+        for head in group[1:]:
             pos = {o: k for k, o in enumerate(out)}
-            if pos[oid] == pos[last] + 1:
-                last = oid
+            end = pos[block[last][-1]]
+            if pos[head] == end + 1:
+                last = head
                 continue
-            deps = [producer[a.tensor] for a in prims[oid].inputs if a.tensor in producer]
-            if any(pos[p] > pos[last] for p in deps):
+            mine = set(block[head])
+            deps = [producer[a.tensor] for m in block[head] for a in prims[m].inputs
+                    if a.tensor in producer and producer[a.tensor] not in mine]
+            if pos[head] < end or any(pos[p] > end for p in deps):
                 continue
-            out.remove(oid)
-            out.insert(out.index(last) + 1, oid)
-            moved.add(oid)
-            grouped.update((last, oid))
-            last = oid
+            for m in block[head]:
+                out.remove(m)
+            at = out.index(block[last][-1]) + 1
+            out[at:at] = block[head]
+            moved.add(head)
+            grouped.update((last, head))
+            last = head
     return (out, grouped) if moved else None
 
 
