@@ -747,7 +747,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     simulation)."""
     if not enabled:
         return d, 0.0
-    res = fuse_tiled_groups(pg, hw, d, deadline=deadline)
+    res = fuse_tiled_groups(pg, hw, d, deadline=deadline, reorder=True)
     if res is None:
         return d, 0.0
     notes.extend(res.notes)
@@ -755,7 +755,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     if alt is not None and (deadline is None or time.perf_counter() < deadline):
         # the same search once more on the plan with its split-K matmuls re-split so they
         # can be tiled; the faster of the two is kept
-        res_alt = fuse_tiled_groups(pg, hw, alt[0], deadline=deadline)
+        res_alt = fuse_tiled_groups(pg, hw, alt[0], deadline=deadline, reorder=True)
         if res_alt is not None and res_alt.fused_us < res.fused_us:
             notes.append(f"fusion after re-splitting {len(alt[1])} matmuls for tiling "
                          f"({', '.join(alt[1][:4])}{', ...' if len(alt[1]) > 4 else ''}): simulated "
@@ -1052,7 +1052,9 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
                         bound=None if bound is None else bound / 1000.0,
                         gap=gap_of(gap_ns, bound) if bound is not None and gap_ns is not None else None,
                         solve_seconds=time.perf_counter() - t0, notes=notes)
-    chosen.op_order = order
+    # the fusion search may have moved ops next to each other (sibling matmuls in one
+    # kernel); its plan was validated and timed in that order
+    chosen.op_order = chosen.op_order or order
     return chosen
 
 
