@@ -304,6 +304,34 @@ def test_a_reduction_over_the_heads_split_dim_joins_its_kernel(monkeypatch):
     assert groups["mm"] is not None and groups["mm"] == groups["sq"] == groups["sum"]
     assert {k: v for k, v in res.decisions.ops["sum"].core_split.items() if v > 1} == {"m": 8, "r": 4}
     monkeypatch.setattr(fusion, "_from_producer", lambda *a: None)
+    # (holding the squares whole in LX for a sum outside the kernel is another way there)
+    monkeypatch.setattr(fusion, "_hold_in_lx", lambda pg, hw, tr, *a: tr)
     without = fuse_tiled_groups(pg, HW, d)
     assert without.report.op("sum").fused_group != without.report.op("mm").fused_group
     assert res.fused_us < without.fused_us
+
+
+def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following():
+    """op1 (a tiled kernel on row slices) hands t1 to op2 on column slices through device
+    memory: written whole, read back. `_hold_in_lx` moves op2 to the row split, where each
+    core reads the slice it made, keeps t1 whole in LX, and the program is valid and faster;
+    a reader that cannot follow (a kernel member on another split) keeps it in device memory."""
+    import solver.spyre.fusion as fusion
+    from simulator.superdsc import LxMemory
+    from tests.test_timing import _plan, unary_chain
+    pg = unary_chain(2048, 2048, n_ops=3)
+    d = _plan({"op1": {"r": 32}, "op2": {"c": 32}, "op3": {"c": 32}}, tiles={"op1": {"r": 4}})
+    prog = emit_program(pg, HW, d)
+    assert not validate_program(prog, HW)
+    rep = time_program(prog, HW)
+    held_d, held_prog, held_rep = fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    assert not validate_program(held_prog, HW)
+    assert isinstance(held_prog.tensor_map()["t1"].memory, LxMemory)
+    assert {k: v for k, v in held_d.ops["op2"].core_split.items() if v > 1} == {"r": 32}
+    assert held_rep.op("op1").hbm_write_bytes == 0 and held_rep.op("op2").hbm_read_bytes == 0
+    assert held_rep.total_us < rep.total_us
+    # op2 a kernel member on the column split: it cannot follow, t1 stays in device memory
+    d2 = _plan({"op1": {"r": 32}, "op2": {"c": 32}, "op3": {"c": 32}}, tiles={"op1": {"r": 4}, "op2": {"c": 2}})
+    prog2 = emit_program(pg, HW, d2)
+    out = fusion._hold_in_lx(pg, HW, (d2, prog2, time_program(prog2, HW)), None, 0.0)
+    assert out[1] is prog2

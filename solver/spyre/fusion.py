@@ -55,7 +55,7 @@ from simulator.timing import TimingReport, time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import OpPlan, PlanDecisions
-from solver.spyre.tile_buffers import add_tile_buffers
+from solver.spyre.tile_buffers import add_tile_buffers, add_whole_residencies, whole_candidates
 
 TILE_COUNTS = (2, 4, 8, 16, 32, 64)
 # Alternatives to the plan tried per run: (which of the run's splits, None: the planned
@@ -63,6 +63,10 @@ TILE_COUNTS = (2, 4, 8, 16, 32, 64)
 SPLIT_VARIANTS = ((None, False), (0, False), (0, True), (1, False), ("head", False))
 # whole-program trials of one search: each variant at the middle tile count, then the rest
 FUSION_TRIALS = 1 + len(SPLIT_VARIANTS) + len(TILE_COUNTS) - 1
+# results handed between kernels through device memory that `_hold_in_lx` tries to keep in
+# LX (the largest first), and the smallest it tries
+HOLD_TRIALS = 6
+HOLD_MIN_BYTES = 1 << 20
 # times an invalid combination of per-run choices is retried with the runs it names as planned
 REPAIR_ROUNDS = 2
 _FUSABLE_BODIES = frozenset({"pointwise", "reduce", "matmul"})
@@ -377,21 +381,30 @@ def _from_producer(prim: PrimOp, made: dict[str, str], prims: dict[str, PrimOp],
         p = made.get(a.tensor)
         if p is None or p == prim.id:
             continue
-        pp = prims[p]
-        split = {k: v for k, v in ops.get(p, OpPlan()).core_split.items() if v > 1}
-        names = [d.name for d in pp.iter_dims]
-        out: dict[str, int] = {}
-        for j, i in enumerate(pp.output.dims):
-            if i is None or names[i] not in split:
-                continue
-            r = a.dims[j] if j < len(a.dims) else None
-            if r is None:
-                return None
-            out[prim.iter_dims[r].name] = split[names[i]]
-        if len(out) != len(split) or not out:
-            return None
-        return out
+        return _split_through(prims[p], ops.get(p, OpPlan()).core_split, prim, a.tensor)
     return None
+
+
+def _split_through(producer: PrimOp, producer_split: dict[str, int], reader: PrimOp,
+                   tensor: str) -> Optional[dict[str, int]]:
+    """The split of `reader`'s iteration dims under which each of its cores reads the box of
+    `tensor` (the producer's result) that the same core wrote: the producer's split of the
+    tensor's dims, mapped to the reader's dims along which it reads them. None when a split
+    tensor dim has no image in the reader, or nothing is split."""
+    split = {k: v for k, v in producer_split.items() if v > 1}
+    acc = next((a for a in reader.inputs if a.tensor == tensor), None)
+    if acc is None or not split:
+        return None
+    names = [d.name for d in producer.iter_dims]
+    out: dict[str, int] = {}
+    for j, i in enumerate(producer.output.dims):
+        if i is None or names[i] not in split:
+            continue
+        r = acc.dims[j] if j < len(acc.dims) else None
+        if r is None:
+            return None
+        out[reader.iter_dims[r].name] = split[names[i]]
+    return out if len(out) == len(split) else None
 
 
 def _from_head(head: PrimOp, head_split: dict[str, int], shapes: dict[str, tuple]):
@@ -571,6 +584,7 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     fused_d, prog, rep = _merge_adjacent(pg, hw, chosen_tr, runs, deadline, longest[0])
     if reorder:
         fused_d, prog, rep = _merge_siblings(pg, hw, (fused_d, prog, rep), deadline, longest[0])
+    fused_d, prog, rep = _hold_in_lx(pg, hw, (fused_d, prog, rep), deadline, longest[0])
     groups = len({o.fused_group for o in rep.ops if o.fused_group is not None})
     buffers = sum(1 for t in prog.tensors if getattr(t.memory, "per_tile", False))
     result.decisions, result.program, result.report = fused_d, prog, rep
@@ -621,6 +635,85 @@ def _merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadlin
             out = _trial(pg, hw, cand)
             if out is not None and out[2].total_us < rep.total_us and not validate_program(out[1], hw):
                 fused_d, prog, rep = out
+    return fused_d, prog, rep
+
+
+def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw) -> Optional[dict]:
+    """`d.ops` with the ops reading `tensor` (pointwise or reduce ops outside any kernel) on
+    the split under which each core reads the slice of it that the same core made
+    (`_split_through`), and, through every LX-resident result of an op so changed, its
+    readers likewise; None when some reader cannot follow (no such split, not legal for it,
+    a kernel member not on it already, another kind of op)."""
+    prims = {op.id: op for op in pg.ops}
+    producer = {op.output.tensor: op.id for op in pg.ops}
+    readers: dict[str, list[str]] = {}
+    for op in pg.ops:
+        for a in op.inputs:
+            readers.setdefault(a.tensor, []).append(op.id)
+    layouts = {t.id: t.layout for t in program.tensors}
+    dtypes = {t.id: t.dtype for t in program.tensors}
+    ops = dict(d.ops)
+    queue = [(producer[tensor], tensor)]
+    done: set[str] = set()
+    while queue:
+        p, t = queue.pop()
+        for r in dict.fromkeys(readers.get(t, [])):
+            rp = prims[r]
+            plan = ops.get(r, OpPlan())
+            if rp.body.kind not in ("pointwise", "reduce") or plan.alias:
+                return None
+            want = _split_through(prims[p], ops.get(p, OpPlan()).core_split, rp, t)
+            if want is None:
+                return None
+            cur = {k: v for k, v in plan.core_split.items() if v > 1}
+            if plan.temporal_tiles and cur != want:
+                return None  # a kernel member keeps its split (one reading it on chip already does)
+            if r in done:
+                if cur != want:
+                    return None
+                continue
+            done.add(r)
+            if cur == want:
+                continue
+            if want not in legal_core_splits(rp, op_granules(rp, layouts, dtypes, hw.stick_bytes), hw.cores):
+                return None
+            ops[r] = replace(plan, core_split=dict(want), core_slices=None)
+            out = rp.output.tensor
+            if out in d.resident and not d.resident[out].per_tile:
+                queue.append((r, out))
+    return ops
+
+
+def _hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float,
+                limit: int = HOLD_TRIALS) -> tuple:
+    """Results that go from one kernel to later ops through device memory (written whole,
+    read back) held whole in LX instead: the readers take the split that reads what each
+    core made (`_follow_split`), the tensor gets LX the plan leaves free over its live range
+    (`tile_buffers.add_whole_residencies`, validator-judged). The largest `limit` such
+    results (at least `HOLD_MIN_BYTES`) are tried one at a time, each kept where the whole
+    program simulates faster. The solve chose residencies before fusion changed the splits
+    and freed LX (tile buffers), so a result it left in device memory may now fit."""
+    fused_d, prog, rep = tr
+    cands = whole_candidates(pg, prog, hw)
+    tmap = prog.tensor_map()
+    nbytes = {t: layout_nbytes(tmap[t].layout, tmap[t].dtype) for t in cands}
+    for t in sorted((t for t in cands if nbytes[t] >= HOLD_MIN_BYTES), key=lambda t: -nbytes[t])[:limit]:
+        if deadline is not None and time.perf_counter() + 2 * trial_s > deadline:
+            break
+        ops = _follow_split(pg, prog, fused_d, t, hw)
+        if ops is None:
+            continue
+        d2, prog2 = replace(fused_d, ops=ops), prog
+        if ops != fused_d.ops:
+            prog2 = _valid_program(pg, hw, d2)
+            if prog2 is None:
+                continue
+        held = add_whole_residencies(pg, hw, d2, prog2, only={t})
+        if held is None:
+            continue
+        rep2 = time_program(held.program, hw)
+        if rep2.total_us < rep.total_us:
+            fused_d, prog, rep = held.decisions, held.program, rep2
     return fused_d, prog, rep
 
 

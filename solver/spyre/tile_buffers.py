@@ -171,3 +171,94 @@ def add_tile_buffers(pg: PrimGraph, hw, d: PlanDecisions, program: Program) -> O
         dropped.update(named)
         cands = {t: cands[t] for t in addresses if t not in named}
     return None
+
+
+def _kernel_spans(program: Program) -> dict[int, tuple[int, int]]:
+    """Op index -> the op-index span of the fused kernel it belongs to (itself outside one)."""
+    out: dict[int, tuple[int, int]] = {}
+    kernel = _kernel_of(program)
+    members: dict[int, list[int]] = {}
+    for k, n in kernel.items():
+        members.setdefault(n, []).append(k)
+    for ks in members.values():
+        for k in ks:
+            out[k] = (min(ks), max(ks))
+    return out
+
+
+def whole_candidates(pg: PrimGraph, program: Program, hw) -> dict[str, LxRequest]:
+    """Results a kernel writes to device memory whole and later ops read back: intermediates
+    (not program outputs, not aliased) made by a compute op, sized at the producer's largest
+    per-core box, live from the start of the producer's kernel to the end of the last
+    reader's (a kernel's tile loop runs every member on every tile)."""
+    tmap = program.tensor_map()
+    spans = _kernel_spans(program)
+    producer: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    prims = {}
+    for k, op in enumerate(program.ops):
+        if op.prim is None or op.kind != "compute":
+            continue
+        prim = prims[k] = op_from_json(op.prim)
+        producer[prim.output.tensor] = k
+        for a in prim.inputs:
+            readers.setdefault(a.tensor, []).append(k)
+    aliased = {t.memory.alias_of for t in program.tensors
+               if isinstance(t.memory, HbmMemory) and t.memory.alias_of}
+    outputs = set(program.outputs)
+    out: dict[str, LxRequest] = {}
+    for t, k in producer.items():
+        decl = tmap[t]
+        m = decl.memory
+        if (t not in pg.tensors or t in outputs or t in aliased or decl.role != "intermediate"
+                or not isinstance(m, HbmMemory) or m.alias_of or not readers.get(t)):
+            continue
+        op, prim = program.ops[k], prims[k]
+        names = [a.tensor for a in prim.inputs] + [t]
+        gran = op_granules(prim, {n: tmap[n].layout for n in names}, {n: tmap[n].dtype for n in names},
+                           hw.stick_bytes)
+        split = {n: f for n, f in op.core_split.items() if f > 1}
+        size = largest_tile_lx_bytes(prim, -1, core_ranges(prim, split, op.core_slices, gran),
+                                     {}, gran, decl.shape, decl.layout, decl.dtype)
+        last = max(readers[t])
+        out[t] = LxRequest(spans.get(k, (k, k))[0], spans.get(last, (last, last))[1],
+                           padded(size, hw.stick_bytes))
+    return out
+
+
+def add_whole_residencies(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
+                          only: Optional[set[str]] = None) -> Optional[TileBufferResult]:
+    """`d` (emitted as a valid `program`) with results that go through device memory between
+    kernels held whole in LX instead, where the LX the plan leaves free over their live
+    range has room (first fit) and the validator accepts them (a reader on another split
+    needs other cores' slices: named by an issue, it stays in device memory). `only`: the
+    candidates to consider (default all). None when none survives. Whether the result is
+    faster is the caller's question."""
+    cands = whole_candidates(pg, program, hw)
+    if only is not None:
+        cands = {t: c for t, c in cands.items() if t in only}
+    dropped: dict[str, str] = {}
+    for _ in range(_MAX_ROUNDS):
+        if not cands:
+            return None
+        addresses = place_first_fit(program, cands, hw.lx_capacity_bytes, hw.stick_bytes)
+        dropped.update({t: "lx_capacity" for t in cands if t not in addresses})
+        if not addresses:
+            return None
+        resident = dict(d.resident)
+        for t, addr in addresses.items():
+            resident[t] = Residency(lx_address=addr)
+        trial_d = replace(d, resident=resident)
+        try:
+            prog = emit_program(pg, hw, trial_d)
+        except ValueError:
+            return None
+        issues = validate_program(prog, hw)
+        if not issues:
+            return TileBufferResult(trial_d, prog, sorted(addresses), dropped)
+        named = {i.tensor: i.code for i in issues if getattr(i, "tensor", None) in addresses}
+        if not named:
+            return None
+        dropped.update(named)
+        cands = {t: cands[t] for t in addresses if t not in named}
+    return None
