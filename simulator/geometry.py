@@ -17,8 +17,10 @@ model, so every one of them sees the same bytes and the same slices.
 """
 from __future__ import annotations
 
+import os
+from collections import OrderedDict
 from functools import lru_cache
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -28,6 +30,122 @@ from simulator.superdsc import CoreSlice, Layout
 
 Range = tuple[int, int]
 Box = tuple[Range, ...]
+
+
+# -- memo caches ----------------------------------------------------------------------------
+# The planners' searches emit, validate and time the same graph many times with a few ops
+# changed between trials. The per-op geometry those calls derive (core ranges, operand
+# boxes, tile ranges, the validator's per-op verdicts, the timing model's per-op analysis)
+# is a pure function of the op's content, so it is memoized in bounded LRU maps keyed on
+# that content (`op_content_key`, `tensor_key`, `slices_key`): never on object identity,
+# and every input the result depends on is in the key. `set_caches(False)` runs every
+# caller on its reference (uncached) path; results are identical either way
+# (tests/test_sim_caches.py).
+class LRU:
+    """A bounded memo map: the least recently used entry goes when it is full."""
+
+    def __init__(self, maxsize: int, name: str = ""):
+        self.name = name or f"cache{len(_CACHES)}"
+        self.maxsize = maxsize
+        self.data: OrderedDict = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        _CACHES.append(self)
+
+    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        d = self.data
+        try:
+            v = d[key]
+        except KeyError:
+            self.misses += 1
+            v = make()
+            d[key] = v
+            if len(d) > self.maxsize:
+                d.popitem(last=False)
+            return v
+        d.move_to_end(key)
+        self.hits += 1
+        return v
+
+    def clear(self) -> None:
+        self.data.clear()
+        self.hits = self.misses = 0
+
+
+_CACHES: list[LRU] = []
+# STICKSAT_SIM_CACHES=0 in the environment starts with them off (a reference run)
+_ENABLED = [os.environ.get("STICKSAT_SIM_CACHES", "1").strip().lower() not in ("0", "false", "no", "off")]
+
+
+def caches_enabled() -> bool:
+    return _ENABLED[0]
+
+
+def set_caches(enabled: bool) -> bool:
+    """Turn the memo caches on or off (off: every caller takes its reference path); returns
+    the previous setting. Turning them off also empties them."""
+    prev = _ENABLED[0]
+    _ENABLED[0] = bool(enabled)
+    if not enabled:
+        clear_caches()
+    return prev
+
+
+def clear_caches() -> None:
+    for c in _CACHES:
+        c.clear()
+
+
+def cache_stats() -> dict[str, tuple[int, int, int]]:
+    """(entries, hits, misses) per cache, by the name it was registered under."""
+    return {c.name: (len(c.data), c.hits, c.misses) for c in _CACHES}
+
+
+def _exact(v) -> Hashable:
+    """A value as a key part that tells apart what compares equal across types (1, 1.0, True)."""
+    return v if type(v) is int or type(v) is str else (type(v).__name__, repr(v))
+
+
+def dict_key(d: Mapping) -> tuple:
+    """A mapping's items in order (order can show in messages), values told apart by type."""
+    return tuple((_exact(k), _exact(v)) for k, v in d.items())
+
+
+def slices_key(core_slices: Iterable) -> tuple:
+    """The content of a coreIdToWkSlice_ list (core ids and slice maps, in order)."""
+    key = tuple([(cs.core, tuple(cs.slice.items())) for cs in core_slices])
+    if ({type(c) for c, _ in key} | {type(x) for _, it in key for kv in it for x in kv}) <= {int, str}:
+        return key
+    out = []
+    for cs in core_slices:
+        c, sl = cs.core, cs.slice
+        if type(c) is not int:
+            c = _exact(c)
+        out.append((c, dict_key(sl)))
+    return tuple(out)
+
+
+def layout_key(layout: Layout) -> tuple:
+    return (tuple(_exact(x) for x in layout.dim_order), tuple(_exact(x) for x in layout.device_size),
+            _exact(layout.stick_elems))
+
+
+def prim_key(prim: PrimOp) -> Optional[PrimOp]:
+    """The loop nest as a key part (a frozen dataclass compared by content), or None when an
+    operand map holds a non-integer dim that would compare equal to an integer one."""
+    for acc in prim.inputs:
+        for d in acc.dims:
+            if d is not None and type(d) is not int:
+                return None
+    for d in prim.output.dims:
+        if d is not None and type(d) is not int:
+            return None
+    return prim
+
+
+def tensor_key(t) -> tuple:
+    """What of a declared tensor its ops' geometry depends on (not where it lives)."""
+    return (_exact(t.id), tuple(_exact(x) for x in t.shape), _exact(t.dtype), layout_key(t.layout))
 
 
 # -- layouts -------------------------------------------------------------------------------

@@ -51,8 +51,8 @@ from typing import Optional
 
 from lowering.primitives import (Const, In, MatmulBody, PointwiseBody, PrimOp, ReduceBody,
                                  op_from_json)
-from simulator.geometry import (box_contains, box_lx_bytes, core_ranges, dim_chunk, op_granules,
-                                operand_box)
+from simulator.geometry import (LRU, box_contains, box_lx_bytes, caches_enabled, core_ranges, dict_key,
+                                dim_chunk, layout_key, op_granules, operand_box, prim_key, slices_key)
 from simulator.hardware import Hardware, load_target
 from simulator.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, lx_live_spans, tile_count
 
@@ -156,6 +156,14 @@ class _OpGeometry:
     split: dict[str, int]
     n_cores: int
     operands: list      # per input, then the output: (index, tensor id, replication, per-class bytes)
+    # per operand (input index, -1 the output): per core, the box it touches (`OpTimer._core_boxes`)
+    core_boxes: dict = field(default_factory=dict)
+    memo: bool = False  # shared through `_GEOM`: read only
+
+
+# per-op geometry shared between timers (the planners time many programs that differ in a
+# few ops): keyed on everything `OpTimer._geometry` reads (`OpTimer._geometry_key`)
+_GEOM = LRU(1024, "timing.op_geometry")
 
 
 @dataclass
@@ -299,7 +307,16 @@ class OpTimer:
         self._geom: dict[str, _OpGeometry] = {}
 
     def _core_boxes(self, prim: PrimOp, op: OpDecl, operand: int, td: TensorDecl) -> dict:
-        """Per core, the box of `td` the op's operand touches."""
+        """Per core, the box of `td` the op's operand touches (read only)."""
+        g = self._geom.get(op.id)
+        if g is not None and g.memo and g.prim is prim:
+            got = g.core_boxes.get(operand)
+            if got is None:
+                got = g.core_boxes[operand] = self._core_boxes_ref(prim, op, operand, td)
+            return got
+        return self._core_boxes_ref(prim, op, operand, td)
+
+    def _core_boxes_ref(self, prim: PrimOp, op: OpDecl, operand: int, td: TensorDecl) -> dict:
         gran = op_granules(prim, self.layouts, self.dtypes, self.hw.stick_bytes)
         split = {n: f for n, f in op.core_split.items() if f > 1}
         ranges = core_ranges(prim, split, op.core_slices or [], gran)
@@ -340,8 +357,38 @@ class OpTimer:
         g = self._geom.get(op.id)
         if g is not None:
             return g
-        hw = self.hw
         prim = op_from_json(op.prim)
+        key = self._geometry_key(op, prim) if caches_enabled() else None
+        if key is None:
+            g = self._geometry_of(op, prim)
+        else:
+            g = _GEOM.get(key, lambda: self._geometry_of(op, prim))
+            g.memo = True
+        self._geom[op.id] = g
+        return g
+
+    def _geometry_key(self, op: OpDecl, prim: PrimOp) -> Optional[tuple]:
+        """What `_geometry_of` (and `_core_boxes`) read: the loop nest, the operand tensors'
+        shapes, dtypes and layouts (as the timer holds them), the split, the core slices,
+        the hardware. None: not keyable exactly (then computed afresh)."""
+        pk = prim_key(prim)
+        if pk is None:
+            return None
+        tens = []
+        for acc in list(prim.inputs) + [prim.output]:
+            n = acc.tensor
+            td = self.tensors[n]
+            lk = layout_key(td.layout)
+            tl = self.layouts[n]
+            tens.append((n, tuple(td.shape), td.dtype, lk, self.dtypes[n],
+                         None if tl is td.layout else layout_key(tl)))
+        for x in tens:
+            if not all(type(v) is int for v in x[1]) or type(x[2]) is not str or type(x[4]) is not str:
+                return None
+        return (pk, self.hw, tuple(tens), dict_key(op.core_split), slices_key(op.core_slices or []))
+
+    def _geometry_of(self, op: OpDecl, prim: PrimOp) -> "_OpGeometry":
+        hw = self.hw
         granules = op_granules(prim, self.layouts, self.dtypes, hw.stick_bytes)
         classes = _tile_classes(prim, op, granules)
         split = {n: f for n, f in op.core_split.items() if f > 1}
@@ -379,9 +426,7 @@ class OpTimer:
                 per_core = {ci: grouped_operand_bytes(prim, idx, cl.extents, b) for (ci, b), cl
                             in zip(per_core.items(), classes)}
             operands.append((idx, acc.tensor, repl, per_core))
-        g = _OpGeometry(prim, classes, split, sum(len(c.cores) for c in classes), operands)
-        self._geom[op.id] = g
-        return g
+        return _OpGeometry(prim, classes, split, sum(len(c.cores) for c in classes), operands)
 
     def analyse(self, k: int, op: OpDecl, group_loaded: Optional[dict[str, dict]]) -> OpTiming:
         """Times op `k`. `group_loaded` is None outside a fused kernel; inside one it maps each

@@ -47,6 +47,7 @@ Codes (docs/simulator.md has the full table):
 """
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass
 from typing import Optional, Union
@@ -57,8 +58,9 @@ from pydantic import ValidationError
 from lowering.op_rules import check_split, copy_is_alias, ex_unit, matching_choice, opfunc, split_units
 from lowering.primitives import DTYPE_BYTES, PrimOp, op_from_json
 from simulator.geometry import (
-    box_contains, box_lx_bytes, box_span_bytes, core_ranges, layout_nbytes, layout_problems,
-    op_granules, operand_box, reduction_split, tile_iteration_ranges, tile_operand_boxes,
+    LRU, box_contains, box_lx_bytes, box_span_bytes, caches_enabled, core_ranges, dict_key,
+    layout_nbytes, layout_problems, op_granules, operand_box, prim_key, reduction_split,
+    slices_key, tensor_key, tile_iteration_ranges, tile_operand_boxes,
 )
 from simulator.superdsc import (
     PROGRAM_FORMAT, PROGRAM_VERSION, HbmMemory, LxMemory, Program, TensorDecl, fused_group_key,
@@ -141,6 +143,41 @@ def bundle_slots_of(program: Program, hw, tmap: Optional[dict] = None) -> dict[i
 
 
 def _tile_order_problem(pbox, rbox) -> Optional[str]:
+    """`_tile_order_problem_ref` over all cores at once (same verdict, same message)."""
+    pcores, plo, phi = pbox
+    rcores, rlo, rhi = rbox
+    prow = {c: i for i, c in enumerate(pcores)}
+    n_r = rlo.shape[1]
+    if not len(rcores):
+        return None
+    empty = (rhi <= rlo).any(axis=2)  # (reader cores, reader tiles)
+    rows = [prow.get(c, -1) for c in rcores]
+    have = np.array([r >= 0 for r in rows], dtype=bool)
+    bad_first = np.full(len(rcores), -1, dtype=np.int64)  # first failing tile per core, -1 none
+    if have.any():
+        sel = np.flatnonzero(have)
+        olo, ohi = plo[[rows[i] for i in sel]], phi[[rows[i] for i in sel]]  # (cores, p tiles, rank)
+        lo, hi = rlo[sel], rhi[sel]
+        # inside[c, i, j]: reader tile j inside producer tile i on core c
+        inside = ((olo[:, :, None, :] <= lo[:, None, :, :]) & (hi[:, None, :, :] <= ohi[:, :, None, :])).all(axis=3)
+        n_p = olo.shape[1]
+        by_then = np.arange(n_p)[:, None] <= np.arange(n_r)[None, :]  # producer tile i <= j
+        ok = (inside & by_then[None, :, :]).any(axis=1) | empty[sel]  # (cores, reader tiles)
+        fails = ~ok
+        any_fail = fails.any(axis=1)
+        bad_first[sel[any_fail]] = fails[any_fail].argmax(axis=1)
+    for ci, c in enumerate(rcores):
+        if not have[ci]:
+            if not empty[ci].all():
+                return f"core {c} reads it, but the producer runs no tile on that core"
+            continue
+        if bad_first[ci] >= 0:
+            return (f"core {c} needs in tile {int(bad_first[ci])} a box its producer tiles do not cover by then "
+                    f"(another core's part, or a later tile's)")
+    return None
+
+
+def _tile_order_problem_ref(pbox, rbox) -> Optional[str]:
     """What is wrong when a reader's (core, tile j) boxes `rbox` are not each inside the
     producer's box on the same core in some tile i <= j (`pbox`); None when all are."""
     pcores, plo, phi = pbox
@@ -166,6 +203,68 @@ def _tile_order_problem(pbox, rbox) -> Optional[str]:
     return None
 
 
+class _OpGeom:
+    """What `_Checker._check_split_and_geometry` derives from one op's content alone (its
+    loop nest, operand tensors' shapes, dtypes, layouts and memory kinds, split, core
+    slices, temporal tiles, the hardware): the issues that need nothing else, in order, and
+    the per-core geometry the checks that read other ops (live ranges, bundles, what an LX
+    producer wrote) use. Shared between validations through `_GEOM` (keyed on that
+    content); never modified once built, except for the lazily filled derived fields."""
+
+    __slots__ = ("pre", "ok", "early", "gran", "ranges", "mid", "operands", "prim", "temporal_tiles",
+                 "out_shape", "key", "serial", "_out_boxes", "_tile_iter", "_tile_boxes", "_order")
+
+    def __init__(self):
+        self.pre: list[tuple[str, str]] = []        # split and core-slice issues
+        self.ok = False                              # split and core slices passed
+        self.early = False                           # nothing below depends on per-core slices
+        self.gran: dict = {}
+        self.ranges: Optional[dict] = None
+        self.mid: list[tuple[str, str, Optional[str]]] = []  # temporal tiles, lx_reduction_split
+        self.operands: list[tuple] = []              # (idx, tensor, kind, data) per checked operand
+        self._out_boxes = None
+        self._tile_iter = None
+        self._tile_boxes: dict = {}
+        # verdicts on this op reading another op's result, by (that op's record serial, ...):
+        # a serial names one record (one content) for good, never reused
+        self._order: dict = {}
+        self.serial = next(_SERIALS)
+
+    def out_boxes(self) -> dict:
+        """Per core, the box of the op's output (what `_Checker.lx_boxes` computes)."""
+        if self._out_boxes is None:
+            self._out_boxes = {c: operand_box(self.prim, -1, rng, self.out_shape)
+                               for c, rng in self.ranges.items()}
+        return self._out_boxes
+
+    def tile_boxes(self, operand: int, shape) -> tuple:
+        """(cores, box_lo, box_hi) per (core, tile) of an operand (read-only arrays)."""
+        key = (operand, tuple(shape))
+        got = self._tile_boxes.get(key)
+        if got is None:
+            if self._tile_iter is None:
+                self._tile_iter = tile_iteration_ranges(self.prim, self.ranges, self.temporal_tiles, self.gran)
+            cores, lo, hi = self._tile_iter
+            blo, bhi = tile_operand_boxes(self.prim, operand, lo, hi, shape)
+            blo.flags.writeable = False
+            bhi.flags.writeable = False
+            got = self._tile_boxes[key] = (cores, blo, bhi)
+        return got
+
+
+_SERIALS = itertools.count()
+
+# per-op geometry records of recent validations (bounded: a record holds per-core boxes and,
+# for tiled ops, per-tile box arrays)
+_GEOM = LRU(2048, "validate.op_geometry")
+
+
+def _memory_key(m) -> tuple:
+    if isinstance(m, HbmMemory):
+        return ("hbm",)
+    return ("lx", type(m.per_tile).__name__, m.per_tile, type(m.size_per_core).__name__, m.size_per_core)
+
+
 class _Checker:
     def __init__(self, program: Program, hw):
         self.p = program
@@ -176,6 +275,12 @@ class _Checker:
         self.geometry_ok: set[str] = set()  # ops whose split and core slices passed their checks
         self._ranges: dict[str, tuple] = {}
         self._tile_iter: dict[str, tuple] = {}
+        # memoized per-op geometry (`_GEOM`): off when the caches are, and for a program that
+        # reuses an op id (the reference path looks its ops' ranges up by id)
+        ids = [o.id for o in program.ops]
+        self.fast = caches_enabled() and len(set(ids)) == len(ids)
+        self._rec: dict[str, _OpGeom] = {}     # op id -> its record (ops that passed the split checks)
+        self._rec_at: dict[int, _OpGeom] = {}  # op index -> its record
 
     def add(self, code: str, message: str, op: Optional[str] = None, tensor: Optional[str] = None):
         self.issues.append(ProgramIssue(code, message, op, tensor))
@@ -361,6 +466,183 @@ class _Checker:
             self.add("restickify_invalid", f"{o.id}: an LX relayout needs both tensors LX-resident", op=o.id)
 
     def _check_split_and_geometry(self, k: int, o, prim: PrimOp):
+        if not self.fast:
+            return self._check_split_and_geometry_ref(k, o, prim)
+        tm = self.tmap
+        pk = prim_key(prim)
+        if pk is None:
+            return self._check_split_and_geometry_ref(k, o, prim)
+        names = [a.tensor for a in prim.inputs] + [prim.output.tensor]
+        key = (pk, o.id, self.hw, tuple((tensor_key(tm[n]), _memory_key(tm[n].memory)) for n in names),
+               dict_key(o.core_split), o.num_cores_used, slices_key(o.core_slices), dict_key(o.temporal_tiles))
+        try:
+            rec = _GEOM.get(key, lambda: self._op_geometry(o, prim, key))
+        except Exception:
+            # a malformed op the pure part trips on: the reference path reports it as it would
+            return self._check_split_and_geometry_ref(k, o, prim)
+        for code, msg in rec.pre:
+            self.add(code, msg, op=o.id)
+        if not rec.ok:
+            return
+        self.geometry_ok.add(o.id)
+        self._rec[o.id] = rec
+        self._rec_at[k] = rec
+        if rec.early:
+            return
+        self._ranges[o.id] = (rec.gran, rec.ranges)
+        for code, msg, tensor in rec.mid:
+            self.add(code, msg, op=o.id, tensor=tensor)
+        hw = self.hw
+        for idx, tname, kind, data in rec.operands:
+            if kind == "hbm":
+                if data is not None:
+                    self.add("span_exceeded", data, op=o.id, tensor=tname)
+                continue
+            m = tm[tname].memory
+            if kind == "lx_out":
+                if k != m.live_from:
+                    self.add("lx_live_range", f"{o.id} (op {k}) writes LX tensor {tname} whose live range "
+                                              f"starts at {m.live_from}", op=o.id, tensor=tname)
+                if m.per_tile:
+                    continue
+                if data > m.size_per_core:
+                    self.add("lx_size", f"{o.id}: a core writes {data} bytes of {tname} into an LX buffer of "
+                                        f"{m.size_per_core}", op=o.id, tensor=tname)
+                continue
+            if not (m.live_from < k <= m.live_to):
+                self.add("lx_live_range", f"{o.id} (op {k}) reads LX tensor {tname} outside its live range "
+                                          f"[{m.live_from}, {m.live_to}]", op=o.id, tensor=tname)
+            if not hw.lx_persists_across_bundles and 0 <= m.live_from < len(self.p.ops) and \
+                    self.p.ops[m.live_from].bundle != o.bundle:
+                self.add("lx_cross_bundle", f"{o.id} (bundle {o.bundle}) reads LX tensor {tname} written in "
+                                            f"bundle {self.p.ops[m.live_from].bundle}", op=o.id, tensor=tname)
+            if m.per_tile:
+                continue
+            prec = self._rec_at.get(m.live_from) if 0 <= m.live_from < len(self.p.ops) else None
+            held_key = None
+            if prec is not None and (pprim := self.prims.get(self.p.ops[m.live_from].id)) is not None \
+                    and pprim.output.tensor == tname:
+                # what the producer wrote is its record's output boxes (`lx_boxes`)
+                held_key = ("held", prec.serial, idx)
+            bad = rec._order.get(held_key, False) if held_key is not None else False
+            if bad is False:
+                held = self.lx_boxes(tname)
+                bad = None
+                for c, b in data.items():
+                    if held is None or c not in held or not box_contains(held[c], b):
+                        bad = c
+                        break
+                if held_key is not None:
+                    rec._order[held_key] = bad
+            if bad is not None:
+                self.add("lx_slice_mismatch", f"{o.id}: core {bad} reads a slice of {tname} its LX does not "
+                                              f"hold (written with another per-core slicing)",
+                         op=o.id, tensor=tname)
+
+    def _op_geometry(self, o, prim: PrimOp, key: tuple) -> _OpGeom:
+        """The part of `_check_split_and_geometry_ref` that depends on the op's content alone
+        (same checks, same order; the reference stays the definition)."""
+        hw = self.hw
+        tm = self.tmap
+        rec = _OpGeom()
+        rec.key = key
+        rec.prim = prim
+        rec.temporal_tiles = dict(o.temporal_tiles)
+        rec.out_shape = tuple(tm[prim.output.tensor].shape)
+        layouts = {n: tm[n].layout for n in [a.tensor for a in prim.inputs] + [prim.output.tensor]}
+        dtypes = {n: tm[n].dtype for n in layouts}
+        gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
+        rec.gran = gran
+        split = {n: f for n, f in o.core_split.items()}
+        split_issues = check_split(prim, split, gran, hw.cores)
+        rec.pre.extend(split_issues)
+        if split_issues:
+            return rec
+        real = {n: f for n, f in split.items() if f > 1}
+        product = 1
+        for f in real.values():
+            product *= f
+        slices_ok = True
+        cores = [cs.core for cs in o.core_slices]
+        if o.num_cores_used != len(o.core_slices) or len(o.core_slices) != product:
+            rec.pre.append(("core_slices", f"{o.id}: {len(o.core_slices)} core slices, num_cores_used "
+                                           f"{o.num_cores_used}, split needs {product}"))
+            slices_ok = False
+        if any(c < 0 or c >= hw.cores for c in cores):
+            rec.pre.append(("cores_over_limit", f"{o.id}: core id outside 0..{hw.cores - 1}"))
+            slices_ok = False
+        if len(set(cores)) != len(cores):
+            rec.pre.append(("core_slices", f"{o.id}: a core runs two work slices"))
+            slices_ok = False
+        seen = set()
+        real_names = set(real)
+        sorted_real = sorted(real)
+        for cs in o.core_slices:
+            if set(cs.slice) != real_names and not (not real and not cs.slice):
+                rec.pre.append(("core_slices", f"{o.id}: core {cs.core} slice names {sorted(cs.slice)}, split dims "
+                                               f"are {sorted(real)}"))
+                slices_ok = False
+                break
+            if any(not (0 <= cs.slice[n] < real[n]) for n in real):
+                rec.pre.append(("core_slices", f"{o.id}: core {cs.core} slice index out of range"))
+                slices_ok = False
+                break
+            key = tuple(cs.slice[n] for n in sorted_real)
+            if key in seen:
+                rec.pre.append(("core_slices", f"{o.id}: work slice {dict(cs.slice)} assigned to two cores"))
+                slices_ok = False
+                break
+            seen.add(key)
+        if not slices_ok:
+            return rec
+        rec.ok = True
+        span = hw.per_core_span_bytes
+        names = [a.tensor for a in prim.inputs] + [prim.output.tensor]
+        ranges = core_ranges(prim, real, o.core_slices, gran)
+        rec.ranges = ranges
+        if not o.temporal_tiles and all(
+                isinstance(tm[n].memory, HbmMemory) and layout_nbytes(tm[n].layout, tm[n].dtype) <= span
+                for n in names):
+            rec.early = True
+            return rec
+        by_name = {d.name: i for i, d in enumerate(prim.iter_dims)}
+        for n, f in o.temporal_tiles.items():
+            if n not in by_name or not isinstance(f, int) or f < 1:
+                rec.mid.append(("temporal_tiles", f"{o.id}: temporal tiles {n}={f!r} invalid", None))
+                continue
+            i = by_name[n]
+            for rng in ranges.values():
+                units = split_units(rng[i][1] - rng[i][0], gran.get(i, 1))
+                if f > max(units, 1):
+                    rec.mid.append(("temporal_tiles", f"{o.id}: {f} tiles along {n} exceed the {units} units a "
+                                                      f"core has", None))
+                    break
+        out_t = tm[prim.output.tensor]
+        if isinstance(out_t.memory, LxMemory) and reduction_split(prim, real):
+            rec.mid.append(("lx_reduction_split", f"{o.id}: splits a reduction dim across cores, so its output "
+                                                  f"{out_t.id} (summed across cores) cannot stay in LX", out_t.id))
+        operands = [(i, a.tensor) for i, a in enumerate(prim.inputs)] + [(-1, prim.output.tensor)]
+        for idx, tname in operands:
+            t = tm[tname]
+            if isinstance(t.memory, HbmMemory) and layout_nbytes(t.layout, t.dtype) <= span:
+                continue
+            boxes = {c: operand_box(prim, idx, rng, t.shape) for c, rng in ranges.items()}
+            if isinstance(t.memory, HbmMemory):
+                worst = max(box_span_bytes(b, t.layout, t.dtype) for b in set(boxes.values()))
+                rec.operands.append((idx, tname, "hbm", None if worst <= span else
+                                     f"{o.id}: a core's access to {tname} spans {worst} bytes > {span}"))
+                continue
+            if idx < 0:
+                need = 0 if t.memory.per_tile else \
+                    max(box_lx_bytes(b, t.layout, t.dtype) for b in set(boxes.values()))
+                rec.operands.append((idx, tname, "lx_out", need))
+                if not rec._out_boxes:
+                    rec._out_boxes = boxes
+                continue
+            rec.operands.append((idx, tname, "lx_in", boxes))
+        return rec
+
+    def _check_split_and_geometry_ref(self, k: int, o, prim: PrimOp):
         hw = self.hw
         tm = self.tmap
         layouts = {n: tm[n].layout for n in [a.tensor for a in prim.inputs] + [prim.output.tensor]}
@@ -477,6 +759,9 @@ class _Checker:
 
     def op_ranges(self, o, prim: PrimOp) -> tuple[dict, dict]:
         """(granules, per-core iteration ranges) of op `o`, computed once."""
+        if o.id not in self._ranges and o.id in self._rec:
+            rec = self._rec[o.id]
+            self._ranges[o.id] = (rec.gran, rec.ranges)
         if o.id not in self._ranges:
             tm = self.tmap
             layouts = {n: tm[n].layout for n in [a.tensor for a in prim.inputs] + [prim.output.tensor]}
@@ -496,7 +781,10 @@ class _Checker:
         if 0 <= m.live_from < len(self.p.ops):
             o = self.p.ops[m.live_from]
             prim = self.prims.get(o.id)
-            if prim is not None and prim.output.tensor == tname:
+            rec = self._rec_at.get(m.live_from)
+            if prim is not None and prim.output.tensor == tname and rec is not None:
+                res = rec.out_boxes()
+            elif prim is not None and prim.output.tensor == tname:
                 tm = self.tmap
                 layouts = {n: tm[n].layout for n in [a.tensor for a in prim.inputs] + [tname]}
                 dtypes = {n: tm[n].dtype for n in layouts}
@@ -515,6 +803,9 @@ class _Checker:
         prim = self.prims.get(o.id)
         if prim is None or o.id not in self.geometry_ok:
             return None
+        rec = self._rec_at.get(k)
+        if rec is not None:
+            return rec.tile_boxes(operand, self.tmap[tname].shape)
         if o.id not in self._tile_iter:
             gran, ranges = self.op_ranges(o, prim)
             self._tile_iter[o.id] = tile_iteration_ranges(prim, ranges, o.temporal_tiles, gran)
@@ -580,14 +871,21 @@ class _Checker:
             if pbox is None:
                 continue
             pcores, plo, phi = pbox
-            # lx_size: the largest box the producer writes in one tile on one core
-            ext = phi - plo
-            stick = t.layout.stick_dim
-            if stick is not None:
-                se = t.layout.stick_elems
-                ext[:, :, stick] = -(-ext[:, :, stick] // se) * se if se > 1 else ext[:, :, stick]
-            elems = np.prod(ext, axis=2) if ext.shape[2] else np.full(ext.shape[:2], t.layout.stick_elems)
-            need = int(elems.max(initial=0)) * DTYPE_BYTES[t.dtype]
+            # verdicts that depend on the producer's and the readers' records alone are kept
+            # on the records (the tile buffer is the producer's output: its record's content)
+            prec = self._rec_at.get(m.live_from)
+            need = prec._order.get(("tile_need",)) if prec is not None else None
+            if need is None:
+                # lx_size: the largest box the producer writes in one tile on one core
+                ext = phi - plo
+                stick = t.layout.stick_dim
+                if stick is not None:
+                    se = t.layout.stick_elems
+                    ext[:, :, stick] = -(-ext[:, :, stick] // se) * se if se > 1 else ext[:, :, stick]
+                elems = np.prod(ext, axis=2) if ext.shape[2] else np.full(ext.shape[:2], t.layout.stick_elems)
+                need = int(elems.max(initial=0)) * DTYPE_BYTES[t.dtype]
+                if prec is not None:
+                    prec._order[("tile_need",)] = need
             if need > m.size_per_core:
                 self.add("lx_size", f"{producer.id}: a core writes {need} bytes of tile buffer {t.id} per tile "
                                     f"into an LX buffer of {m.size_per_core}", op=producer.id, tensor=t.id)
@@ -602,24 +900,33 @@ class _Checker:
                     continue
                 rcores, rlo, rhi = rbox
                 reader = p.ops[k]
-                bad = None
-                if rlo.shape[1] != plo.shape[1]:
-                    bad = f"runs {rlo.shape[1]} tiles, the producer {plo.shape[1]}"
-                elif any(c not in prow for c in rcores):
-                    bad = f"core {next(c for c in rcores if c not in prow)} reads a tile the producer never " \
-                          f"wrote on it"
+                rrec = self._rec_at.get(k)
+                vkey = ("tile", prec.serial, idx) if prec is not None and rrec is not None else None
+                if vkey is not None and vkey in rrec._order:
+                    bad = rrec._order[vkey]
                 else:
-                    rows = np.array([prow[c] for c in rcores], dtype=np.int64)
-                    olo, ohi = plo[rows], phi[rows]
-                    inside = (rhi <= rlo) | ((olo <= rlo) & (rhi <= ohi))
-                    fails = np.argwhere(~inside.all(axis=2))
-                    if len(fails):
-                        ci, j = int(fails[0][0]), int(fails[0][1])
-                        bad = f"core {rcores[ci]} reads in tile {j} a box outside the one the producer wrote " \
-                              f"there in that tile"
+                    bad = self._tile_read_problem(pcores, plo, phi, prow, rcores, rlo, rhi)
+                    if vkey is not None:
+                        rrec._order[vkey] = bad
                 if bad:
                     self.add("lx_slice_mismatch", f"{reader.id}: tile buffer {t.id}: {bad} (another tiling or "
                                                   f"per-core slicing)", op=reader.id, tensor=t.id)
+
+    @staticmethod
+    def _tile_read_problem(pcores, plo, phi, prow, rcores, rlo, rhi) -> Optional[str]:
+        """What is wrong with a reader's tile-j boxes against the producer's tile-j boxes."""
+        if rlo.shape[1] != plo.shape[1]:
+            return f"runs {rlo.shape[1]} tiles, the producer {plo.shape[1]}"
+        if any(c not in prow for c in rcores):
+            return f"core {next(c for c in rcores if c not in prow)} reads a tile the producer never wrote on it"
+        rows = np.array([prow[c] for c in rcores], dtype=np.int64)
+        olo, ohi = plo[rows], phi[rows]
+        inside = (rhi <= rlo) | ((olo <= rlo) & (rhi <= ohi))
+        fails = np.argwhere(~inside.all(axis=2))
+        if len(fails):
+            ci, j = int(fails[0][0]), int(fails[0][1])
+            return f"core {rcores[ci]} reads in tile {j} a box outside the one the producer wrote there in that tile"
+        return None
 
     def check_kernel_order(self):
         """Inside a fused kernel the tile loop runs every member on tile j before tile j+1,
@@ -643,7 +950,15 @@ class _Checker:
                 pbox, rbox = self.tile_boxes(q, -1, a.tensor), self.tile_boxes(k, idx, a.tensor)
                 if pbox is None or rbox is None:
                     continue
-                bad = _tile_order_problem(pbox, rbox)
+                prec, rrec = self._rec_at.get(q), self._rec_at.get(k)
+                if prec is None or rrec is None:
+                    bad = _tile_order_problem_ref(pbox, rbox)
+                else:
+                    # the verdict depends on the two ops' contents (their records) alone
+                    okey = ("order", prec.serial, idx, tuple(t.shape))
+                    if okey not in rrec._order:
+                        rrec._order[okey] = _tile_order_problem(pbox, rbox)
+                    bad = rrec._order[okey]
                 if bad:
                     self.add("kernel_tile_order", f"{o.id} reads {a.tensor}, made by {p.ops[q].id} in the same "
                                                   f"fused kernel: {bad}", op=o.id, tensor=a.tensor)

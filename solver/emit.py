@@ -28,8 +28,8 @@ from lowering.op_rules import (
 from lowering.primitives import PrimGraph, PrimOp, op_to_json
 from lowering.version import COMPILER_VERSION
 from simulator.geometry import (
-    core_ranges, default_core_slices, largest_tile_lx_bytes, layout_nbytes, make_layout,
-    op_granules, padded,
+    LRU, caches_enabled, core_ranges, default_core_slices, dict_key, largest_tile_lx_bytes,
+    layout_key, layout_nbytes, make_layout, op_granules, padded, prim_key, slices_key,
 )
 from simulator.superdsc import (
     Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
@@ -239,6 +239,7 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
     # -- splits and slices -----------------------------------------------------------------
     splits: dict[str, dict[str, int]] = {}
     slices: dict[str, list[CoreSlice]] = {}
+    slice_keys: dict[str, tuple] = {}  # what each op's slices were made from (`_lx_need`'s key)
     slice_cache: dict[tuple, list[CoreSlice]] = {}
     producer_item: dict[str, _Item] = {}
     for it in items:
@@ -253,14 +254,18 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
         splits[it.prim.id] = split
         if it.plan.core_slices is not None:
             slices[it.prim.id] = [CoreSlice(core=c, slice=dict(s)) for c, s in it.plan.core_slices]
+            slice_keys[it.prim.id] = ("given",)  # keyed on the slices themselves
         elif split:
             # identical splits share one (immutable) slice list: emitting stays linear in ops
             key = tuple((d.name, split[d.name]) for d in it.prim.iter_dims if d.name in split)
             if key not in slice_cache:
                 slice_cache[key] = default_core_slices(it.prim, split)
             slices[it.prim.id] = slice_cache[key]
+            # the natural order of the split (a function of the split and the loop nest)
+            slice_keys[it.prim.id] = ("natural",)
         else:
             slices[it.prim.id] = [CoreSlice(core=0, slice={})]
+            slice_keys[it.prim.id] = ("core 0",)
 
     # -- memory -------------------------------------------------------------------------------
     live = _live_ranges(items, resident)
@@ -286,8 +291,8 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
             it = items[k]
             gran = op_granules(it.prim, layouts, dtypes, stick_bytes)
             tiles = it.plan.temporal_tiles if (r.per_tile and it.plan is not None) else {}
-            need = largest_tile_lx_bytes(it.prim, -1, core_ranges(it.prim, splits[it.prim.id], slices[it.prim.id], gran),
-                                         tiles, gran, shapes[t], layouts[t], dtypes[t])
+            need = _lx_need(it.prim, splits[it.prim.id], slices[it.prim.id], slice_keys[it.prim.id], tiles, gran,
+                            shapes[t], layouts[t], dtypes[t])
             size = r.size_per_core if r.size_per_core is not None else padded(need, stick_bytes)
             memories[t] = LxMemory(lx_address=r.lx_address, size_per_core=size,
                                    live_from=k, live_to=last,
@@ -340,6 +345,28 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
         ops=ops, bundles=bundles, inputs=list(pg.inputs), outputs=list(pg.outputs),
         stats=PlanStats(planner=decisions.planner, hardware_digest=hw.digest,
                         compiler_version=COMPILER_VERSION, **stats))
+
+
+# LX bytes per core of a resident tensor, by its producer's content (trials re-emit the same
+# producers over and over)
+_LX_NEED = LRU(4096, "emit.lx_need")
+
+
+def _lx_need(prim: PrimOp, split: dict, core_slices, made_from: tuple, tiles: dict, gran: dict, shape,
+             layout: Layout, dtype: str) -> int:
+    """The most LX bytes a core needs for the output of `prim` (one tile of it for a tile
+    buffer: `largest_tile_lx_bytes`), memoized on everything that reads. `made_from` says
+    how emit_program made `core_slices`: ("natural",) / ("core 0",) when they follow from
+    the split and the loop nest (both in the key), ("given",) when the plan gave them
+    (then their content is in the key)."""
+    pk = prim_key(prim) if caches_enabled() else None
+    if pk is None or type(dtype) is not str or not all(type(x) is int for x in shape):
+        return largest_tile_lx_bytes(prim, -1, core_ranges(prim, split, core_slices, gran), tiles, gran,
+                                     shape, layout, dtype)
+    sk = slices_key(core_slices) if made_from[0] == "given" else made_from
+    key = (pk, dict_key(split), sk, dict_key(tiles), dict_key(gran), tuple(shape), layout_key(layout), dtype)
+    return _LX_NEED.get(key, lambda: largest_tile_lx_bytes(
+        prim, -1, core_ranges(prim, split, core_slices, gran), tiles, gran, shape, layout, dtype))
 
 
 def _follow(op: PrimOp, access, split: dict[str, int], core_slices: list) -> Optional[OpPlan]:

@@ -1,0 +1,338 @@
+"""The memo caches of the validator, the timing model and the emitter (simulator.geometry
+`set_caches`) change no result: every emit / validate / time call a planner makes gives the
+same programs, the same issues in the same order and the same timings to the last bit with
+the caches on (cold and warm) as on the reference path; and a program that differs from one
+already judged in a single field that matters is judged on its own."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import simulator.timing as timing_mod
+import simulator.validate as validate_mod
+import solver.emit as emit_mod
+from lowering import lower_document
+from lowering.graph_format import GraphDocument
+from simulator import geometry
+from simulator.geometry import make_layout
+from simulator.hardware import load_target
+from simulator.superdsc import HbmMemory, LxMemory, Program
+from simulator.timing import time_program
+from simulator.validate import validate_program
+from solver.planners import plan
+from tests import primgraphs
+
+ROOT = Path(__file__).resolve().parents[1]
+FUNCS = {"emit_program": emit_mod.emit_program, "validate_program": validate_mod.validate_program,
+         "time_program": timing_mod.time_program}
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return load_target()
+
+
+@pytest.fixture(autouse=True)
+def caches_on():
+    geometry.set_caches(True)
+    geometry.clear_caches()
+    yield
+    geometry.set_caches(True)
+
+
+def _layer(name: str):
+    doc = json.loads((ROOT / "benchmarks" / "graphs" / "layers" / f"{name}.json").read_text())
+    return lower_document(GraphDocument.model_validate(doc))
+
+
+def _canon(name: str, result):
+    if name == "validate_program":
+        return [i.to_json() for i in result]
+    if name == "time_program":
+        return result.to_dict()
+    return result.model_dump(mode="json")
+
+
+def _record(fn):
+    """Run fn() and return every (name, args) call it made to the three functions, wherever
+    they were imported, and fn's result."""
+    import importlib
+    import sys
+    for m in ("solver.planners", "solver.spyre.cpsat_planner", "solver.spyre.fusion", "solver.spyre.relayout",
+              "solver.spyre.repeats", "solver.spyre.tile_buffers"):
+        importlib.import_module(m)  # before patching: a lazy import would bind the unpatched function
+    calls = []
+
+    def wrap(name, f):
+        def w(*a, **k):
+            calls.append((name, a, k))
+            return f(*a, **k)
+        return w
+
+    with pytest.MonkeyPatch.context() as mp:
+        for mod in list(sys.modules.values()):
+            for name, f in FUNCS.items():
+                if getattr(mod, name, None) is f:
+                    mp.setattr(mod, name, wrap(name, f))
+        out = fn()
+    return calls, out
+
+
+def _replay(calls):
+    return [_canon(n, FUNCS[n](*a, **k)) for n, a, k in calls]
+
+
+def _same_on_every_path(calls):
+    geometry.set_caches(False)
+    ref = _replay(calls)
+    geometry.set_caches(True)
+    geometry.clear_caches()
+    cold = _replay(calls)
+    warm = _replay(calls)
+    for (n, _, _), r, c, w in zip(calls, ref, cold, warm):
+        assert c == r, f"{n}: cached (cold) differs from the reference"
+        assert w == r, f"{n}: cached (warm) differs from the reference"
+    return ref
+
+
+TINY = ["mlp", "softmax", "attention_scores", "copies", "embedding", "colsum"]
+
+
+@pytest.mark.parametrize("planner", ["naive", "heuristic", "cpsat"])
+def test_tiny_graphs_every_planner(hw, planner):
+    def run():
+        return [plan(getattr(primgraphs, g)()[0], hw, planner, time_limit_s=2, deterministic=True) for g in TINY]
+    calls, programs = _record(run)
+    assert {n for n, _, _ in calls} >= {"emit_program", "validate_program"}
+    _same_on_every_path(calls)
+    # and the final programs themselves
+    _same_on_every_path([("validate_program", (p, hw), {}) for p in programs]
+                        + [("time_program", (p, hw), {}) for p in programs])
+
+
+@pytest.fixture(scope="module")
+def gpt2_cpsat(hw):
+    """The calls of a cpsat plan of the GPT-2 block (its fusion search emits, validates and
+    times the graph dozens of times) and the program: LX residencies, tile buffers, fused
+    coarse-tiled kernels."""
+    pg = _layer("gpt2_block512")
+    calls, program = _record(lambda: plan(pg, hw, "cpsat", time_limit_s=2, deterministic=True))
+    return pg, calls, program
+
+
+def test_cpsat_search_calls(hw, gpt2_cpsat):
+    _, calls, program = gpt2_cpsat
+    ref = _same_on_every_path(calls)
+    assert sum(n == "validate_program" for n, _, _ in calls) >= 5
+    assert any(r for (n, _, _), r in zip(calls, ref) if n == "validate_program"), \
+        "the search met no invalid trial: the replay compared no issue list"
+    assert any(getattr(t.memory, "per_tile", False) for t in program.tensors)
+
+
+@pytest.mark.parametrize("graph,planner", [("gpt2_block512", "heuristic"), ("bert_base_layer512", "naive")])
+def test_layer_planner_calls(hw, graph, planner):
+    pg = _layer(graph)
+    calls, _ = _record(lambda: plan(pg, hw, planner, time_limit_s=2, deterministic=True))
+    assert calls
+    _same_on_every_path(calls)
+
+
+# -- one field changed: judged on its own ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def fused_program(gpt2_cpsat):
+    return gpt2_cpsat[2]
+
+
+def _tensor(p: Program, tid: str):
+    return next(t for t in p.tensors if t.id == tid)
+
+
+def _mutants(p: Program):
+    """(what, program) pairs: p with one field of one op or tensor changed."""
+    out = []
+    tm = p.tensor_map()
+    lx = [t for t in p.tensors if isinstance(t.memory, LxMemory)]
+    for k, o in enumerate(p.ops):
+        split = {n: f for n, f in o.core_split.items() if f > 1}
+        if split:
+            n, f = next(iter(split.items()))
+            q = p.model_copy(deep=True)
+            q.ops[k].core_split = {**q.ops[k].core_split, n: f * 3}
+            out.append((f"split {o.id} {n} x3", q))
+            if len(o.core_slices) >= 2:
+                q = p.model_copy(deep=True)
+                a, b = q.ops[k].core_slices[0], q.ops[k].core_slices[1]
+                a.slice, b.slice = b.slice, a.slice
+                out.append((f"core slices of {o.id}: cores {a.core} and {b.core} swapped", q))
+        if o.temporal_tiles:
+            n = next(iter(o.temporal_tiles))
+            q = p.model_copy(deep=True)
+            q.ops[k].temporal_tiles = {**q.ops[k].temporal_tiles, n: 4096}
+            out.append((f"tiles {o.id} {n}=4096", q))
+            q = p.model_copy(deep=True)
+            q.ops[k].temporal_tiles = {**q.ops[k].temporal_tiles, n: float(o.temporal_tiles[n])}
+            out.append((f"float tiles {o.id} {n}", q))
+        if split and o.prim:
+            # the op's output sticked on a dim its split cuts: the split must now be in
+            # whole sticks
+            names = [d["name"] for d in o.prim["iter_dims"]]
+            t = tm[o.prim["output"]["tensor"]]
+            for j, d in enumerate(o.prim["output"]["dims"]):
+                if d is not None and names[d] in split and j != t.layout.dim_order[-1] and t.memory.kind == "hbm":
+                    q = p.model_copy(deep=True)
+                    _tensor(q, t.id).layout = make_layout(t.shape, t.dtype, j, load_target().stick_bytes)
+                    out.append((f"restuck {t.id} on split dim {j}", q))
+                    break
+    for t in lx:
+        q = p.model_copy(deep=True)
+        _tensor(q, t.id).memory.size_per_core = max(0, t.memory.size_per_core - 2 * load_target().stick_bytes)
+        out.append((f"LX size of {t.id} two sticks short", q))
+    for a, b in zip(lx, lx[1:]):
+        if a.memory.live_to >= b.memory.live_from and b.memory.live_to >= a.memory.live_from:
+            q = p.model_copy(deep=True)
+            _tensor(q, b.id).memory.lx_address = a.memory.lx_address
+            out.append((f"LX address of {b.id} onto {a.id}", q))
+    for t in p.tensors:
+        if isinstance(t.memory, HbmMemory) and len(t.shape) >= 2 and t.role == "intermediate" \
+                and not t.memory.alias_of and tm[t.id].layout.dim_order[-1] != 0:
+            q = p.model_copy(deep=True)
+            lay = _tensor(q, t.id).layout
+            lay.device_size = [s * 2 for s in lay.device_size]  # another layout, same tensor
+            out.append((f"device_size of {t.id} doubled", q))
+            break
+    sb = load_target().stick_bytes
+    for t in p.tensors:
+        # the same tensor in another valid layout: sticked on another dim (the ops' stick
+        # rules and splits see it), or its outer dims in another order (the spans do)
+        if len(t.shape) < 2 or t.memory.kind != "hbm" or t.memory.alias_of:
+            continue
+        order = list(t.layout.dim_order)
+        q = p.model_copy(deep=True)
+        _tensor(q, t.id).layout = make_layout(t.shape, t.dtype, order[0], sb)
+        out.append((f"stick of {t.id} on dim {order[0]}", q))
+        if len(order) >= 3:
+            q = p.model_copy(deep=True)
+            _tensor(q, t.id).layout = make_layout(t.shape, t.dtype, order[-1], sb, order[1:-1] + order[:1] + order[-1:])
+            out.append((f"dim order of {t.id} rotated", q))
+    # a few of each kind, spread over the program (each mutant is validated four times)
+    kinds: dict[str, list] = {}
+    for w, q in out:
+        kinds.setdefault(" ".join(w.split(" ")[:2]) if w.startswith(("LX", "dim", "core")) else w.split(" ")[0],
+                         []).append((w, q))
+    return [m for ms in kinds.values() for m in ms[::max(1, len(ms) // 4)][:4]]
+
+
+def test_one_field_changed_is_judged_on_its_own(hw, fused_program):
+    p = fused_program
+    assert validate_program(p, hw) == []
+    base_us = time_program(p, hw).total_us
+    mutants = _mutants(p)
+    for kind in ("split ", "core slices ", "tiles ", "float tiles ", "LX size ", "LX address ", "device_size ",
+                 "stick of ", "dim order ", "restuck "):
+        assert any(w.startswith(kind) for w, _ in mutants), kind
+    caught = 0
+    for what, q in mutants:
+        # the reference verdict, then the cached one right after the original (warm caches)
+        geometry.set_caches(False)
+        ref_issues = [i.to_json() for i in validate_program(q, hw)]
+        ref_time = time_program(q, hw).to_dict() if not ref_issues else None
+        geometry.set_caches(True)
+        geometry.clear_caches()
+        assert validate_program(p, hw) == []
+        time_program(p, hw)
+        got = [i.to_json() for i in validate_program(q, hw)]
+        assert got == ref_issues, what
+        if ref_time is not None:
+            assert time_program(q, hw).to_dict() == ref_time, what
+        # and the original is still judged as before after the mutant
+        assert validate_program(p, hw) == [], what
+        assert time_program(p, hw).total_us == base_us, what
+        caught += bool(ref_issues)
+    # most single-field changes of a tight plan break it: the comparison above compared issues
+    assert caught >= len(mutants) // 2, caught
+
+
+def test_core_slices_of_an_lx_producer(hw, fused_program):
+    """Two programs identical but for one LX producer's core -> slice map: the second's readers
+    no longer find on each core what they read (lx_slice_mismatch / kernel order), which a
+    cache keyed without the slices would miss."""
+    p = fused_program
+    tm = p.tensor_map()
+    found = 0
+    for k, o in enumerate(p.ops):
+        t = tm.get(o.prim["output"]["tensor"]) if o.prim else None
+        if t is None or not isinstance(t.memory, LxMemory) or len(o.core_slices) < 2:
+            continue
+        q = p.model_copy(deep=True)
+        cs = q.ops[k].core_slices
+        cs[0].slice, cs[-1].slice = cs[-1].slice, cs[0].slice
+        geometry.set_caches(False)
+        ref = [i.to_json() for i in validate_program(q, hw)]
+        geometry.set_caches(True)
+        assert validate_program(p, hw) == []
+        got = [i.to_json() for i in validate_program(q, hw)]
+        assert got == ref
+        if any(i["code"] in ("lx_slice_mismatch", "kernel_tile_order") for i in ref):
+            found += 1
+            if found >= 2:
+                break
+    assert found >= 1
+
+
+def test_emit_lx_sizes_follow_the_plan(hw, gpt2_cpsat):
+    """emit_program's memoized LX sizing: decisions that differ from ones already emitted in
+    one LX producer's split or tiles give that producer's tensor its own size."""
+    from dataclasses import replace
+
+    from lowering.op_rules import legal_core_splits
+    from simulator.geometry import op_granules
+    pg, calls, _ = gpt2_cpsat
+    d = next(a[2] for n, a, _ in reversed(calls) if n == "emit_program" and a[2].resident)
+    prims = {op.id: op for op in pg.ops}
+    changed = 0
+    for t, r in d.resident.items():
+        prod = next((op for op in pg.ops if op.output.tensor == t), None)
+        if prod is None or prod.id not in d.ops:
+            continue
+        geometry.set_caches(True)
+        base = emit_mod.emit_program(pg, hw, d)
+        tm = base.tensor_map()
+        lay = {x.id: x.layout for x in base.tensors}
+        dts = {x.id: x.dtype for x in base.tensors}
+        cur = {n: f for n, f in d.ops[prod.id].core_split.items() if f > 1}
+        for split in legal_core_splits(prims[prod.id], op_granules(prims[prod.id], lay, dts, hw.stick_bytes), hw.cores):
+            if split == cur or not split:
+                continue
+            ops = dict(d.ops)
+            ops[prod.id] = replace(ops[prod.id], core_split=dict(split), core_slices=None)
+            d2 = replace(d, ops=ops, resident={x: replace(v, size_per_core=None) if x == t else v
+                                               for x, v in d.resident.items()})
+            try:
+                got = emit_mod.emit_program(pg, hw, d2).model_dump(mode="json")
+            except ValueError:
+                continue
+            geometry.set_caches(False)
+            ref = emit_mod.emit_program(pg, hw, d2).model_dump(mode="json")
+            geometry.set_caches(True)
+            assert got == ref
+            new_size = next(x for x in got["tensors"] if x["id"] == t)["memory"]["size_per_core"]
+            changed += new_size != tm[t].memory.size_per_core
+            break
+        if changed >= 2:
+            break
+    assert changed >= 1
+
+
+def test_caches_stay_bounded(hw, fused_program):
+    for c in geometry._CACHES:
+        assert c.maxsize <= 4096
+    p = fused_program
+    for _ in range(3):
+        validate_program(p, hw)
+        time_program(p, hw)
+    for name, (entries, hits, misses) in geometry.cache_stats().items():
+        assert entries <= next(c.maxsize for c in geometry._CACHES if c.name == name)
+    stats = geometry.cache_stats()
+    assert stats["validate.op_geometry"][1] > 0 and stats["timing.op_geometry"][1] > 0
