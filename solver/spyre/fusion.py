@@ -660,7 +660,7 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
         for r in dict.fromkeys(readers.get(t, [])):
             rp = prims[r]
             plan = ops.get(r, OpPlan())
-            if rp.body.kind not in ("pointwise", "reduce") or plan.alias:
+            if rp.body.kind not in ("pointwise", "reduce", "copy") or plan.alias:
                 return None
             want = _split_through(prims[p], ops.get(p, OpPlan()).core_split, rp, t)
             if want is None:
@@ -690,19 +690,21 @@ def _hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s
     read back) held whole in LX instead: the readers take the split that reads what each
     core made (`_follow_split`), the tensor gets LX the plan leaves free over its live range
     (`tile_buffers.add_whole_residencies`, validator-judged). The largest `limit` such
-    results (at least `HOLD_MIN_BYTES`) are tried one at a time, each kept where the whole
-    program simulates faster. The solve chose residencies before fusion changed the splits
+    results (at least `HOLD_MIN_BYTES`) whose readers can follow are tried one at a time,
+    each kept where the whole program simulates faster. The solve chose residencies before fusion changed the splits
     and freed LX (tile buffers), so a result it left in device memory may now fit."""
     fused_d, prog, rep = tr
     cands = whole_candidates(pg, prog, hw)
     tmap = prog.tensor_map()
     nbytes = {t: layout_nbytes(tmap[t].layout, tmap[t].dtype) for t in cands}
-    for t in sorted((t for t in cands if nbytes[t] >= HOLD_MIN_BYTES), key=lambda t: -nbytes[t])[:limit]:
-        if deadline is not None and time.perf_counter() + 2 * trial_s > deadline:
+    tried = 0
+    for t in sorted((t for t in cands if nbytes[t] >= HOLD_MIN_BYTES), key=lambda t: -nbytes[t]):
+        if tried >= limit or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
             break
         ops = _follow_split(pg, prog, fused_d, t, hw)
         if ops is None:
             continue
+        tried += 1
         d2, prog2 = replace(fused_d, ops=ops), prog
         if ops != fused_d.ops:
             prog2 = _valid_program(pg, hw, d2)
