@@ -691,32 +691,84 @@ def _hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s
     core made (`_follow_split`), the tensor gets LX the plan leaves free over its live range
     (`tile_buffers.add_whole_residencies`, validator-judged). The largest `limit` such
     results (at least `HOLD_MIN_BYTES`) whose readers can follow are tried one at a time,
-    each kept where the whole program simulates faster. The solve chose residencies before fusion changed the splits
+    each kept where the whole program simulates faster; then, in `limit` trials more, those
+    whose producing matmul can take its readers' split (`_lead_split`). The solve chose residencies before fusion changed the splits
     and freed LX (tile buffers), so a result it left in device memory may now fit."""
     fused_d, prog, rep = tr
     cands = whole_candidates(pg, prog, hw)
     tmap = prog.tensor_map()
     nbytes = {t: layout_nbytes(tmap[t].layout, tmap[t].dtype) for t in cands}
-    tried = 0
-    for t in sorted((t for t in cands if nbytes[t] >= HOLD_MIN_BYTES), key=lambda t: -nbytes[t]):
-        if tried >= limit or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
-            break
-        ops = _follow_split(pg, prog, fused_d, t, hw)
-        if ops is None:
+    tried = {False: 0, True: 0}  # trials of each kind
+    order = sorted((t for t in cands if nbytes[t] >= HOLD_MIN_BYTES), key=lambda t: -nbytes[t])
+    # first the results whose readers follow, then (on the splits that left) the ones whose
+    # producer leads
+    for t, lead in [(t, False) for t in order] + [(t, True) for t in order]:
+        if t in fused_d.resident:
             continue
-        tried += 1
-        d2, prog2 = replace(fused_d, ops=ops), prog
-        if ops != fused_d.ops:
-            prog2 = _valid_program(pg, hw, d2)
-            if prog2 is None:
+        if lead:
+            alternatives = _lead_split(pg, prog, fused_d, t, hw)
+        else:
+            follow = _follow_split(pg, prog, fused_d, t, hw)
+            alternatives = [] if follow is None else [follow]
+        best = None
+        for ops in alternatives:
+            if tried[lead] >= limit or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
+                break
+            tried[lead] += 1
+            d2, prog2 = replace(fused_d, ops=ops), prog
+            if ops != fused_d.ops:
+                prog2 = _valid_program(pg, hw, d2)
+                if prog2 is None:
+                    continue
+            held = add_whole_residencies(pg, hw, d2, prog2, only={t})
+            if held is None:
                 continue
-        held = add_whole_residencies(pg, hw, d2, prog2, only={t})
-        if held is None:
-            continue
-        rep2 = time_program(held.program, hw)
-        if rep2.total_us < rep.total_us:
-            fused_d, prog, rep = held.decisions, held.program, rep2
+            rep2 = time_program(held.program, hw)
+            if rep2.total_us < (best[2].total_us if best else rep.total_us):
+                best = (held.decisions, held.program, rep2)
+        if best is not None:
+            fused_d, prog, rep = best
     return fused_d, prog, rep
+
+
+def _lead_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw) -> list[dict]:
+    """When `tensor`'s readers cannot follow its producer's split: `d.ops` with the producer,
+    a tiled matmul that is a kernel of its own, on the split its readers (outside any
+    kernel, all agreeing) read the tensor in (`_head_split`), at its tile count and at twice
+    that (a result held whole takes LX the matmul's double buffering used: smaller tiles
+    leave it room). Empty when there is no such move."""
+    prims = {op.id: op for op in pg.ops}
+    producer = next((op for op in pg.ops if op.output.tensor == tensor), None)
+    plan = d.ops.get(producer.id) if producer is not None else None
+    if producer is None or producer.body.kind != "matmul" or plan is None or not plan.temporal_tiles:
+        return []
+    key = {o.id: fused_group_key(o) for o in program.ops}
+    if sum(1 for k in key.values() if k is not None and k == key.get(producer.id)) != 1:
+        return []  # its kernel has members: they would need to follow too
+    want = None
+    for op in pg.ops:
+        if not any(a.tensor == tensor for a in op.inputs):
+            continue
+        rp = d.ops.get(op.id, OpPlan())
+        if rp.temporal_tiles:
+            return []
+        split = _head_split(producer, [prims[op.id]], {k: v for k, v in rp.core_split.items() if v > 1})
+        if split is None or (want is not None and split != want):
+            return []
+        want = split
+    cur = {k: v for k, v in plan.core_split.items() if v > 1}
+    layouts = {t.id: t.layout for t in program.tensors}
+    dtypes = {t.id: t.dtype for t in program.tensors}
+    if want is None or want == cur or want not in legal_core_splits(
+            producer, op_granules(producer, layouts, dtypes, hw.stick_bytes), hw.cores):
+        return []
+    out = []
+    for f in (1, 2):
+        ops = dict(d.ops)
+        ops[producer.id] = replace(plan, core_split=dict(want), core_slices=None,
+                                   temporal_tiles={k: v * f for k, v in plan.temporal_tiles.items()})
+        out.append(ops)
+    return out
 
 
 def _sibling_order(pg: PrimGraph, program: Program, d: PlanDecisions) -> Optional[tuple[list[str], set[str]]]:
