@@ -42,12 +42,18 @@ Box = tuple[Range, ...]
 # caller on its reference (uncached) path; results are identical either way
 # (tests/test_sim_caches.py).
 class LRU:
-    """A bounded memo map: the least recently used entry goes when it is full."""
+    """A bounded memo map: the least recently used entries go when it holds more than
+    `maxsize` entries or, with `weigh` (the bytes of a value, fixed once stored), more than
+    `max_bytes` bytes."""
 
-    def __init__(self, maxsize: int, name: str = ""):
+    def __init__(self, maxsize: int, name: str = "", max_bytes: Optional[int] = None,
+                 weigh: Optional[Callable[[Any], int]] = None):
         self.name = name or f"cache{len(_CACHES)}"
         self.maxsize = maxsize
+        self.max_bytes = max_bytes
+        self.weigh = weigh
         self.data: OrderedDict = OrderedDict()
+        self.nbytes = 0
         self.hits = 0
         self.misses = 0
         _CACHES.append(self)
@@ -60,8 +66,13 @@ class LRU:
             self.misses += 1
             v = make()
             d[key] = v
-            if len(d) > self.maxsize:
-                d.popitem(last=False)
+            if self.weigh is not None:
+                self.nbytes += self.weigh(v)
+            while len(d) > 1 and (len(d) > self.maxsize or (
+                    self.max_bytes is not None and self.nbytes > self.max_bytes)):
+                _, old = d.popitem(last=False)
+                if self.weigh is not None:
+                    self.nbytes -= self.weigh(old)
             return v
         d.move_to_end(key)
         self.hits += 1
@@ -69,6 +80,7 @@ class LRU:
 
     def clear(self) -> None:
         self.data.clear()
+        self.nbytes = 0
         self.hits = self.misses = 0
 
 

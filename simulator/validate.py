@@ -212,7 +212,7 @@ class _OpGeom:
     content); never modified once built, except for the lazily filled derived fields."""
 
     __slots__ = ("pre", "ok", "early", "gran", "ranges", "mid", "operands", "prim", "temporal_tiles",
-                 "out_shape", "key", "serial", "_out_boxes", "_tile_iter", "_tile_boxes", "_order")
+                 "out_shape", "serial", "_out_boxes", "_order")
 
     def __init__(self):
         self.pre: list[tuple[str, str]] = []        # split and core-slice issues
@@ -223,8 +223,6 @@ class _OpGeom:
         self.mid: list[tuple[str, str, Optional[str]]] = []  # temporal tiles, lx_reduction_split
         self.operands: list[tuple] = []              # (idx, tensor, kind, data) per checked operand
         self._out_boxes = None
-        self._tile_iter = None
-        self._tile_boxes: dict = {}
         # verdicts on this op reading another op's result, by (that op's record serial, ...):
         # a serial names one record (one content) for good, never reused
         self._order: dict = {}
@@ -238,25 +236,28 @@ class _OpGeom:
         return self._out_boxes
 
     def tile_boxes(self, operand: int, shape) -> tuple:
-        """(cores, box_lo, box_hi) per (core, tile) of an operand (read-only arrays)."""
-        key = (operand, tuple(shape))
-        got = self._tile_boxes.get(key)
-        if got is None:
-            if self._tile_iter is None:
-                self._tile_iter = tile_iteration_ranges(self.prim, self.ranges, self.temporal_tiles, self.gran)
-            cores, lo, hi = self._tile_iter
-            blo, bhi = tile_operand_boxes(self.prim, operand, lo, hi, shape)
-            blo.flags.writeable = False
-            bhi.flags.writeable = False
-            got = self._tile_boxes[key] = (cores, blo, bhi)
-        return got
+        """(cores, box_lo, box_hi) per (core, tile) of an operand (read-only arrays, held in
+        `_TILES` by this record's serial: bounded in bytes)."""
+        def boxes():
+            cores, lo, hi = _TILES.get(("iter", self.serial), lambda: _frozen(
+                tile_iteration_ranges(self.prim, self.ranges, self.temporal_tiles, self.gran)))
+            return _frozen((cores, *tile_operand_boxes(self.prim, operand, lo, hi, shape)))
+        return _TILES.get(("box", self.serial, operand, tuple(shape)), boxes)
+
+
+def _frozen(t: tuple) -> tuple:
+    for a in t[1:]:
+        a.flags.writeable = False
+    return t
 
 
 _SERIALS = itertools.count()
 
 # per-op geometry records of recent validations (bounded: a record holds per-core boxes and,
 # for tiled ops, per-tile box arrays)
-_GEOM = LRU(2048, "validate.op_geometry")
+_GEOM = LRU(1024, "validate.op_geometry")
+# the per-tile box arrays of those records' ops (cores x tiles x rank), by record serial
+_TILES = LRU(4096, "validate.tile_boxes", max_bytes=48 << 20, weigh=lambda t: t[1].nbytes + t[2].nbytes)
 
 
 def _memory_key(m) -> tuple:
@@ -476,7 +477,7 @@ class _Checker:
         key = (pk, o.id, self.hw, tuple((tensor_key(tm[n]), _memory_key(tm[n].memory)) for n in names),
                dict_key(o.core_split), o.num_cores_used, slices_key(o.core_slices), dict_key(o.temporal_tiles))
         try:
-            rec = _GEOM.get(key, lambda: self._op_geometry(o, prim, key))
+            rec = _GEOM.get(key, lambda: self._op_geometry(o, prim))
         except Exception:
             # a malformed op the pure part trips on: the reference path reports it as it would
             return self._check_split_and_geometry_ref(k, o, prim)
@@ -539,13 +540,12 @@ class _Checker:
                                               f"hold (written with another per-core slicing)",
                          op=o.id, tensor=tname)
 
-    def _op_geometry(self, o, prim: PrimOp, key: tuple) -> _OpGeom:
+    def _op_geometry(self, o, prim: PrimOp) -> _OpGeom:
         """The part of `_check_split_and_geometry_ref` that depends on the op's content alone
         (same checks, same order; the reference stays the definition)."""
         hw = self.hw
         tm = self.tmap
         rec = _OpGeom()
-        rec.key = key
         rec.prim = prim
         rec.temporal_tiles = dict(o.temporal_tiles)
         rec.out_shape = tuple(tm[prim.output.tensor].shape)

@@ -332,7 +332,34 @@ def test_caches_stay_bounded(hw, fused_program):
     for _ in range(3):
         validate_program(p, hw)
         time_program(p, hw)
-    for name, (entries, hits, misses) in geometry.cache_stats().items():
-        assert entries <= next(c.maxsize for c in geometry._CACHES if c.name == name)
+    for c in geometry._CACHES:
+        assert len(c.data) <= c.maxsize
+        if c.max_bytes is not None:
+            assert 0 <= c.nbytes <= c.max_bytes
+            assert c.nbytes == sum(c.weigh(v) for v in c.data.values())
     stats = geometry.cache_stats()
     assert stats["validate.op_geometry"][1] > 0 and stats["timing.op_geometry"][1] > 0
+
+
+def test_lru_evicts_by_count_and_bytes():
+    lru = geometry.LRU(3, "test.lru", max_bytes=10, weigh=len)
+    try:
+        made = []
+
+        def make(v):
+            made.append(v)
+            return v
+        assert lru.get("a", lambda: make("xxxx")) == "xxxx"
+        assert lru.get("b", lambda: make("yyyy")) == "yyyy"
+        assert lru.get("a", lambda: make("never")) == "xxxx"      # a hit: not made again
+        assert lru.get("c", lambda: make("zzzz")) == "zzzz"       # 12 bytes > 10: b (least recent) goes
+        assert list(lru.data) == ["a", "c"] and lru.nbytes == 8
+        lru.get("d", lambda: make("w"))
+        lru.get("e", lambda: make("v"))                           # 4 entries > 3: a goes
+        assert list(lru.data) == ["c", "d", "e"] and lru.nbytes == 6
+        assert lru.get("big", lambda: make("q" * 50)) == "q" * 50  # alone over the budget: still kept
+        assert list(lru.data) == ["big"] and lru.nbytes == 50
+        assert made == ["xxxx", "yyyy", "zzzz", "w", "v", "q" * 50]
+        assert (lru.hits, lru.misses) == (1, 6)
+    finally:
+        geometry._CACHES.remove(lru)
