@@ -383,3 +383,32 @@ def test_a_matmul_takes_its_readers_split_so_its_result_stays_in_lx(monkeypatch)
     assert held_rep.total_us < 0.9 * rep.total_us
     monkeypatch.setattr(fusion, "_lead_split", lambda *a: [])
     assert fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)[1] is prog
+
+
+def test_a_kernel_takes_the_split_its_member_reads_a_held_result_in(monkeypatch):
+    """exp(r) is made on m8 x n4 and read by the add inside the projection's kernel on
+    m4 x n8 (through device memory: another core made each part). The add, a kernel member,
+    cannot change split alone, so the whole kernel (matmul and add) takes the split under
+    which the add reads what its own core made, and exp(r) stays whole in LX."""
+    import solver.spyre.fusion as fusion
+    from simulator.superdsc import LxMemory
+    from solver.plan import OpPlan
+    pg = _projection_plus_resident()
+    d = PlanDecisions("test", ops={"a": OpPlan(core_split={"m": 8, "n": 4}),
+                                   "mm": OpPlan(core_split={"m": 4, "n": 8}, temporal_tiles={"m": 16}),
+                                   "add": OpPlan(core_split={"m": 4, "n": 8}, temporal_tiles={"m": 16})},
+                      bundle_starts=["mm"])
+    prog = emit_program(pg, HW, d)
+    assert not validate_program(prog, HW)
+    rep = time_program(prog, HW)
+    assert rep.op("mm").fused_group == rep.op("add").fused_group is not None
+    held_d, held_prog, held_rep = fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    assert not validate_program(held_prog, HW)
+    for oid in ("mm", "add"):
+        assert {k: v for k, v in held_d.ops[oid].core_split.items() if v > 1} == {"m": 8, "n": 4}
+    assert isinstance(held_prog.tensor_map()["a"].memory, LxMemory)
+    assert held_rep.op("mm").fused_group == held_rep.op("add").fused_group is not None
+    assert held_rep.total_us < 0.8 * rep.total_us
+    monkeypatch.setattr(fusion, "_kernel_follows", lambda *a: [])
+    out = fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    assert "a" not in out[0].resident

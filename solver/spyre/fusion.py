@@ -706,7 +706,7 @@ def _hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s
         if t in fused_d.resident:
             continue
         if lead:
-            alternatives = _lead_split(pg, prog, fused_d, t, hw)
+            alternatives = _lead_split(pg, prog, fused_d, t, hw) + _kernel_follows(pg, prog, fused_d, t, hw)
         else:
             follow = _follow_split(pg, prog, fused_d, t, hw)
             alternatives = [] if follow is None else [follow]
@@ -729,6 +729,88 @@ def _hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s
         if best is not None:
             fused_d, prog, rep = best
     return fused_d, prog, rep
+
+
+def _kernel_follows(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw) -> list[dict]:
+    """When `tensor` is read (outside its producer's kernel) only by members of one other
+    kernel headed by a matmul: `d.ops` with that whole kernel on the split under which the
+    reader reads what each core made: the reader's split mapped through its result's
+    tensor dims to the head's (results of one shape), the other members on the head's split
+    of their results (`_from_head`). Empty when there is no such move or one is not legal."""
+    prims = {op.id: op for op in pg.ops}
+    producer = next((op for op in pg.ops if op.output.tensor == tensor), None)
+    if producer is None:
+        return []
+    key = {o.id: fused_group_key(o) for o in program.ops}
+    ids = [o.id for o in program.ops]
+    p_split = d.ops.get(producer.id, OpPlan()).core_split
+    target = None   # (reader, its wanted split)
+    for op in pg.ops:
+        if not any(a.tensor == tensor for a in op.inputs):
+            continue
+        want = _split_through(producer, p_split, op, tensor)
+        if want is None:
+            return []
+        cur = {k: v for k, v in d.ops.get(op.id, OpPlan()).core_split.items() if v > 1}
+        if key.get(op.id) is not None and key.get(op.id) == key.get(producer.id) and cur == want:
+            continue   # in the producer's kernel already reading its own cores' part
+        if key.get(op.id) is None or target is not None:
+            return []
+        target = (op, want)
+    if target is None:
+        return []
+    reader, want = target
+    k = ids.index(reader.id)
+    while k > 0 and key[ids[k - 1]] == key[reader.id] and ids[k] not in d.bundle_starts:
+        k -= 1
+    head = prims.get(ids[k])
+    members = []
+    for oid in ids[k:]:
+        if key[oid] != key[reader.id] or (oid != ids[k] and oid in d.bundle_starts):
+            break
+        members.append(oid)
+    shapes = {t.id: tuple(t.shape) for t in program.tensors}
+    if head is None or head.body.kind != "matmul":
+        return []
+    split = _result_split(reader, want, head, shapes)
+    if split is None:
+        return []
+    layouts = {t.id: t.layout for t in program.tensors}
+    dtypes = {t.id: t.dtype for t in program.tensors}
+
+    def legal(prim: PrimOp, sp: dict) -> bool:
+        return sp in legal_core_splits(prim, op_granules(prim, layouts, dtypes, hw.stick_bytes), hw.cores)
+    if not legal(head, split):
+        return []
+    ops = dict(d.ops)
+    ops[head.id] = replace(ops.get(head.id, OpPlan()), core_split=dict(split), core_slices=None)
+    for oid in members[1:]:
+        w = _result_split(head, split, prims[oid], shapes)
+        if w is None or not legal(prims[oid], w):
+            return []
+        ops[oid] = replace(ops.get(oid, OpPlan()), core_split=w, core_slices=None)
+    return [ops]
+
+
+def _result_split(src: PrimOp, split: dict[str, int], dst: PrimOp, shapes: dict) -> Optional[dict[str, int]]:
+    """`src`'s split as a split of `dst`'s iteration dims that writes the same slices of a
+    result of the same shape (unit dims aside: a [1, 512, 4096] result matches a [512, 4096]
+    one): each split dim mapped to the result dim it writes, then to `dst`'s dim writing
+    that one. None when the shapes differ or a split dim writes no result dim."""
+    s_shape, d_shape = shapes[src.output.tensor], shapes[dst.output.tensor]
+    if [x for x in s_shape if x != 1] != [x for x in d_shape if x != 1]:
+        return None
+    s_dims = [i for j, i in enumerate(src.output.dims) if s_shape[j] != 1]
+    d_dims = [i for j, i in enumerate(dst.output.dims) if d_shape[j] != 1]
+    want = {k: v for k, v in split.items() if v > 1}
+    names = [x.name for x in src.iter_dims]
+    out: dict[str, int] = {}
+    for si, di in zip(s_dims, d_dims):
+        if si is not None and names[si] in want:
+            if di is None:
+                return None
+            out[dst.iter_dims[di].name] = want[names[si]]
+    return out if len(out) == len(want) else None
 
 
 def _lead_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw) -> list[dict]:
