@@ -34,6 +34,13 @@ cores joins none, since its partial sums are combined after the loop):
    to as planned (`_runs_named`); then adjacent runs are merged into one kernel where a
    trial shows that valid and faster (`_merge_adjacent`: e.g. a gated MLP's gate and up
    projections, loading their common input once).
+5. with `reorder`, matmuls reading one tensor (query, key and value projections) move next
+   to each other in the op order, their kernels whole, and are merged the same way
+   (`_merge_siblings`).
+6. results still handed from a kernel to later ops through device memory are held whole
+   in LX where their readers can take (`_follow_split`), or their producer or the reading
+   kernel can give (`_lead_split`, `_kernel_follows`), the split that reads what each core
+   made (`_hold_in_lx`).
 Every trial emits, adds the tile buffers the validator accepts and simulates; runs are
 separated by ops outside any kernel, so their times add up independently. The combination
 of the per-run choices is emitted, validated and simulated once more; per-run choices
