@@ -315,11 +315,11 @@ def test_a_reduction_over_the_heads_split_dim_joins_its_kernel(monkeypatch):
     assert res.fused_us < without.fused_us
 
 
-def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following():
+def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following(monkeypatch):
     """op1 (a tiled kernel on row slices) hands t1 to op2 on column slices through device
     memory: written whole, read back. `_hold_in_lx` moves op2 to the row split, where each
     core reads the slice it made, keeps t1 whole in LX, and the program is valid and faster;
-    a reader that cannot follow (a kernel member on another split) keeps it in device memory."""
+    a kernel reading it follows whole; with no split to follow, t1 stays in device memory."""
     import solver.spyre.fusion as fusion
     from simulator.superdsc import LxMemory
     from tests.test_timing import _plan, unary_chain
@@ -334,11 +334,20 @@ def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following
     assert {k: v for k, v in held_d.ops["op2"].core_split.items() if v > 1} == {"r": 32}
     assert held_rep.op("op1").hbm_write_bytes == 0 and held_rep.op("op2").hbm_read_bytes == 0
     assert held_rep.total_us < rep.total_us
-    # op2 a kernel member on the column split: it cannot follow, t1 stays in device memory
-    d2 = _plan({"op1": {"r": 32}, "op2": {"c": 32}, "op3": {"c": 32}}, tiles={"op1": {"r": 4}, "op2": {"c": 2}})
+    # op2 and op3 one kernel on the column split: op2 follows, and op3, reading op2's
+    # result in that kernel, with it
+    d2 = _plan({"op1": {"r": 32}, "op2": {"c": 32}, "op3": {"c": 32}},
+               tiles={"op1": {"r": 4}, "op2": {"c": 2}, "op3": {"c": 2}})
     prog2 = emit_program(pg, HW, d2)
-    out = fusion._hold_in_lx(pg, HW, (d2, prog2, time_program(prog2, HW)), None, 0.0)
-    assert out[1] is prog2
+    rep2 = time_program(prog2, HW)
+    assert rep2.op("op2").fused_group == rep2.op("op3").fused_group is not None
+    out = fusion._hold_in_lx(pg, HW, (d2, prog2, rep2), None, 0.0)
+    assert not validate_program(out[1], HW) and out[2].total_us < rep2.total_us
+    assert all({k: v for k, v in out[0].ops[o].core_split.items() if v > 1} == {"r": 32} for o in ("op2", "op3"))
+    assert isinstance(out[1].tensor_map()["t1"].memory, LxMemory)
+    # no split under which a reader reads what its own core made: nothing moves
+    monkeypatch.setattr(fusion, "_split_through", lambda *a: None)
+    assert fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)[1] is prog
 
 
 def _projection_plus_resident(M=512, K=4096, N=4096):

@@ -646,11 +646,12 @@ def _merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadlin
 
 
 def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw) -> Optional[dict]:
-    """`d.ops` with the ops reading `tensor` (pointwise or reduce ops outside any kernel) on
-    the split under which each core reads the slice of it that the same core made
-    (`_split_through`), and, through every LX-resident result of an op so changed, its
-    readers likewise; None when some reader cannot follow (no such split, not legal for it,
-    a kernel member not on it already, another kind of op)."""
+    """`d.ops` with the ops reading `tensor` (pointwise, reduce or copy ops) on the split
+    under which each core reads the slice of it that the same core made (`_split_through`),
+    and, through every LX-resident result of an op so changed and from a kernel member to
+    the members reading its result, their readers likewise; None when some reader cannot
+    follow (no such split, not legal for it, another kind of op). Whether the kernels so
+    changed stay valid is the validator's question."""
     prims = {op.id: op for op in pg.ops}
     producer = {op.output.tensor: op.id for op in pg.ops}
     readers: dict[str, list[str]] = {}
@@ -673,8 +674,6 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
             if want is None:
                 return None
             cur = {k: v for k, v in plan.core_split.items() if v > 1}
-            if plan.temporal_tiles and cur != want:
-                return None  # a kernel member keeps its split (one reading it on chip already does)
             if r in done:
                 if cur != want:
                     return None
@@ -686,7 +685,10 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
                 return None
             ops[r] = replace(plan, core_split=dict(want), core_slices=None)
             out = rp.output.tensor
-            if out in d.resident and not d.resident[out].per_tile:
+            # on through a result held in LX (a tile buffer too), and from a member of a
+            # kernel to the kernel's other members reading it: they must all follow
+            if out in d.resident or (plan.temporal_tiles and any(
+                    ops.get(x, OpPlan()).temporal_tiles for x in readers.get(out, []))):
                 queue.append((r, out))
     return ops
 
