@@ -421,3 +421,37 @@ def test_a_kernel_takes_the_split_its_member_reads_a_held_result_in(monkeypatch)
     monkeypatch.setattr(fusion, "_kernel_follows", lambda *a: [])
     out = fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
     assert "a" not in out[0].resident
+
+
+def test_following_stops_at_a_held_result_a_matmul_reads_and_drops_its_residency():
+    """op1 (a kernel on row slices) hands t1 to op2 through device memory; op2's result t2
+    is held in LX for a split-K matmul that reads exactly op2's slices. op2 can follow op1's
+    split, but the matmul cannot follow op2: t2 goes to device memory instead (any split
+    reads it there) and the matmul keeps its split."""
+    import solver.spyre.fusion as fusion
+    from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
+                                     PrimOp, PrimTensor)
+    from solver.plan import OpPlan, Residency
+    M, N = 512, 2048
+    ts = {t.id: t for t in (PrimTensor("x", (M, N), "float16", "user_input"),
+                            PrimTensor("w", (N, N), "float16", "parameter"),
+                            PrimTensor("t1", (M, N), "float16"), PrimTensor("t2", (M, N), "float16"),
+                            PrimTensor("z", (M, N), "float16"))}
+    rows = (IterDim("r", M), IterDim("c", N))
+    pg = PrimGraph("drop", ts, [
+        PrimOp("op1", rows, (Access("x", (0, 1)),), Access("t1", (0, 1)), PointwiseBody(Call("exp", (In(0),)))),
+        PrimOp("op2", rows, (Access("t1", (0, 1)),), Access("t2", (0, 1)), PointwiseBody(Call("neg", (In(0),)))),
+        PrimOp("mm", (IterDim("m", M), IterDim("n", N), IterDim("k", N, "reduction")),
+               (Access("t2", (0, 2)), Access("w", (2, 1))), Access("z", (0, 1)), MatmulBody(0, 1, 2))],
+        ["x", "w"], ["z"])
+    d = PlanDecisions("test", ops={"op1": OpPlan(core_split={"r": 32}, temporal_tiles={"r": 4}),
+                                   "op2": OpPlan(core_split={"r": 4, "c": 8}),
+                                   "mm": OpPlan(core_split={"m": 4, "k": 8})},
+                      resident={"t2": Residency(lx_address=0)})
+    prog = emit_program(pg, HW, d)
+    assert not validate_program(prog, HW)
+    ops, drop = fusion._follow_split(pg, prog, d, "t1", HW)
+    assert {k: v for k, v in ops["op2"].core_split.items() if v > 1} == {"r": 32}
+    assert ops["mm"] == d.ops["mm"] and drop == {"t2"}
+    moved = replace(d, ops=ops, resident={})
+    assert not validate_program(emit_program(pg, HW, moved), HW)

@@ -645,13 +645,30 @@ def _merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadlin
     return fused_d, prog, rep
 
 
-def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw) -> Optional[dict]:
+def _kernel_numbers(program: Program) -> dict[int, int]:
+    """Op index -> fused kernel number, for the ops inside a fused kernel (consecutive ops
+    with one `fused_group_key`)."""
+    out: dict[int, int] = {}
+    prev, n = None, -1
+    for k, op in enumerate(program.ops):
+        key = fused_group_key(op)
+        if key is not None and key != prev:
+            n += 1
+        if key is not None:
+            out[k] = n
+        prev = key
+    return out
+
+
+def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw
+                  ) -> Optional[tuple[dict, set[str]]]:
     """`d.ops` with the ops reading `tensor` (pointwise, reduce or copy ops) on the split
     under which each core reads the slice of it that the same core made (`_split_through`),
     and, through every LX-resident result of an op so changed and from a kernel member to
     the members reading its result, their readers likewise; None when some reader cannot
-    follow (no such split, not legal for it, another kind of op). Whether the kernels so
-    changed stay valid is the validator's question."""
+    follow (no such split, not legal for it, another kind of op). Returns the ops and the
+    LX residencies to drop. Whether the kernels so changed stay valid is the validator's
+    question."""
     prims = {op.id: op for op in pg.ops}
     producer = {op.output.tensor: op.id for op in pg.ops}
     readers: dict[str, list[str]] = {}
@@ -661,11 +678,16 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
     layouts = {t.id: t.layout for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}
     ops = dict(d.ops)
-    queue = [(producer[tensor], tensor)]
+    drop: set[str] = set()
+    kernel = {program.ops[k].id: n for k, n in _kernel_numbers(program).items()}
+    # (producer, tensor, the readers to move: None for all)
+    queue: list[tuple[str, str, Optional[set]]] = [(producer[tensor], tensor, None)]
     done: set[str] = set()
     while queue:
-        p, t = queue.pop()
+        p, t, only = queue.pop()
         for r in dict.fromkeys(readers.get(t, [])):
+            if only is not None and r not in only:
+                continue
             rp = prims[r]
             plan = ops.get(r, OpPlan())
             if rp.body.kind not in ("pointwise", "reduce", "copy") or plan.alias:
@@ -686,11 +708,21 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
             ops[r] = replace(plan, core_split=dict(want), core_slices=None)
             out = rp.output.tensor
             # on through a result held in LX (a tile buffer too), and from a member of a
-            # kernel to the kernel's other members reading it: they must all follow
-            if out in d.resident or (plan.temporal_tiles and any(
-                    ops.get(x, OpPlan()).temporal_tiles for x in readers.get(out, []))):
-                queue.append((r, out))
-    return ops
+            # kernel to the kernel's other members reading it: they must all follow; a
+            # whole-slice result some reader of which cannot follow (a matmul) goes to
+            # device memory instead, where any split reads it
+            held = d.resident.get(out)
+            mates = {x for x in readers.get(out, []) if r in kernel and kernel.get(x) == kernel[r]}
+            if held is not None and not held.per_tile and any(
+                    prims[x].body.kind not in ("pointwise", "reduce", "copy") for x in readers.get(out, [])):
+                drop.add(out)
+                if mates:
+                    queue.append((r, out, mates))
+            elif held is not None:
+                queue.append((r, out, None))
+            elif mates:
+                queue.append((r, out, mates))
+    return ops, drop
 
 
 def _hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float,
@@ -715,17 +747,19 @@ def _hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s
         if t in fused_d.resident:
             continue
         if lead:
-            alternatives = _lead_split(pg, prog, fused_d, t, hw) + _kernel_follows(pg, prog, fused_d, t, hw)
+            alternatives = [(ops, set()) for ops in _lead_split(pg, prog, fused_d, t, hw)
+                            + _kernel_follows(pg, prog, fused_d, t, hw)]
         else:
             follow = _follow_split(pg, prog, fused_d, t, hw)
             alternatives = [] if follow is None else [follow]
         best = None
-        for ops in alternatives:
+        for ops, drop in alternatives:
             if tried[lead] >= limit or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
                 break
             tried[lead] += 1
-            d2, prog2 = replace(fused_d, ops=ops), prog
-            if ops != fused_d.ops:
+            d2, prog2 = replace(fused_d, ops=ops, resident={x: r for x, r in fused_d.resident.items()
+                                                            if x not in drop}), prog
+            if ops != fused_d.ops or drop:
                 prog2 = _valid_program(pg, hw, d2)
                 if prog2 is None:
                     continue
