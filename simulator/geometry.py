@@ -37,8 +37,8 @@ Box = tuple[Range, ...]
 # changed between trials. The per-op geometry those calls derive (core ranges, operand
 # boxes, tile ranges, the validator's per-op verdicts, the timing model's per-op analysis)
 # is a pure function of the op's content, so it is memoized in bounded LRU maps keyed on
-# that content (`op_content_key`, `tensor_key`, `slices_key`): never on object identity,
-# and every input the result depends on is in the key. `set_caches(False)` runs every
+# that content (the loop nest, and a `flat_key` of the rest): never on object identity, and
+# every input the result depends on is in the key. `set_caches(False)` runs every
 # caller on its reference (uncached) path; results are identical either way
 # (tests/test_sim_caches.py).
 class LRU:
@@ -113,33 +113,57 @@ def cache_stats() -> dict[str, tuple[int, int, int]]:
     return {c.name: (len(c.data), c.hits, c.misses) for c in _CACHES}
 
 
-def _exact(v) -> Hashable:
-    """A value as a key part that tells apart what compares equal across types (1, 1.0, True)."""
-    return v if type(v) is int or type(v) is str else (type(v).__name__, repr(v))
+# Flat keys: the builders below append a record's content to one list of ints and strs
+# (every sequence preceded by its length, so the layout is unambiguous for a fixed builder
+# order); `flat_key` makes it a tuple when every element is exactly an int or a str (1, 1.0
+# and True compare equal: anything else is not keyed, the caller computes afresh). One
+# list and one tuple per key keeps the garbage collector's work small.
+_ATOMS = frozenset({int, str})
 
 
-def dict_key(d: Mapping) -> tuple:
-    """A mapping's items in order (order can show in messages), values told apart by type."""
-    return tuple((_exact(k), _exact(v)) for k, v in d.items())
+def flat_key(f: list) -> Optional[tuple]:
+    return tuple(f) if set(map(type, f)) <= _ATOMS else None
 
 
-def slices_key(core_slices: Iterable) -> tuple:
-    """The content of a coreIdToWkSlice_ list (core ids and slice maps, in order)."""
-    key = tuple([(cs.core, tuple(cs.slice.items())) for cs in core_slices])
-    if ({type(c) for c, _ in key} | {type(x) for _, it in key for kv in it for x in kv}) <= {int, str}:
-        return key
-    out = []
+def flag(v):
+    """A bool as a key atom ("T" / "F"); anything else as it is (then judged by flat_key)."""
+    return "T" if v is True else "F" if v is False else v
+
+
+def put_dict(f: list, d: Mapping) -> None:
+    f.append(len(d))
+    f.extend(d)
+    f.extend(d.values())
+
+
+def put_slices(f: list, core_slices: Sequence) -> None:
+    """A coreIdToWkSlice_ list: core ids and slice maps, in order."""
+    f.append(len(core_slices))
     for cs in core_slices:
-        c, sl = cs.core, cs.slice
-        if type(c) is not int:
-            c = _exact(c)
-        out.append((c, dict_key(sl)))
-    return tuple(out)
+        sl = cs.slice
+        f.append(cs.core)
+        f.append(len(sl))
+        f.extend(sl)
+        f.extend(sl.values())
 
 
-def layout_key(layout: Layout) -> tuple:
-    return (tuple(_exact(x) for x in layout.dim_order), tuple(_exact(x) for x in layout.device_size),
-            _exact(layout.stick_elems))
+def put_layout(f: list, layout: Layout) -> None:
+    do, ds = layout.dim_order, layout.device_size
+    f.append(len(do))
+    f.extend(do)
+    f.append(len(ds))
+    f.extend(ds)
+    f.append(layout.stick_elems)
+
+
+def put_tensor(f: list, t) -> None:
+    """What of a declared tensor its ops' geometry depends on (not where it lives)."""
+    shape = t.shape
+    f.append(t.id)
+    f.append(t.dtype)
+    f.append(len(shape))
+    f.extend(shape)
+    put_layout(f, t.layout)
 
 
 def prim_key(prim: PrimOp) -> Optional[PrimOp]:
@@ -153,11 +177,6 @@ def prim_key(prim: PrimOp) -> Optional[PrimOp]:
         if d is not None and type(d) is not int:
             return None
     return prim
-
-
-def tensor_key(t) -> tuple:
-    """What of a declared tensor its ops' geometry depends on (not where it lives)."""
-    return (_exact(t.id), tuple(_exact(x) for x in t.shape), _exact(t.dtype), layout_key(t.layout))
 
 
 # -- layouts -------------------------------------------------------------------------------

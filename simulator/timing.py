@@ -51,8 +51,9 @@ from typing import Optional
 
 from lowering.primitives import (Const, In, MatmulBody, PointwiseBody, PrimOp, ReduceBody,
                                  op_from_json)
-from simulator.geometry import (LRU, box_contains, box_lx_bytes, caches_enabled, core_ranges, dict_key,
-                                dim_chunk, layout_key, op_granules, operand_box, prim_key, slices_key)
+from simulator.geometry import (LRU, box_contains, box_lx_bytes, caches_enabled, core_ranges, dim_chunk,
+                                flat_key, op_granules, operand_box, prim_key, put_dict, put_layout, put_slices,
+                                put_tensor)
 from simulator.hardware import Hardware, load_target
 from simulator.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, lx_live_spans, tile_count
 
@@ -374,18 +375,22 @@ class OpTimer:
         pk = prim_key(prim)
         if pk is None:
             return None
-        tens = []
+        f = []
         for acc in list(prim.inputs) + [prim.output]:
             n = acc.tensor
             td = self.tensors[n]
-            lk = layout_key(td.layout)
+            put_tensor(f, td)
             tl = self.layouts[n]
-            tens.append((n, tuple(td.shape), td.dtype, lk, self.dtypes[n],
-                         None if tl is td.layout else layout_key(tl)))
-        for x in tens:
-            if not all(type(v) is int for v in x[1]) or type(x[2]) is not str or type(x[4]) is not str:
-                return None
-        return (pk, self.hw, tuple(tens), dict_key(op.core_split), slices_key(op.core_slices or []))
+            if tl is td.layout:
+                f.append(0)
+            else:
+                f.append(1)
+                put_layout(f, tl)
+            f.append(self.dtypes[n])
+        put_dict(f, op.core_split)
+        put_slices(f, op.core_slices or [])
+        fk = flat_key(f)
+        return None if fk is None else (pk, self.hw, fk)
 
     def _geometry_of(self, op: OpDecl, prim: PrimOp) -> "_OpGeometry":
         hw = self.hw

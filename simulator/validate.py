@@ -58,9 +58,9 @@ from pydantic import ValidationError
 from lowering.op_rules import check_split, copy_is_alias, ex_unit, matching_choice, opfunc, split_units
 from lowering.primitives import DTYPE_BYTES, PrimOp, op_from_json
 from simulator.geometry import (
-    LRU, box_contains, box_lx_bytes, box_span_bytes, caches_enabled, core_ranges, dict_key,
-    layout_nbytes, layout_problems, op_granules, operand_box, prim_key, reduction_split,
-    slices_key, tensor_key, tile_iteration_ranges, tile_operand_boxes,
+    LRU, box_contains, box_lx_bytes, box_span_bytes, caches_enabled, core_ranges, flag, flat_key,
+    layout_nbytes, layout_problems, op_granules, operand_box, prim_key, put_dict, put_slices,
+    put_tensor, reduction_split, tile_iteration_ranges, tile_operand_boxes,
 )
 from simulator.superdsc import (
     PROGRAM_FORMAT, PROGRAM_VERSION, HbmMemory, LxMemory, Program, TensorDecl, fused_group_key,
@@ -258,12 +258,6 @@ _SERIALS = itertools.count()
 _GEOM = LRU(1024, "validate.op_geometry")
 # the per-tile box arrays of those records' ops (cores x tiles x rank), by record serial
 _TILES = LRU(4096, "validate.tile_boxes", max_bytes=48 << 20, weigh=lambda t: t[1].nbytes + t[2].nbytes)
-
-
-def _memory_key(m) -> tuple:
-    if isinstance(m, HbmMemory):
-        return ("hbm",)
-    return ("lx", type(m.per_tile).__name__, m.per_tile, type(m.size_per_core).__name__, m.size_per_core)
 
 
 class _Checker:
@@ -473,9 +467,24 @@ class _Checker:
         pk = prim_key(prim)
         if pk is None:
             return self._check_split_and_geometry_ref(k, o, prim)
-        names = [a.tensor for a in prim.inputs] + [prim.output.tensor]
-        key = (pk, o.id, self.hw, tuple((tensor_key(tm[n]), _memory_key(tm[n].memory)) for n in names),
-               dict_key(o.core_split), o.num_cores_used, slices_key(o.core_slices), dict_key(o.temporal_tiles))
+        # the op's content: everything `_op_geometry` reads (an LX buffer's size and live
+        # range are checked against the record on every call, not part of it)
+        f = [o.id, o.num_cores_used]
+        for n in [a.tensor for a in prim.inputs] + [prim.output.tensor]:
+            t = tm[n]
+            put_tensor(f, t)
+            if isinstance(t.memory, HbmMemory):
+                f.append("hbm")
+            else:
+                f.append("lx")
+                f.append(flag(t.memory.per_tile))
+        put_dict(f, o.core_split)
+        put_slices(f, o.core_slices)
+        put_dict(f, o.temporal_tiles)
+        fk = flat_key(f)
+        if fk is None:
+            return self._check_split_and_geometry_ref(k, o, prim)
+        key = (pk, self.hw, fk)
         try:
             rec = _GEOM.get(key, lambda: self._op_geometry(o, prim))
         except Exception:

@@ -28,8 +28,8 @@ from lowering.op_rules import (
 from lowering.primitives import PrimGraph, PrimOp, op_to_json
 from lowering.version import COMPILER_VERSION
 from simulator.geometry import (
-    LRU, caches_enabled, core_ranges, default_core_slices, dict_key, largest_tile_lx_bytes,
-    layout_key, layout_nbytes, make_layout, op_granules, padded, prim_key, slices_key,
+    LRU, caches_enabled, core_ranges, default_core_slices, flat_key, largest_tile_lx_bytes, layout_nbytes,
+    make_layout, op_granules, padded, prim_key, put_dict, put_layout, put_slices,
 )
 from simulator.superdsc import (
     Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
@@ -360,12 +360,21 @@ def _lx_need(prim: PrimOp, split: dict, core_slices, made_from: tuple, tiles: di
     the split and the loop nest (both in the key), ("given",) when the plan gave them
     (then their content is in the key)."""
     pk = prim_key(prim) if caches_enabled() else None
-    if pk is None or type(dtype) is not str or not all(type(x) is int for x in shape):
+    fk = None
+    if pk is not None:
+        f = [made_from[0], dtype, len(shape)]
+        f.extend(shape)
+        put_layout(f, layout)
+        put_dict(f, split)
+        put_dict(f, tiles)
+        put_dict(f, gran)
+        if made_from[0] == "given":
+            put_slices(f, core_slices)
+        fk = flat_key(f)
+    if fk is None:
         return largest_tile_lx_bytes(prim, -1, core_ranges(prim, split, core_slices, gran), tiles, gran,
                                      shape, layout, dtype)
-    sk = slices_key(core_slices) if made_from[0] == "given" else made_from
-    key = (pk, dict_key(split), sk, dict_key(tiles), dict_key(gran), tuple(shape), layout_key(layout), dtype)
-    return _LX_NEED.get(key, lambda: largest_tile_lx_bytes(
+    return _LX_NEED.get((pk, fk), lambda: largest_tile_lx_bytes(
         prim, -1, core_ranges(prim, split, core_slices, gran), tiles, gran, shape, layout, dtype))
 
 

@@ -18,7 +18,7 @@ from lowering.graph_format import GraphDocument
 from simulator import geometry
 from simulator.geometry import make_layout
 from simulator.hardware import load_target
-from simulator.superdsc import HbmMemory, LxMemory, Program
+from simulator.superdsc import CoreSlice, HbmMemory, LxMemory, Program
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.planners import plan
@@ -149,6 +149,14 @@ def _tensor(p: Program, tid: str):
     return next(t for t in p.tensors if t.id == tid)
 
 
+def _swap_slices(q: Program, k: int, a: int, b: int) -> None:
+    """Op k of q with cores a and b swapping their work slices (its own CoreSlice objects:
+    the emitter shares one list between ops with the same split)."""
+    cs = [CoreSlice(core=c.core, slice=dict(c.slice)) for c in q.ops[k].core_slices]
+    cs[a].slice, cs[b].slice = cs[b].slice, cs[a].slice
+    q.ops[k].core_slices = cs
+
+
 def _mutants(p: Program):
     """(what, program) pairs: p with one field of one op or tensor changed."""
     out = []
@@ -163,9 +171,8 @@ def _mutants(p: Program):
             out.append((f"split {o.id} {n} x3", q))
             if len(o.core_slices) >= 2:
                 q = p.model_copy(deep=True)
-                a, b = q.ops[k].core_slices[0], q.ops[k].core_slices[1]
-                a.slice, b.slice = b.slice, a.slice
-                out.append((f"core slices of {o.id}: cores {a.core} and {b.core} swapped", q))
+                _swap_slices(q, k, 0, 1)
+                out.append((f"core slices of {o.id}: two cores swapped", q))
         if o.temporal_tiles:
             n = next(iter(o.temporal_tiles))
             q = p.model_copy(deep=True)
@@ -224,6 +231,14 @@ def _mutants(p: Program):
     return [m for ms in kinds.values() for m in ms[::max(1, len(ms) // 4)][:4]]
 
 
+def _timing_or_error(q, hw):
+    try:
+        rep = time_program(q, hw)
+    except Exception as e:  # an invalid program may not time: then both paths fail alike
+        return type(e).__name__
+    return rep.to_dict(), [(o.op_id, sorted(o.per_core.items())) for o in rep.ops]
+
+
 def test_one_field_changed_is_judged_on_its_own(hw, fused_program):
     p = fused_program
     assert validate_program(p, hw) == []
@@ -235,17 +250,17 @@ def test_one_field_changed_is_judged_on_its_own(hw, fused_program):
     caught = 0
     for what, q in mutants:
         # the reference verdict, then the cached one right after the original (warm caches)
+        # (the fusion search times trials before it validates them: invalid programs too)
         geometry.set_caches(False)
         ref_issues = [i.to_json() for i in validate_program(q, hw)]
-        ref_time = time_program(q, hw).to_dict() if not ref_issues else None
+        ref_time = _timing_or_error(q, hw)
         geometry.set_caches(True)
         geometry.clear_caches()
         assert validate_program(p, hw) == []
         time_program(p, hw)
         got = [i.to_json() for i in validate_program(q, hw)]
         assert got == ref_issues, what
-        if ref_time is not None:
-            assert time_program(q, hw).to_dict() == ref_time, what
+        assert _timing_or_error(q, hw) == ref_time, what
         # and the original is still judged as before after the mutant
         assert validate_program(p, hw) == [], what
         assert time_program(p, hw).total_us == base_us, what
@@ -266,8 +281,7 @@ def test_core_slices_of_an_lx_producer(hw, fused_program):
         if t is None or not isinstance(t.memory, LxMemory) or len(o.core_slices) < 2:
             continue
         q = p.model_copy(deep=True)
-        cs = q.ops[k].core_slices
-        cs[0].slice, cs[-1].slice = cs[-1].slice, cs[0].slice
+        _swap_slices(q, k, 0, -1)
         geometry.set_caches(False)
         ref = [i.to_json() for i in validate_program(q, hw)]
         geometry.set_caches(True)
@@ -363,3 +377,25 @@ def test_lru_evicts_by_count_and_bytes():
         assert (lru.hits, lru.misses) == (1, 6)
     finally:
         geometry._CACHES.remove(lru)
+
+
+def test_timing_judges_a_producers_core_slices_on_their_own(hw):
+    """A fused kernel member reads on chip what its own cores produced: with the producer's
+    core -> slice map permuted (everything else equal) the read is no longer served on chip,
+    and the cached timing must see that (the per-core boxes come from the slices)."""
+    from tests.test_timing import _plan, unary_chain
+    pg = unary_chain(2048, 2048, n_ops=3)
+    d = _plan({"op1": {"r": 32}, "op2": {"r": 32}, "op3": {"r": 32}}, tiles={"op1": {"r": 4}, "op2": {"r": 4}})
+    p = emit_mod.emit_program(pg, hw, d)
+    base = time_program(p, hw)
+    assert "fused: t1 produced on chip" in base.op("op2").effects
+    q = p.model_copy(deep=True)
+    _swap_slices(q, 0, 0, -1)
+    geometry.set_caches(False)
+    ref = time_program(q, hw)
+    geometry.set_caches(True)
+    assert time_program(p, hw).to_dict() == base.to_dict()  # the original's geometry cached
+    got = time_program(q, hw)
+    assert "fused: t1 produced on chip" not in ref.op("op2").effects
+    assert got.to_dict() == ref.to_dict()
+    assert got.total_us != base.total_us
