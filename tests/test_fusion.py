@@ -455,3 +455,22 @@ def test_following_stops_at_a_held_result_a_matmul_reads_and_drops_its_residency
     assert ops["mm"] == d.ops["mm"] and drop == {"t2"}
     moved = replace(d, ops=ops, resident={})
     assert not validate_program(emit_program(pg, HW, moved), HW)
+
+
+def test_a_kernel_with_more_tiles_than_its_members_stream_well_gets_fewer():
+    """Two pointwise ops in one kernel on 64-row core slices at 64 tiles: one row per tile
+    underfills the stream. `_fewer_tiles` tries a half and a quarter of the count and keeps
+    the faster valid one."""
+    import solver.spyre.fusion as fusion
+    from tests.test_timing import _plan, unary_chain
+    pg = unary_chain(2048, 2048, n_ops=2)
+    d = _plan({"op1": {"r": 32}, "op2": {"r": 32}}, tiles={"op1": {"r": 64}, "op2": {"r": 64}})
+    prog = emit_program(pg, HW, d)
+    assert not validate_program(prog, HW)
+    rep = time_program(prog, HW)
+    assert any(e.startswith("underfill") for e in rep.op("op1").effects)
+    out_d, out_prog, out_rep = fusion._fewer_tiles(pg, HW, (d, prog, rep), None, 0.0)
+    assert not validate_program(out_prog, HW)
+    assert out_d.ops["op1"].temporal_tiles == out_d.ops["op2"].temporal_tiles == {"r": 16}
+    assert out_rep.op("op1").fused_group == out_rep.op("op2").fused_group is not None
+    assert out_rep.total_us < 0.9 * rep.total_us
