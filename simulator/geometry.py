@@ -18,6 +18,7 @@ model, so every one of them sees the same bytes and the same slices.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from functools import lru_cache
 from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence
@@ -56,15 +57,26 @@ class LRU:
         self.nbytes = 0
         self.hits = 0
         self.misses = 0
+        # threads share the maps (the service renders reports in worker threads); `make`
+        # runs outside the lock (it may use another map, or this one)
+        self._lock = threading.Lock()
         _CACHES.append(self)
 
     def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
         d = self.data
-        try:
-            v = d[key]
-        except KeyError:
+        with self._lock:
+            v = d.get(key, _MISSING)
+            if v is not _MISSING:
+                d.move_to_end(key)
+                self.hits += 1
+                return v
             self.misses += 1
-            v = make()
+        v = make()
+        with self._lock:
+            had = d.get(key, _MISSING)
+            if had is not _MISSING:  # another thread made it meanwhile: one value per key
+                d.move_to_end(key)
+                return had
             d[key] = v
             if self.weigh is not None:
                 self.nbytes += self.weigh(v)
@@ -73,18 +85,17 @@ class LRU:
                 _, old = d.popitem(last=False)
                 if self.weigh is not None:
                     self.nbytes -= self.weigh(old)
-            return v
-        d.move_to_end(key)
-        self.hits += 1
         return v
 
     def clear(self) -> None:
-        self.data.clear()
-        self.nbytes = 0
-        self.hits = self.misses = 0
+        with self._lock:
+            self.data.clear()
+            self.nbytes = 0
+            self.hits = self.misses = 0
 
 
 _CACHES: list[LRU] = []
+_MISSING = object()
 # STICKSAT_SIM_CACHES=0 in the environment starts with them off (a reference run)
 _ENABLED = [os.environ.get("STICKSAT_SIM_CACHES", "1").strip().lower() not in ("0", "false", "no", "off")]
 

@@ -399,3 +399,23 @@ def test_timing_judges_a_producers_core_slices_on_their_own(hw):
     assert "fused: t1 produced on chip" not in ref.op("op2").effects
     assert got.to_dict() == ref.to_dict()
     assert got.total_us != base.total_us
+
+
+def test_threads_share_the_caches(hw, fused_program):
+    """Worker threads validating and timing programs at once (the service renders reports in
+    threads) get the reference results."""
+    from concurrent.futures import ThreadPoolExecutor
+    programs = [fused_program] + [q for _, q in _mutants(fused_program)[::4][:5]]
+
+    def judge(q):
+        return [i.to_json() for i in validate_program(q, hw)], _timing_or_error(q, hw)
+    geometry.set_caches(False)
+    ref = [judge(q) for q in programs]
+    geometry.set_caches(True)
+    geometry.clear_caches()
+    order = [i for _ in range(3) for i in range(len(programs))]
+    order = order[1::2] + order[::2]
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda i: (i, judge(programs[i])), order))
+    for i, res in got:
+        assert res == ref[i], i
