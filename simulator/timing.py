@@ -306,6 +306,10 @@ class OpTimer:
         # tensors produced in the current fused group: per core, the box that core wrote
         self.group_produced: dict[str, dict] = {}
         self._geom: dict[str, _OpGeometry] = {}
+        # whole programs share op geometry through `_GEOM`; the cost model's one-op programs
+        # (a duck-typed Program per candidate strategy, rarely seen twice) keep it per timer:
+        # there the keys cost more than the few hits save
+        self._shared = isinstance(program, Program)
 
     def _core_boxes(self, prim: PrimOp, op: OpDecl, operand: int, td: TensorDecl) -> dict:
         """Per core, the box of `td` the op's operand touches (read only)."""
@@ -359,7 +363,7 @@ class OpTimer:
         if g is not None:
             return g
         prim = op_from_json(op.prim)
-        key = self._geometry_key(op, prim) if caches_enabled() else None
+        key = self._geometry_key(op, prim) if self._shared and caches_enabled() else None
         if key is None:
             g = self._geometry_of(op, prim)
         else:
