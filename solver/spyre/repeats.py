@@ -363,30 +363,33 @@ def repeats_note(rep: Repeats, n_ops: int) -> str:
 
 
 # -- the planner step ---------------------------------------------------------------------------
-# Seconds per op of what follows the solves and scales with the whole graph: the heuristic
-# plan of the whole graph (the hint the result must not be slower than), emitting,
-# validating and simulating the composed plan and the hint, and `planners.plan()` emitting,
-# validating and bounding it once more. Measured 2026-12-01 on the 32-layer Llama (1995 ops,
-# 2 shared cores): heuristic 1.06 s, emit 0.14 s, validate 0.50 s, simulate 0.26 s, lower
-# bound 0.57 s, so about 1.6 ms per op with the two emit/validate rounds; 2 ms leaves slack
-# (2.5 ms kept 5.3 s of a 10 s limit and the compile ended at 7.4 s).
+# What follows the solves scales with the whole graph: emitting, validating and simulating
+# the composed plan, and `planners.plan()` emitting, validating and bounding it once more.
+# In deterministic mode the reserve for it comes from counts only: RESERVE_BASE_S +
+# RESERVE_S_PER_OP per op. In wall-clock mode it follows this machine's speed right now:
+# the whole graph's hint is emitted and simulated first (its time is needed anyway), and
+# what follows the solves is about RESERVE_POST_FACTOR times that (two emits, two
+# validations and one simulation of a program of the same size; measured 2026-12-01 on the
+# 32-layer Llama, 1995 ops, 2 shared cores: hint emit + simulate 0.59 s unloaded and
+# 1.4 s at load 2.5, what followed 2.5 s and 4.3-5.0 s, ratios 4.2 and 3.1-3.6), never
+# below RESERVE_FLOOR_S_PER_OP per op.
 RESERVE_S_PER_OP = 0.002
+RESERVE_FLOOR_S_PER_OP = 0.001
+RESERVE_POST_FACTOR = 4.0
 RESERVE_BASE_S = 0.3
 # Of what is left for solving: the representative's share (the rest goes to the windows of
 # what does not repeat, by op count); the representative decides `copies` times its ops.
 REPRESENTATIVE_SHARE = 0.65
-
-
-def _hint_us(pg: PrimGraph, hw, hint_d: PlanDecisions) -> float:
-    """Simulated time of the whole graph's hint (emitted, not validated here: when it is
-    returned, `planners.plan()` validates it like any plan); inf when it cannot be emitted."""
-    from simulator.timing import time_program
-    from solver.emit import emit_program
-
-    return _hint_report(pg, hw, hint_d)[0]
+# In wall-clock mode the representative's CP-SAT pipeline is given this share of its
+# seconds (windows get `windows.SEGMENT_LIMIT_SHARE`): it stops its fusion search at its
+# own deadline, and what follows it here is in the reserve above.
+REPRESENTATIVE_LIMIT_SHARE = 0.95
 
 
 def _hint_report(pg: PrimGraph, hw, hint_d: PlanDecisions):
+    """Simulated time and timing report of the whole graph's hint (emitted, not validated
+    here: when it is returned, `planners.plan()` validates it like any plan); (inf, None)
+    when it cannot be emitted."""
     from simulator.timing import time_program
     from solver.emit import emit_program
 
@@ -395,14 +398,6 @@ def _hint_report(pg: PrimGraph, hw, hint_d: PlanDecisions):
     except ValueError:
         return float("inf"), None
     return report.total_us, report
-
-
-# In wall-clock mode the reserve also follows this machine's speed right now: the whole
-# graph's heuristic plan is made first (it is the hint) and timed; what follows the solves
-# took about 2x that on the 32-layer Llama (loaded: heuristic 2.2 s, compose and check
-# 3.2 s, plan()'s emit, validation and bound about 1 s), so the reserve is at least
-# RESERVE_HEURISTIC_FACTOR times it (3.5 kept 8 s of a 10 s limit and finished in 8.6 s).
-RESERVE_HEURISTIC_FACTOR = 2.5
 
 
 # The hybrid is tried only when the segments the hint runs faster add up to this share.
@@ -463,22 +458,28 @@ def _checked_hint(pg: PrimGraph, hw, hint_d: PlanDecisions, hint_us: float,
     return naive, (time_program(prog, hw).total_us if prog is not None else float("inf"))
 
 
-def _reserve_s(n_ops: int, heuristic_s: Optional[float] = None) -> float:
-    """Seconds kept for what follows the solves (`RESERVE_S_PER_OP`); in wall-clock mode,
-    `heuristic_s` (the measured heuristic plan of the whole graph) can raise it."""
-    base = RESERVE_BASE_S + RESERVE_S_PER_OP * n_ops
-    if heuristic_s is None:
-        return base
-    return max(base, RESERVE_BASE_S + RESERVE_HEURISTIC_FACTOR * heuristic_s)
+def _reserve_s(n_ops: int, post_s: Optional[float] = None) -> float:
+    """Seconds kept for what follows the solves (comment above `RESERVE_S_PER_OP`);
+    `post_s`: in wall-clock mode, the measured seconds of emitting and simulating the whole
+    graph's hint."""
+    if post_s is None:
+        return RESERVE_BASE_S + RESERVE_S_PER_OP * n_ops
+    return RESERVE_BASE_S + max(RESERVE_FLOOR_S_PER_OP * n_ops, RESERVE_POST_FACTOR * post_s)
 
 
-def _whole_hint(pg: PrimGraph, hw, hint_d: Optional[PlanDecisions]) -> tuple[PlanDecisions, float]:
-    """The whole graph's starting plan (the heuristic's unless given) and the seconds it took."""
+def _timed_hint_report(pg: PrimGraph, hw, hint_d: PlanDecisions):
+    """`_hint_report` and the seconds it took."""
     t = time.perf_counter()
+    us, report = _hint_report(pg, hw, hint_d)
+    return us, report, time.perf_counter() - t
+
+
+def _whole_hint(pg: PrimGraph, hw, hint_d: Optional[PlanDecisions]) -> PlanDecisions:
+    """The whole graph's starting plan (the heuristic's unless given)."""
     if hint_d is None:
         from solver.baseline.passes import plan_heuristic
         hint_d = plan_heuristic(pg, hw)
-    return hint_d, time.perf_counter() - t
+    return hint_d
 
 
 def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
@@ -498,8 +499,9 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         return None
     notes = [repeats_note(rep, n)]
     limit = float(time_limit_s)
-    hint_d, heuristic_s = _whole_hint(pg, hw, hint_d)
-    reserve = _reserve_s(n, None if deterministic else heuristic_s)
+    hint_d = _whole_hint(pg, hw, hint_d)
+    hint_us, hint_report, post_s = _timed_hint_report(pg, hw, hint_d)
+    reserve = _reserve_s(n, None if deterministic else post_s)
     notes.append(f"budget: {limit:g} s for the whole compile, {reserve:.1f} s of it kept for composing, "
                  "checking and validating the whole program")
     before, after = partial_edges(pg, rep)
@@ -542,7 +544,8 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
                  if a.tensor in producer and producer_pos[a.tensor] < rep.start}
     rep_notes: list[str] = []
     rep_d = solve_segment(pg, block, hw, time_limit_s=rep_s, deterministic=deterministic,
-                          input_sticks=shared_in, name="representative", notes=rep_notes)
+                          input_sticks=shared_in, name="representative", notes=rep_notes,
+                          limit_share=REPRESENTATIVE_LIMIT_SHARE)
 
     def mismatched(d: PlanDecisions) -> dict:
         out = {}
@@ -560,7 +563,8 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         left = 0.5 * rep_s if deterministic else rep_s - (time.perf_counter() - t_rep)
         if left >= 1.0:
             again = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
-                                  input_sticks={**shared_in, **fix}, name="representative (periodic inputs)", notes=rep_notes)
+                                  input_sticks={**shared_in, **fix}, name="representative (periodic inputs)",
+                                  notes=rep_notes, limit_share=REPRESENTATIVE_LIMIT_SHARE)
             if not mismatched(again) and (again.stats.get("predicted_us") or float("inf")) <= \
                     (rep_d.stats.get("predicted_us") or float("inf")) * 1.05:
                 rep_d = again
@@ -688,7 +692,6 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
             f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) + "): LX residencies dropped")
         composed = replace(composed, resident={}, restick_ops={})
         prog, issues = _program_or_none(pg, hw, composed)
-    hint_us, hint_report = _hint_report(pg, hw, hint_d)
     seam = ""
     if prog is None:
         notes.append("composed plan failed validation: " + "; ".join(
@@ -756,8 +759,9 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
 
     n = len(pg.ops)
     limit = float(time_limit_s)
-    hint_d, heuristic_s = _whole_hint(pg, hw, hint_d)
-    reserve = _reserve_s(n, None if deterministic else heuristic_s)
+    hint_d = _whole_hint(pg, hw, hint_d)
+    hint_us, _, post_s = _timed_hint_report(pg, hw, hint_d)
+    reserve = _reserve_s(n, None if deterministic else post_s)
     avail = max(0.0, limit - reserve - (0.0 if deterministic else time.perf_counter() - t0))
     deadline = None if deterministic else t0 + limit - reserve
     notes = [f"windows: {n} ops, no repeated block; windows of at most {WINDOW_OPS} ops"]
@@ -780,7 +784,6 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
     if us < float("inf"):
         d, us = improve_windows(pg, hw, d, evaluate, us, deadline=deadline, deterministic=deterministic,
                                 rounds_budget_s=0.4 * avail, notes=notes)
-    hint_us = _hint_us(pg, hw, hint_d)
     status = "FEASIBLE"
     if us > hint_us:
         hint_d, hint_us = _checked_hint(pg, hw, hint_d, hint_us, notes)

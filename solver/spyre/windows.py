@@ -29,7 +29,9 @@ from lowering.primitives import PrimGraph
 from solver.plan import OpPlan, PlanDecisions
 
 WINDOW_OPS = 120
-# In wall-clock mode a window's CP-SAT pipeline gets this share of the window's seconds.
+# In wall-clock mode a window's CP-SAT pipeline gets this share of the window's seconds:
+# the pipeline overruns a short limit (its model build and the checks after its deadline:
+# 5-15% at 10 s, up to 60% at 3 s on a loaded 2-core machine).
 SEGMENT_LIMIT_SHARE = 0.8
 OVERLAP_OPS = 16
 # Below this many seconds a window is not worth a CP-SAT solve (hint, strategies, local
@@ -44,10 +46,11 @@ def out_stick(op, plan: Optional[OpPlan]):
 
 def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, deterministic: bool,
                   input_sticks: Optional[dict] = None, name: str = "segment",
-                  notes: Optional[list] = None) -> PlanDecisions:
+                  notes: Optional[list] = None, limit_share: float = SEGMENT_LIMIT_SHARE) -> PlanDecisions:
     """The ops `idx` of `pg` planned as a graph of their own by the CP-SAT pipeline (or the
     heuristic when the time is below `MIN_WINDOW_S`); `input_sticks` fixes the layouts of
-    its boundary inputs (tensors produced before it). Keys are `pg`'s ids."""
+    its boundary inputs (tensors produced before it). Keys are `pg`'s ids. In wall-clock
+    mode the pipeline is given `limit_share` of `time_limit_s`."""
     from solver.baseline.passes import plan_heuristic
     from solver.spyre.cpsat_planner import _program_or_none, plan_cpsat
     from solver.spyre.repeats import subgraph
@@ -66,10 +69,7 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
         if notes is not None:
             notes.append(f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)")
         return replace(hint, planner="cpsat", op_order=[])
-    # wall clock: the CP-SAT pipeline overruns a short limit (its model build and the checks
-    # after its deadline: 5-15% at 10 s, up to 60% at 3 s on a loaded 2-core machine), so
-    # it is given a share of the window's time
-    limit = time_limit_s if deterministic else SEGMENT_LIMIT_SHARE * time_limit_s
+    limit = time_limit_s if deterministic else limit_share * time_limit_s
     d = plan_cpsat(sub, hw, time_limit_s=limit, deterministic=deterministic, hint=hint, depth=False)
     if notes is not None:
         st = d.stats
