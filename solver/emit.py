@@ -244,8 +244,8 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
     producer_item: dict[str, _Item] = {}
     for it in items:
         producer_item[it.prim.output.tensor] = it
-        gran = op_granules(it.prim, layouts, dtypes, stick_bytes)
         if it.plan is None:  # restickify without an explicit plan
+            gran = op_granules(it.prim, layouts, dtypes, stick_bytes)
             plan = _default_restick_plan(it, consumers_of_restick.get(it.dst, []), decisions,
                                          resident, gran, hw.cores, producer_item.get(it.src),
                                          splits, slices)
