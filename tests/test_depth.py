@@ -93,6 +93,35 @@ def test_the_returned_plan_is_the_hint_when_the_composed_one_is_slower(llama6, h
     assert time_program(program, HW).total_us == pytest.approx(heuristic_us, rel=1e-9)
 
 
+def test_wall_clock_reserve_follows_the_measured_hint_simulation(llama6, heuristic_us, monkeypatch):
+    """In wall-clock mode the seconds kept for composing and checking the whole program
+    scale with how long emitting and simulating the whole graph's hint took (a slow machine
+    keeps more); deterministic mode keeps a reserve from counts only. Here the hint is made
+    to look slow (2 s): the reserve, 0.3 + 4 x 2 s, leaves nothing of a 6 s limit for the
+    copy, which keeps its heuristic plan, and the result is still valid and no slower than
+    the hint."""
+    from solver.planners import plan
+    from solver.spyre import repeats
+
+    real = repeats._timed_hint_report
+
+    def slow(pg, hw, hint_d):
+        us, report, _ = real(pg, hw, hint_d)
+        return us, report, 2.0
+    monkeypatch.setattr(repeats, "_timed_hint_report", slow)
+    program = plan(llama6, HW, "cpsat", time_limit_s=6, fallback=False)
+    notes = program.stats.notes
+    budget = next(n for n in notes if n.startswith("budget:"))
+    assert "8.3 s of it kept" in budget, budget
+    assert any(n.startswith("representative:") and "heuristic plan" in n for n in notes), notes
+    assert time_program(program, HW).total_us <= heuristic_us * (1 + 1e-9)
+
+    det = plan(llama6, HW, "cpsat", time_limit_s=6, deterministic=True, fallback=False)
+    budget = next(n for n in det.stats.notes if n.startswith("budget:"))
+    kept = repeats.RESERVE_BASE_S + repeats.RESERVE_S_PER_OP * len(llama6.ops)
+    assert f"{kept:.1f} s of it kept" in budget, budget
+
+
 def test_four_layer_tiny_llama_matches_eager_through_the_repeated_path(monkeypatch):
     from backend.region import compiled_regions, forget_compiled_regions
     from solver import planners
