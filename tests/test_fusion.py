@@ -474,3 +474,24 @@ def test_a_kernel_with_more_tiles_than_its_members_stream_well_gets_fewer():
     assert out_d.ops["op1"].temporal_tiles == out_d.ops["op2"].temporal_tiles == {"r": 16}
     assert out_rep.op("op1").fused_group == out_rep.op("op2").fused_group is not None
     assert out_rep.total_us < 0.9 * rep.total_us
+
+
+def test_a_following_kernel_takes_fewer_tiles_where_its_tiled_dim_is_now_split():
+    """op2 and op3 (one kernel on row slices, 64 tiles along the columns) follow op1's
+    column split to read t1 from LX: each core then holds 1/32 of the columns, so the kernel
+    takes 64 / 32 = 2 tiles (one count for both members), and the program is valid."""
+    import solver.spyre.fusion as fusion
+    from simulator.superdsc import LxMemory
+    from tests.test_timing import _plan, unary_chain
+    pg = unary_chain(1024, 8192, n_ops=3)
+    d = _plan({"op1": {"c": 32}, "op2": {"r": 32}, "op3": {"r": 32}},
+              tiles={"op1": {"r": 4}, "op2": {"c": 64}, "op3": {"c": 64}})
+    prog = emit_program(pg, HW, d)
+    assert not validate_program(prog, HW)
+    ops, drop = fusion._follow_split(pg, prog, d, "t1", HW)
+    assert ops["op2"].temporal_tiles == ops["op3"].temporal_tiles == {"c": 2} and not drop
+    rep = time_program(prog, HW)
+    held_d, held_prog, held_rep = fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    assert not validate_program(held_prog, HW)
+    assert isinstance(held_prog.tensor_map()["t1"].memory, LxMemory)
+    assert held_rep.total_us < rep.total_us

@@ -785,6 +785,34 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
                 queue.append((r, out, None))
             elif mates:
                 queue.append((r, out, mates))
+    moved = {o for o in ops if ops[o] is not d.ops.get(o)}
+    # a kernel some member of which moved moves whole, or the kernel would split (a
+    # kernel whose head must move too is `_kernel_follows`' case)
+    members: dict[int, set[str]] = {}
+    for o, n in kernel.items():
+        members.setdefault(n, set()).add(o)
+    if any(not members[kernel[o]] <= done for o in moved if o in kernel):
+        return None
+    # a moved kernel member whose tiled dim is now split finer takes proportionally fewer
+    # tiles, and every moved member of one kernel the fewest of them (one count a kernel)
+    count: dict[int, int] = {}
+    for o in moved:
+        old, new = d.ops.get(o, OpPlan()), ops[o]
+        for dim, t in new.temporal_tiles.items():
+            ratio = max(1, new.core_split.get(dim, 1) // max(1, old.core_split.get(dim, 1)))
+            count[kernel.get(o, -1)] = min(count.get(kernel.get(o, -1), t), t // ratio)
+    for o in moved:
+        p = ops[o]
+        if p.temporal_tiles and kernel.get(o, -1) in count:
+            c = count[kernel.get(o, -1)]
+            ops[o] = replace(p, temporal_tiles={dim: c for dim in p.temporal_tiles} if c >= 2 else {})
+    # an op that moved reads its other operands held whole in LX from other cores' slices
+    # unless their producers moved with it: those go to device memory
+    for o in moved:
+        for a in prims[o].inputs:
+            held = d.resident.get(a.tensor)
+            if a.tensor != tensor and held is not None and not held.per_tile and producer.get(a.tensor) not in moved:
+                drop.add(a.tensor)
     return ops, drop
 
 
