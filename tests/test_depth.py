@@ -122,6 +122,28 @@ def test_wall_clock_reserve_follows_the_measured_hint_simulation(llama6, heurist
     assert f"{kept:.1f} s of it kept" in budget, budget
 
 
+def test_representative_draws_keep_the_fastest(llama6, heuristic_us):
+    """Deterministic mode splits the representative's share into draws of
+    REPRESENTATIVE_DRAW_S seconds, each another CP-SAT seed; the copies reuse the fastest
+    draw's plan (predicted after fusion), and the result is the same on a second run."""
+    import re
+
+    from solver.planners import plan
+    from solver.spyre import repeats
+
+    program = plan(llama6, HW, "cpsat", time_limit_s=30, deterministic=True, fallback=False)
+    notes = program.stats.notes
+    draws = [float(m.group(1)) for n in notes
+             if (m := re.match(r"representative(?: \(seed \d\))?: \d+ ops, .*predicted ([0-9.]+) us", n))]
+    assert len(draws) >= 2, notes
+    kept = next(n for n in notes if re.match(r"representative: \d+ draws, kept", n))
+    assert f"kept predicted {min(draws):.1f} us" in kept, (kept, draws)
+    assert time_program(program, HW).total_us <= heuristic_us * (1 + 1e-9)
+    again = plan(llama6, HW, "cpsat", time_limit_s=30, deterministic=True, fallback=False)
+    assert time_program(again, HW).total_us == time_program(program, HW).total_us
+    assert repeats.REPRESENTATIVE_MAX_DRAWS >= len(draws)
+
+
 def test_four_layer_tiny_llama_matches_eager_through_the_repeated_path(monkeypatch):
     from backend.region import compiled_regions, forget_compiled_regions
     from solver import planners

@@ -848,7 +848,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
                hint: Union[PlanDecisions, Program, None] = None, num_workers: int = 2,
                keep: int = 4, keep_resident: int = 2, max_rounds: int = 4, fuse: bool = True,
                budget: str = "scaled", events: Optional[EventSink] = None, depth: bool = True,
-               **_ignored) -> PlanDecisions:
+               seed: int = 1, **_ignored) -> PlanDecisions:
     """Plan `pg`: first the depth step (`depth`, solver.spyre.repeats.plan_whole): a graph
     made of repeated blocks is planned by solving one block and reusing its plan, a large
     irregular one in windows (docs/depth.md); otherwise `_plan_chain_ordered`, never
@@ -857,7 +857,9 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     a short budget may not win that back (the 2-layer toy GPT-2: heuristic 26.23 us in
     source order, the plan after a 1 s deterministic search 26.32 us).
     `events`: an optional progress sink (solver.events): phases, and each improving
-    incumbent and bound of the CP-SAT solve; it never changes the plan."""
+    incumbent and bound of the CP-SAT solve; it never changes the plan. `seed`: CP-SAT's
+    random seed (another seed, another of the model's optima, which fusion may turn into a
+    faster program)."""
     t0 = time.perf_counter()
     if depth and budget == "scaled":
         from solver.spyre.repeats import plan_whole
@@ -871,7 +873,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
             return d
     d = _plan_chain_ordered(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint,
                             num_workers=num_workers, keep=keep, keep_resident=keep_resident,
-                            max_rounds=max_rounds, fuse=fuse, budget=budget, events=events)
+                            max_rounds=max_rounds, fuse=fuse, budget=budget, events=events, seed=seed)
     pred_us = d.stats.get("predicted_us")
     if pred_us is None or isinstance(hint, Program):
         return d
@@ -902,7 +904,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
 def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], deterministic: bool,
                         hint: Union[PlanDecisions, Program, None], num_workers: int, keep: int,
                         keep_resident: int, max_rounds: int, fuse: bool, budget: str,
-                        events: Optional[EventSink] = None) -> PlanDecisions:
+                        events: Optional[EventSink] = None, seed: int = 1) -> PlanDecisions:
     """Plan `pg`. `time_limit_s` (default `DEFAULT_TIME_LIMIT_S`) caps the wall clock;
     `budget="scaled"` (the default) plans within `default_budget_s` of the problem's size
     under that cap and stops each CP-SAT round once its plan is proven within the gap
@@ -998,7 +1000,7 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
             # deterministic time (a share of the budget) stops it; the wall limit is only a
             # safety net, at 3x the caller's limit as before budgets scaled
             round_s = cap_s
-        opts = SolveOptions(time_limit_s=round_s, num_workers=num_workers, deterministic=deterministic,
+        opts = SolveOptions(time_limit_s=round_s, num_workers=num_workers, deterministic=deterministic, seed=seed,
                             # deterministic: a fixed share of the limit, never the wall clock
                             deterministic_time=DETERMINISTIC_PER_SECOND * limit_s / (round_ + 2),
                             deterministic_wall_factor=3.0, **gaps)

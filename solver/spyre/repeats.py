@@ -384,6 +384,17 @@ REPRESENTATIVE_SHARE = 0.65
 # seconds (windows get `windows.SEGMENT_LIMIT_SHARE`): it stops its fusion search at its
 # own deadline, and what follows it here is in the reserve above.
 REPRESENTATIVE_LIMIT_SHARE = 0.95
+# The representative decides `copies` times its ops, and the fusion search's result varies
+# with the CP-SAT optimum it starts from (deterministic, 62-op Llama block, 4 s each: seeds
+# 1-4 gave 4282.5, 4737.1, 4576.6, 4704.5 us): while its share lasts it is solved again
+# with another seed, up to REPRESENTATIVE_MAX_DRAWS times, and the fastest is kept. Wall
+# clock: another draw when what is left is at least REPRESENTATIVE_DRAW_FACTOR times the
+# mean draw so far; deterministic: the share is split into draws of at least
+# REPRESENTATIVE_DRAW_S seconds, so one draw at 10 s and three at 30 s on the 32-layer
+# Llama (there 138.7 -> 133.6 ms, 2026-12-01).
+REPRESENTATIVE_MAX_DRAWS = 4
+REPRESENTATIVE_DRAW_FACTOR = 1.2
+REPRESENTATIVE_DRAW_S = 5.0
 
 
 def _hint_report(pg: PrimGraph, hw, hint_d: PlanDecisions):
@@ -543,8 +554,12 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
                  for i in block for a in pg.ops[i].inputs
                  if a.tensor in producer and producer_pos[a.tensor] < rep.start}
     rep_notes: list[str] = []
-    rep_d = solve_segment(pg, block, hw, time_limit_s=rep_s, deterministic=deterministic,
-                          input_sticks=shared_in, name="representative", notes=rep_notes,
+    # deterministic: the share is split into equal draws up front (counts only)
+    draws = max(1, min(REPRESENTATIVE_MAX_DRAWS, int(rep_s // REPRESENTATIVE_DRAW_S))) if deterministic else 1
+    draw_s = rep_s / draws
+    rep_inputs = shared_in
+    rep_d = solve_segment(pg, block, hw, time_limit_s=draw_s, deterministic=deterministic,
+                          input_sticks=rep_inputs, name="representative", notes=rep_notes,
                           limit_share=REPRESENTATIVE_LIMIT_SHARE)
 
     def mismatched(d: PlanDecisions) -> dict:
@@ -556,21 +571,41 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
             if want != have:
                 out[b] = want
         return out
+
+    def pred_us(d: PlanDecisions) -> float:
+        return d.stats.get("predicted_us") or float("inf")
     fix = mismatched(rep_d)
     if fix:
-        # deterministic: half the representative's share again (counts only); wall clock:
-        # what the first solve left of its share
-        left = 0.5 * rep_s if deterministic else rep_s - (time.perf_counter() - t_rep)
+        # deterministic: half a draw's share again (counts only); wall clock: what the first
+        # solve left of its share
+        left = 0.5 * draw_s if deterministic else rep_s - (time.perf_counter() - t_rep)
         if left >= 1.0:
             again = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
                                   input_sticks={**shared_in, **fix}, name="representative (periodic inputs)",
                                   notes=rep_notes, limit_share=REPRESENTATIVE_LIMIT_SHARE)
-            if not mismatched(again) and (again.stats.get("predicted_us") or float("inf")) <= \
-                    (rep_d.stats.get("predicted_us") or float("inf")) * 1.05:
-                rep_d = again
+            if not mismatched(again) and pred_us(again) <= pred_us(rep_d) * 1.05:
+                rep_d, rep_inputs = again, {**shared_in, **fix}
         else:
             rep_notes.append(f"representative writes {len(fix)} boundary tensors in another layout than it "
                              "reads them: restickified at every seam (no time to solve it again)")
+    # more draws (another CP-SAT seed: another of the model's optima, which the fusion search
+    # turns into a program 0-10% faster or slower) while the share lasts; the fastest is kept
+    seed = 1
+    while seed < REPRESENTATIVE_MAX_DRAWS:
+        t_draw = time.perf_counter()
+        left = draw_s if deterministic else rep_s - (t_draw - t_rep)
+        if deterministic and seed >= draws:
+            break
+        if not deterministic and left < max(MIN_WINDOW_S, REPRESENTATIVE_DRAW_FACTOR * (t_draw - t_rep) / seed):
+            break
+        seed += 1
+        again = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
+                              input_sticks=rep_inputs, name=f"representative (seed {seed})", notes=rep_notes,
+                              limit_share=REPRESENTATIVE_LIMIT_SHARE, seed=seed)
+        if not mismatched(again) and pred_us(again) < pred_us(rep_d):
+            rep_d = again
+    if seed > 1:
+        rep_notes.append(f"representative: {seed} draws, kept predicted {pred_us(rep_d):.1f} us")
     notes += rep_notes
 
     # 2. the copies

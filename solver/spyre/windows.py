@@ -46,11 +46,12 @@ def out_stick(op, plan: Optional[OpPlan]):
 
 def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, deterministic: bool,
                   input_sticks: Optional[dict] = None, name: str = "segment",
-                  notes: Optional[list] = None, limit_share: float = SEGMENT_LIMIT_SHARE) -> PlanDecisions:
+                  notes: Optional[list] = None, limit_share: float = SEGMENT_LIMIT_SHARE,
+                  seed: int = 1) -> PlanDecisions:
     """The ops `idx` of `pg` planned as a graph of their own by the CP-SAT pipeline (or the
     heuristic when the time is below `MIN_WINDOW_S`); `input_sticks` fixes the layouts of
     its boundary inputs (tensors produced before it). Keys are `pg`'s ids. In wall-clock
-    mode the pipeline is given `limit_share` of `time_limit_s`."""
+    mode the pipeline is given `limit_share` of `time_limit_s`; `seed`: CP-SAT's."""
     from solver.baseline.passes import plan_heuristic
     from solver.spyre.cpsat_planner import _program_or_none, plan_cpsat
     from solver.spyre.repeats import subgraph
@@ -70,7 +71,7 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
             notes.append(f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)")
         return replace(hint, planner="cpsat", op_order=[])
     limit = time_limit_s if deterministic else limit_share * time_limit_s
-    d = plan_cpsat(sub, hw, time_limit_s=limit, deterministic=deterministic, hint=hint, depth=False)
+    d = plan_cpsat(sub, hw, time_limit_s=limit, deterministic=deterministic, hint=hint, depth=False, seed=seed)
     if notes is not None:
         st = d.stats
         model = next((n.split()[1] for n in st.get("notes", []) if n.startswith("strategies:")), "?")
