@@ -806,6 +806,9 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
         if p.temporal_tiles and kernel.get(o, -1) in count:
             c = count[kernel.get(o, -1)]
             ops[o] = replace(p, temporal_tiles={dim: c for dim in p.temporal_tiles} if c >= 2 else {})
+            held = d.resident.get(prims[o].output.tensor)
+            if ops[o].temporal_tiles != p.temporal_tiles and held is not None and held.per_tile:
+                drop.add(prims[o].output.tensor)  # a tile buffer sized for other tiles
     # an op that moved reads its other operands held whole in LX from other cores' slices
     # unless their producers moved with it: those go to device memory
     for o in moved:
