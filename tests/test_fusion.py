@@ -495,3 +495,20 @@ def test_a_following_kernel_takes_fewer_tiles_where_its_tiled_dim_is_now_split()
     assert not validate_program(held_prog, HW)
     assert isinstance(held_prog.tensor_map()["t1"].memory, LxMemory)
     assert held_rep.total_us < rep.total_us
+
+
+def test_a_following_kernel_with_other_tiles_drops_its_tile_buffers():
+    """The kernel of op2 and op3 keeps t2 as a tile buffer sized for 64 column tiles; when
+    it follows op1's split with 2 tiles, the buffer goes (the trial re-adds buffers)."""
+    import solver.spyre.fusion as fusion
+    from solver.plan import Residency
+    from tests.test_timing import _plan, unary_chain
+    pg = unary_chain(1024, 8192, n_ops=3)
+    d = _plan({"op1": {"c": 32}, "op2": {"r": 32}, "op3": {"r": 32}},
+              tiles={"op1": {"r": 4}, "op2": {"c": 64}, "op3": {"c": 64}})
+    d.resident["t2"] = Residency(lx_address=0, per_tile=True)
+    prog = emit_program(pg, HW, d)
+    assert not validate_program(prog, HW)
+    ops, drop = fusion._follow_split(pg, prog, d, "t1", HW)
+    assert ops["op2"].temporal_tiles == {"c": 2} and drop == {"t2"}
+    assert not validate_program(emit_program(pg, HW, replace(d, ops=ops, resident={})), HW)
