@@ -162,3 +162,34 @@ def test_strict_compiles_are_keyed_apart():
     loose, strict = resolve_options("naive"), resolve_options("naive", strict=True)
     assert loose.options_hash() != strict.options_hash()
     assert "strict" not in loose.solve_dict()  # keys of existing stored programs unchanged
+
+
+def test_full_collections_are_rarer_while_planning_and_restored_after(monkeypatch):
+    """While plan() runs (also when the planner raises and falls back), the oldest GC
+    generation's threshold is FULL_COLLECTION_THRESHOLD times higher; afterwards the
+    process's own thresholds are back."""
+    import gc
+
+    from solver.naive import plan_naive
+
+    seen = []
+
+    def recording(pg, hw, **kw):
+        seen.append(gc.get_threshold())
+        if len(seen) == 1:
+            raise RuntimeError("first planner fails")
+        return plan_naive(pg, hw)
+    before = gc.get_threshold()
+    monkeypatch.setitem(planners.PLANNERS, "cpsat", recording)
+    monkeypatch.setitem(planners.PLANNERS, "heuristic", recording)
+    plan(index_arithmetic(), HW, "cpsat")
+    assert len(seen) == 2
+    assert all(t == (before[0], before[1], before[2] * planners.FULL_COLLECTION_THRESHOLD) for t in seen), seen
+    assert gc.get_threshold() == before
+
+    def failing(pg, hw, **kw):
+        raise RuntimeError("fails")
+    monkeypatch.setitem(planners.PLANNERS, "cpsat", failing)
+    with pytest.raises(PlannerFailed):
+        plan(index_arithmetic(), HW, "cpsat", fallback=False)
+    assert gc.get_threshold() == before
