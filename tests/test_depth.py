@@ -112,7 +112,8 @@ def test_wall_clock_reserve_follows_the_measured_hint_simulation(llama6, heurist
     program = plan(llama6, HW, "cpsat", time_limit_s=6, fallback=False)
     notes = program.stats.notes
     budget = next(n for n in notes if n.startswith("budget:"))
-    assert "8.3 s of it kept" in budget, budget
+    kept = repeats.RESERVE_BASE_S + repeats.RESERVE_POST_FACTOR * 2.0
+    assert kept > 6 and f"{kept:.1f} s of it kept" in budget, budget
     assert any(n.startswith("representative:") and "heuristic plan" in n for n in notes), notes
     assert time_program(program, HW).total_us <= heuristic_us * (1 + 1e-9)
 

@@ -369,16 +369,19 @@ def repeats_note(rep: Repeats, n_ops: int) -> str:
 # RESERVE_S_PER_OP per op. In wall-clock mode it follows this machine's speed right now:
 # the whole graph's hint is emitted and simulated first (its time is needed anyway), and
 # what follows the solves is about RESERVE_POST_FACTOR times that (two emits, two
-# validations and one simulation of a program of the same size; measured 2026-12-01 on the
-# 32-layer Llama, 1995 ops, 2 shared cores: hint emit + simulate 0.59 s unloaded and
-# 1.4 s at load 2.5, what followed 2.5 s and 4.3-5.0 s, ratios 4.2 and 3.1-3.6), never
-# below RESERVE_FLOOR_S_PER_OP per op.
+# validations, one simulation and the lower bound of a program of the same size; measured
+# 2026-12-01 on the 32-layer Llama, 1995 ops, 2 shared cores: hint emit + simulate 0.6 s,
+# what followed 3.1 s at load 1; 1.4 s and 4.3-5.0 s at load 2.5), never below
+# RESERVE_FLOOR_S_PER_OP per op.
 RESERVE_S_PER_OP = 0.002
 RESERVE_FLOOR_S_PER_OP = 0.001
-RESERVE_POST_FACTOR = 4.0
+RESERVE_POST_FACTOR = 5.0
 RESERVE_BASE_S = 0.3
-# Of what is left for solving: the representative's share (the rest goes to the windows of
-# what does not repeat, by op count); the representative decides `copies` times its ops.
+# Of what is left for solving, what does not repeat gets its share of the op decisions the
+# solves make (the representative decides `copies` times its ops), at most 1 -
+# REPRESENTATIVE_SHARE; a share below `windows.MIN_WINDOW_S` goes to the representative.
+# (By ops alone, 26 + 19 ops around 31 copies of 62 took 35% of the time for 2% of the
+# decisions: the 32-layer Llama at 10 s gave its prologue a 1.5 s solve and the copy 3.6 s.)
 REPRESENTATIVE_SHARE = 0.65
 # In wall-clock mode the representative's CP-SAT pipeline is given this share of its
 # seconds (windows get `windows.SEGMENT_LIMIT_SHARE`): it stops its fusion search at its
@@ -520,7 +523,7 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     # deterministic: shares of the limit from counts only; else what is left of the wall clock
     avail = limit - reserve - (0.0 if deterministic else time.perf_counter() - t0)
     avail = max(0.0, avail)
-    rest_s = avail * min(1.0 - REPRESENTATIVE_SHARE, rest_ops / (rest_ops + rep.period))
+    rest_s = avail * min(1.0 - REPRESENTATIVE_SHARE, rest_ops / (rest_ops + rep.copies * rep.period))
     from solver.spyre.windows import MIN_WINDOW_S
     if rest_s < MIN_WINDOW_S:
         rest_s = 0.0   # too short for a solve: the rest keeps its heuristic plan, the copy gets it all
