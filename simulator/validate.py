@@ -203,6 +203,41 @@ def _tile_order_problem_ref(pbox, rbox) -> Optional[str]:
     return None
 
 
+def core_slice_problems(o, real: dict[str, int], cores: int) -> list[tuple[str, str]]:
+    """(code, message) for each way op `o`'s core slices do not realize its split `real`
+    (dims split more than once): their count, core ids, a core or work slice used twice,
+    slice names and indices. The first problem of a slice stops the per-slice checks."""
+    out: list[tuple[str, str]] = []
+    product = 1
+    for f in real.values():
+        product *= f
+    ids = [cs.core for cs in o.core_slices]
+    if o.num_cores_used != len(o.core_slices) or len(o.core_slices) != product:
+        out.append(("core_slices", f"{o.id}: {len(o.core_slices)} core slices, num_cores_used "
+                                   f"{o.num_cores_used}, split needs {product}"))
+    if any(c < 0 or c >= cores for c in ids):
+        out.append(("cores_over_limit", f"{o.id}: core id outside 0..{cores - 1}"))
+    if len(set(ids)) != len(ids):
+        out.append(("core_slices", f"{o.id}: a core runs two work slices"))
+    seen = set()
+    names = set(real)
+    order = sorted(real)
+    for cs in o.core_slices:
+        if set(cs.slice) != names and not (not real and not cs.slice):
+            out.append(("core_slices", f"{o.id}: core {cs.core} slice names {sorted(cs.slice)}, split dims "
+                                       f"are {order}"))
+            break
+        if any(not (0 <= cs.slice[n] < real[n]) for n in real):
+            out.append(("core_slices", f"{o.id}: core {cs.core} slice index out of range"))
+            break
+        key = tuple(cs.slice[n] for n in order)
+        if key in seen:
+            out.append(("core_slices", f"{o.id}: work slice {dict(cs.slice)} assigned to two cores"))
+            break
+        seen.add(key)
+    return out
+
+
 class _OpGeom:
     """What `_Checker._check_split_and_geometry` derives from one op's content alone (its
     loop nest, operand tensors' shapes, dtypes, layouts and memory kinds, split, core
@@ -460,6 +495,31 @@ class _Checker:
         if o.kind == "relayout" and not (isinstance(s.memory, LxMemory) and isinstance(d.memory, LxMemory)):
             self.add("restickify_invalid", f"{o.id}: an LX relayout needs both tensors LX-resident", op=o.id)
 
+    def _check_lx_write(self, k: int, o, tname: str, m, need) -> None:
+        """Op `k` writes LX tensor `tname`: its live range starts there and, unless it is
+        sized per tile (check_tile_buffers), the largest box a core writes (`need()`, bytes)
+        fits the buffer."""
+        if k != m.live_from:
+            self.add("lx_live_range", f"{o.id} (op {k}) writes LX tensor {tname} whose live range "
+                                      f"starts at {m.live_from}", op=o.id, tensor=tname)
+        if m.per_tile:
+            return
+        need = need()
+        if need > m.size_per_core:
+            self.add("lx_size", f"{o.id}: a core writes {need} bytes of {tname} into an LX buffer of "
+                                f"{m.size_per_core}", op=o.id, tensor=tname)
+
+    def _check_lx_read(self, k: int, o, tname: str, m) -> None:
+        """Op `k` reads LX tensor `tname`: inside its live range, and in the bundle that wrote
+        it unless the hardware keeps LX contents across bundles."""
+        if not (m.live_from < k <= m.live_to):
+            self.add("lx_live_range", f"{o.id} (op {k}) reads LX tensor {tname} outside its live range "
+                                      f"[{m.live_from}, {m.live_to}]", op=o.id, tensor=tname)
+        if not self.hw.lx_persists_across_bundles and 0 <= m.live_from < len(self.p.ops) and \
+                self.p.ops[m.live_from].bundle != o.bundle:
+            self.add("lx_cross_bundle", f"{o.id} (bundle {o.bundle}) reads LX tensor {tname} written in "
+                                        f"bundle {self.p.ops[m.live_from].bundle}", op=o.id, tensor=tname)
+
     def _check_split_and_geometry(self, k: int, o, prim: PrimOp):
         if not self.fast:
             return self._check_split_and_geometry_ref(k, o, prim)
@@ -502,7 +562,6 @@ class _Checker:
         self._ranges[o.id] = (rec.gran, rec.ranges)
         for code, msg, tensor in rec.mid:
             self.add(code, msg, op=o.id, tensor=tensor)
-        hw = self.hw
         for idx, tname, kind, data in rec.operands:
             if kind == "hbm":
                 if data is not None:
@@ -510,22 +569,9 @@ class _Checker:
                 continue
             m = tm[tname].memory
             if kind == "lx_out":
-                if k != m.live_from:
-                    self.add("lx_live_range", f"{o.id} (op {k}) writes LX tensor {tname} whose live range "
-                                              f"starts at {m.live_from}", op=o.id, tensor=tname)
-                if m.per_tile:
-                    continue
-                if data > m.size_per_core:
-                    self.add("lx_size", f"{o.id}: a core writes {data} bytes of {tname} into an LX buffer of "
-                                        f"{m.size_per_core}", op=o.id, tensor=tname)
+                self._check_lx_write(k, o, tname, m, lambda: data)
                 continue
-            if not (m.live_from < k <= m.live_to):
-                self.add("lx_live_range", f"{o.id} (op {k}) reads LX tensor {tname} outside its live range "
-                                          f"[{m.live_from}, {m.live_to}]", op=o.id, tensor=tname)
-            if not hw.lx_persists_across_bundles and 0 <= m.live_from < len(self.p.ops) and \
-                    self.p.ops[m.live_from].bundle != o.bundle:
-                self.add("lx_cross_bundle", f"{o.id} (bundle {o.bundle}) reads LX tensor {tname} written in "
-                                            f"bundle {self.p.ops[m.live_from].bundle}", op=o.id, tensor=tname)
+            self._check_lx_read(k, o, tname, m)
             if m.per_tile:
                 continue
             prec = self._rec_at.get(m.live_from) if 0 <= m.live_from < len(self.p.ops) else None
@@ -568,40 +614,9 @@ class _Checker:
         if split_issues:
             return rec
         real = {n: f for n, f in split.items() if f > 1}
-        product = 1
-        for f in real.values():
-            product *= f
-        slices_ok = True
-        cores = [cs.core for cs in o.core_slices]
-        if o.num_cores_used != len(o.core_slices) or len(o.core_slices) != product:
-            rec.pre.append(("core_slices", f"{o.id}: {len(o.core_slices)} core slices, num_cores_used "
-                                           f"{o.num_cores_used}, split needs {product}"))
-            slices_ok = False
-        if any(c < 0 or c >= hw.cores for c in cores):
-            rec.pre.append(("cores_over_limit", f"{o.id}: core id outside 0..{hw.cores - 1}"))
-            slices_ok = False
-        if len(set(cores)) != len(cores):
-            rec.pre.append(("core_slices", f"{o.id}: a core runs two work slices"))
-            slices_ok = False
-        seen = set()
-        real_names = set(real)
-        sorted_real = sorted(real)
-        for cs in o.core_slices:
-            if set(cs.slice) != real_names and not (not real and not cs.slice):
-                rec.pre.append(("core_slices", f"{o.id}: core {cs.core} slice names {sorted(cs.slice)}, split dims "
-                                               f"are {sorted(real)}"))
-                slices_ok = False
-                break
-            if any(not (0 <= cs.slice[n] < real[n]) for n in real):
-                rec.pre.append(("core_slices", f"{o.id}: core {cs.core} slice index out of range"))
-                slices_ok = False
-                break
-            key = tuple(cs.slice[n] for n in sorted_real)
-            if key in seen:
-                rec.pre.append(("core_slices", f"{o.id}: work slice {dict(cs.slice)} assigned to two cores"))
-                slices_ok = False
-                break
-            seen.add(key)
+        slice_problems = core_slice_problems(o, real, hw.cores)
+        rec.pre.extend(slice_problems)
+        slices_ok = not slice_problems
         if not slices_ok:
             return rec
         rec.ok = True
@@ -664,38 +679,10 @@ class _Checker:
         if split_issues:
             return
         real = {n: f for n, f in split.items() if f > 1}
-        product = 1
-        for f in real.values():
-            product *= f
-        slices_ok = True
-        cores = [cs.core for cs in o.core_slices]
-        if o.num_cores_used != len(o.core_slices) or len(o.core_slices) != product:
-            self.add("core_slices", f"{o.id}: {len(o.core_slices)} core slices, num_cores_used "
-                                    f"{o.num_cores_used}, split needs {product}", op=o.id)
-            slices_ok = False
-        if any(c < 0 or c >= hw.cores for c in cores):
-            self.add("cores_over_limit", f"{o.id}: core id outside 0..{hw.cores - 1}", op=o.id)
-            slices_ok = False
-        if len(set(cores)) != len(cores):
-            self.add("core_slices", f"{o.id}: a core runs two work slices", op=o.id)
-            slices_ok = False
-        seen = set()
-        for cs in o.core_slices:
-            if set(cs.slice) != set(real) and not (not real and not cs.slice):
-                self.add("core_slices", f"{o.id}: core {cs.core} slice names {sorted(cs.slice)}, split dims "
-                                        f"are {sorted(real)}", op=o.id)
-                slices_ok = False
-                break
-            if any(not (0 <= cs.slice[n] < real[n]) for n in real):
-                self.add("core_slices", f"{o.id}: core {cs.core} slice index out of range", op=o.id)
-                slices_ok = False
-                break
-            key = tuple(cs.slice[n] for n in sorted(real))
-            if key in seen:
-                self.add("core_slices", f"{o.id}: work slice {dict(cs.slice)} assigned to two cores", op=o.id)
-                slices_ok = False
-                break
-            seen.add(key)
+        slice_problems = core_slice_problems(o, real, hw.cores)
+        for code, msg in slice_problems:
+            self.add(code, msg, op=o.id)
+        slices_ok = not slice_problems
         if not slices_ok:
             return
         self.geometry_ok.add(o.id)
@@ -739,23 +726,10 @@ class _Checker:
                 continue
             m = t.memory
             if idx < 0:
-                if k != m.live_from:
-                    self.add("lx_live_range", f"{o.id} (op {k}) writes LX tensor {tname} whose live range "
-                                              f"starts at {m.live_from}", op=o.id, tensor=tname)
-                if m.per_tile:
-                    continue  # sized per tile: check_tile_buffers
-                need = max(box_lx_bytes(b, t.layout, t.dtype) for b in boxes.values())
-                if need > m.size_per_core:
-                    self.add("lx_size", f"{o.id}: a core writes {need} bytes of {tname} into an LX buffer of "
-                                        f"{m.size_per_core}", op=o.id, tensor=tname)
+                self._check_lx_write(k, o, tname, m,
+                                     lambda: max(box_lx_bytes(b, t.layout, t.dtype) for b in boxes.values()))
                 continue
-            if not (m.live_from < k <= m.live_to):
-                self.add("lx_live_range", f"{o.id} (op {k}) reads LX tensor {tname} outside its live range "
-                                          f"[{m.live_from}, {m.live_to}]", op=o.id, tensor=tname)
-            if not hw.lx_persists_across_bundles and 0 <= m.live_from < len(self.p.ops) and \
-                    self.p.ops[m.live_from].bundle != o.bundle:
-                self.add("lx_cross_bundle", f"{o.id} (bundle {o.bundle}) reads LX tensor {tname} written in "
-                                            f"bundle {self.p.ops[m.live_from].bundle}", op=o.id, tensor=tname)
+            self._check_lx_read(k, o, tname, m)
             if m.per_tile:
                 continue  # contained tile by tile: check_tile_buffers
             held = self.lx_boxes(tname)

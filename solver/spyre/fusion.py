@@ -62,7 +62,7 @@ from simulator.timing import TimingReport, time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import OpPlan, PlanDecisions
-from solver.spyre.tile_buffers import add_tile_buffers, add_whole_residencies, whole_candidates
+from solver.spyre.tile_buffers import add_tile_buffers, add_whole_residencies, kernel_numbers, whole_candidates
 
 TILE_COUNTS = (2, 4, 8, 16, 32, 64)
 # Alternatives to the plan tried per run: (which of the run's splits, None: the planned
@@ -708,21 +708,6 @@ def _results(pg: PrimGraph, ids: list[str]) -> set[str]:
     return {op.output.tensor for op in pg.ops if op.id in ops}
 
 
-def _kernel_numbers(program: Program) -> dict[int, int]:
-    """Op index -> fused kernel number, for the ops inside a fused kernel (consecutive ops
-    with one `fused_group_key`)."""
-    out: dict[int, int] = {}
-    prev, n = None, -1
-    for k, op in enumerate(program.ops):
-        key = fused_group_key(op)
-        if key is not None and key != prev:
-            n += 1
-        if key is not None:
-            out[k] = n
-        prev = key
-    return out
-
-
 def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw
                   ) -> Optional[tuple[dict, set[str]]]:
     """`d.ops` with the ops reading `tensor` (pointwise, reduce or copy ops) on the split
@@ -742,7 +727,7 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
     dtypes = {t.id: t.dtype for t in program.tensors}
     ops = dict(d.ops)
     drop: set[str] = set()
-    kernel = {program.ops[k].id: n for k, n in _kernel_numbers(program).items()}
+    kernel = {program.ops[k].id: n for k, n in kernel_numbers(program).items()}
     # (producer, tensor, the readers to move: None for all)
     queue: list[tuple[str, str, Optional[set]]] = [(producer[tensor], tensor, None)]
     done: set[str] = set()

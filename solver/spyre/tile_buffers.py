@@ -42,20 +42,40 @@ class TileBufferResult:
     dropped: dict[str, str] = field(default_factory=dict)  # tensor -> validator code
 
 
-def _kernel_of(program: Program) -> dict[int, int]:
-    """Op index -> fused kernel number, for ops inside a fused kernel. Bundle cuts are left
-    out: the emitter made them for the external-tensor limit with every result in device
-    memory, and re-cuts them around the buffers (never inside a buffer's live range)."""
+def kernel_numbers(program: Program, bundle: bool = True) -> dict[int, int]:
+    """Op index -> fused kernel number, for the ops inside a fused kernel (consecutive ops
+    with one `fused_group_key`). `bundle=False` leaves bundle cuts out: the emitter made
+    them for the external-tensor limit with every result in device memory, and re-cuts them
+    around tile buffers (never inside a buffer's live range)."""
     out: dict[int, int] = {}
     prev, n = None, -1
     for k, op in enumerate(program.ops):
-        key = fused_group_key(op, bundle=False)
+        key = fused_group_key(op, bundle=bundle)
         if key is not None and key != prev:
             n += 1
         if key is not None:
             out[k] = n
         prev = key
     return out
+
+
+def _producers(program: Program, compute_only: bool = False):
+    """(producer op index per tensor, reader op indices per tensor, prim op per op index,
+    tensors some device-memory tensor aliases, program outputs), over the ops with a
+    primitive (`compute_only`: compute ops only)."""
+    producer: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    prims = {}
+    for k, op in enumerate(program.ops):
+        if op.prim is None or (compute_only and op.kind != "compute"):
+            continue
+        prim = prims[k] = op_from_json(op.prim)
+        producer[prim.output.tensor] = k
+        for a in prim.inputs:
+            readers.setdefault(a.tensor, []).append(k)
+    aliased = {t.memory.alias_of for t in program.tensors
+               if isinstance(t.memory, HbmMemory) and t.memory.alias_of}
+    return producer, readers, prims, aliased, set(program.outputs)
 
 
 @dataclass
@@ -66,22 +86,24 @@ class LxRequest:
     size: int         # largest per-tile box of the producer, whole sticks
 
 
+def _result_box_bytes(op, prim, tmap: dict, hw, per_tile: bool) -> int:
+    """LX bytes (whole sticks) of the largest box of its result any core of `op` writes:
+    per temporal tile (`per_tile`) or its whole slice."""
+    t = prim.output.tensor
+    decl = tmap[t]
+    names = [a.tensor for a in prim.inputs] + [t]
+    gran = op_granules(prim, {n: tmap[n].layout for n in names}, {n: tmap[n].dtype for n in names},
+                       hw.stick_bytes)
+    split = {n: f for n, f in op.core_split.items() if f > 1}
+    size = largest_tile_lx_bytes(prim, -1, core_ranges(prim, split, op.core_slices, gran),
+                                 op.temporal_tiles if per_tile else {}, gran, decl.shape, decl.layout, decl.dtype)
+    return padded(size, hw.stick_bytes)
+
+
 def _candidates(pg: PrimGraph, program: Program, hw) -> dict[str, LxRequest]:
-    kernel = _kernel_of(program)
+    kernel = kernel_numbers(program, bundle=False)
     tmap = program.tensor_map()
-    producer: dict[str, int] = {}
-    readers: dict[str, list[int]] = {}
-    prims = {}
-    for k, op in enumerate(program.ops):
-        if op.prim is None:
-            continue
-        prim = prims[k] = op_from_json(op.prim)
-        producer[prim.output.tensor] = k
-        for a in prim.inputs:
-            readers.setdefault(a.tensor, []).append(k)
-    aliased = {t.memory.alias_of for t in program.tensors
-               if isinstance(t.memory, HbmMemory) and t.memory.alias_of}
-    outputs = set(program.outputs)
+    producer, readers, prims, aliased, outputs = _producers(program)
     out: dict[str, LxRequest] = {}
     for t, k in producer.items():
         decl = tmap[t]
@@ -93,14 +115,8 @@ def _candidates(pg: PrimGraph, program: Program, hw) -> dict[str, LxRequest]:
         rs = readers.get(t, [])
         if not rs or any(kernel.get(r) != kernel[k] for r in rs):
             continue
-        op, prim = program.ops[k], prims[k]
-        names = [a.tensor for a in prim.inputs] + [t]
-        gran = op_granules(prim, {n: tmap[n].layout for n in names}, {n: tmap[n].dtype for n in names},
-                           hw.stick_bytes)
-        split = {n: f for n, f in op.core_split.items() if f > 1}
-        size = largest_tile_lx_bytes(prim, -1, core_ranges(prim, split, op.core_slices, gran),
-                                     op.temporal_tiles, gran, decl.shape, decl.layout, decl.dtype)
-        out[t] = LxRequest(k, max(rs), padded(size, hw.stick_bytes))
+        size = _result_box_bytes(program.ops[k], prims[k], tmap, hw, per_tile=True)
+        out[t] = LxRequest(k, max(rs), size)
     return out
 
 
@@ -126,13 +142,6 @@ def place_first_fit(program: Program, cands: dict[str, LxRequest], capacity: int
     return addresses
 
 
-def _with_buffers(d: PlanDecisions, buffers: dict[str, int]) -> PlanDecisions:
-    resident = dict(d.resident)
-    for t, addr in buffers.items():
-        resident[t] = Residency(lx_address=addr, per_tile=True)
-    return replace(d, resident=resident)
-
-
 def _issue_key(i) -> tuple:
     return (i.code, getattr(i, "op", None), getattr(i, "tensor", None))
 
@@ -143,40 +152,21 @@ def add_tile_buffers(pg: PrimGraph, hw, d: PlanDecisions, program: Program) -> O
     (so a valid `program` stays valid; an invalid trial still gets its buffers, and one
     kernel's problem does not cost the other kernels theirs). None when no candidate
     survives (or the program does not emit). Timing and validity are the caller's question."""
-    cands = _candidates(pg, program, hw)
-    dropped: dict[str, str] = {}
-    before: Optional[set] = None
-    for _ in range(_MAX_ROUNDS):
-        if not cands:
-            return None
-        addresses = place_first_fit(program, cands, hw.lx_capacity_bytes, hw.stick_bytes)
-        dropped.update({t: "lx_capacity" for t in cands if t not in addresses})
-        if not addresses:
-            return None
-        trial_d = _with_buffers(d, addresses)
-        try:
-            prog = emit_program(pg, hw, trial_d)
-        except ValueError:
-            return None
-        issues = validate_program(prog, hw)
-        if not issues:
-            return TileBufferResult(trial_d, prog, sorted(addresses), dropped)
-        named = {i.tensor: i.code for i in issues if getattr(i, "tensor", None) in addresses}
-        if not named:
-            if before is None:
-                before = {_issue_key(i) for i in validate_program(program, hw)}
-            if all(_issue_key(i) in before for i in issues):
-                return TileBufferResult(trial_d, prog, sorted(addresses), dropped)
-            return None  # a new issue not about one buffer: give up rather than guess
-        dropped.update(named)
-        cands = {t: cands[t] for t in addresses if t not in named}
-    return None
+    before: list[set] = []
+
+    def known(issues) -> bool:
+        # an issue `program` had already (its kernels were invalid before the buffers)
+        if not before:
+            before.append({_issue_key(i) for i in validate_program(program, hw)})
+        return all(_issue_key(i) in before[0] for i in issues)
+    return _place_and_check(pg, hw, d, program, _candidates(pg, program, hw),
+                            lambda addr: Residency(lx_address=addr, per_tile=True), known)
 
 
 def _kernel_spans(program: Program) -> dict[int, tuple[int, int]]:
     """Op index -> the op-index span of the fused kernel it belongs to (itself outside one)."""
     out: dict[int, tuple[int, int]] = {}
-    kernel = _kernel_of(program)
+    kernel = kernel_numbers(program, bundle=False)
     members: dict[int, list[int]] = {}
     for k, n in kernel.items():
         members.setdefault(n, []).append(k)
@@ -193,19 +183,7 @@ def whole_candidates(pg: PrimGraph, program: Program, hw) -> dict[str, LxRequest
     reader's (a kernel's tile loop runs every member on every tile)."""
     tmap = program.tensor_map()
     spans = _kernel_spans(program)
-    producer: dict[str, int] = {}
-    readers: dict[str, list[int]] = {}
-    prims = {}
-    for k, op in enumerate(program.ops):
-        if op.prim is None or op.kind != "compute":
-            continue
-        prim = prims[k] = op_from_json(op.prim)
-        producer[prim.output.tensor] = k
-        for a in prim.inputs:
-            readers.setdefault(a.tensor, []).append(k)
-    aliased = {t.memory.alias_of for t in program.tensors
-               if isinstance(t.memory, HbmMemory) and t.memory.alias_of}
-    outputs = set(program.outputs)
+    producer, readers, prims, aliased, outputs = _producers(program, compute_only=True)
     out: dict[str, LxRequest] = {}
     for t, k in producer.items():
         decl = tmap[t]
@@ -213,16 +191,9 @@ def whole_candidates(pg: PrimGraph, program: Program, hw) -> dict[str, LxRequest
         if (t not in pg.tensors or t in outputs or t in aliased or decl.role != "intermediate"
                 or not isinstance(m, HbmMemory) or m.alias_of or not readers.get(t)):
             continue
-        op, prim = program.ops[k], prims[k]
-        names = [a.tensor for a in prim.inputs] + [t]
-        gran = op_granules(prim, {n: tmap[n].layout for n in names}, {n: tmap[n].dtype for n in names},
-                           hw.stick_bytes)
-        split = {n: f for n, f in op.core_split.items() if f > 1}
-        size = largest_tile_lx_bytes(prim, -1, core_ranges(prim, split, op.core_slices, gran),
-                                     {}, gran, decl.shape, decl.layout, decl.dtype)
+        size = _result_box_bytes(program.ops[k], prims[k], tmap, hw, per_tile=False)
         last = max(readers[t])
-        out[t] = LxRequest(spans.get(k, (k, k))[0], spans.get(last, (last, last))[1],
-                           padded(size, hw.stick_bytes))
+        out[t] = LxRequest(spans.get(k, (k, k))[0], spans.get(last, (last, last))[1], size)
     return out
 
 
@@ -237,6 +208,16 @@ def add_whole_residencies(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
     cands = whole_candidates(pg, program, hw)
     if only is not None:
         cands = {t: c for t, c in cands.items() if t in only}
+    return _place_and_check(pg, hw, d, program, cands, lambda addr: Residency(lx_address=addr),
+                            lambda issues: False)
+
+
+def _place_and_check(pg: PrimGraph, hw, d: PlanDecisions, program: Program, cands: dict[str, LxRequest],
+                     residency, known) -> Optional[TileBufferResult]:
+    """First-fit LX addresses for `cands`, `residency(address)` for each placed one, the
+    plan emitted and validated: the candidates an issue names are dropped and the rest tried
+    again (up to `_MAX_ROUNDS`); issues naming none of them end the search unless
+    `known(issues)` says the program had them anyway. None when no candidate survives."""
     dropped: dict[str, str] = {}
     for _ in range(_MAX_ROUNDS):
         if not cands:
@@ -247,7 +228,7 @@ def add_whole_residencies(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
             return None
         resident = dict(d.resident)
         for t, addr in addresses.items():
-            resident[t] = Residency(lx_address=addr)
+            resident[t] = residency(addr)
         trial_d = replace(d, resident=resident)
         try:
             prog = emit_program(pg, hw, trial_d)
@@ -258,7 +239,8 @@ def add_whole_residencies(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
             return TileBufferResult(trial_d, prog, sorted(addresses), dropped)
         named = {i.tensor: i.code for i in issues if getattr(i, "tensor", None) in addresses}
         if not named:
-            return None
+            # a new issue not about one buffer: give up rather than guess
+            return TileBufferResult(trial_d, prog, sorted(addresses), dropped) if known(issues) else None
         dropped.update(named)
         cands = {t: cands[t] for t in addresses if t not in named}
     return None
