@@ -128,6 +128,24 @@ def test_greedy_split_one_reduction_dim_takes_leftover_cores():
     assert greedy_split(op, {1: 64}, 32) == {"m": 3, "k": 8}
 
 
+def test_a_cumsum_is_never_split_along_its_scan_dim():
+    """A cumsum writes along its scan dim (the output has it), but the scan runs in order:
+    the baseline splits only the other dims, and its plan of a position-id cumsum (GPT-2's
+    `cumsum(attention_mask) * mask - 1` pattern) validates and runs like the reference."""
+    rows, seq = 4, 512
+    t = {"x": PrimTensor("x", (rows, seq), "float16", "user_input"),
+         "c": PrimTensor("c", (rows, seq), "float16")}
+    op = PrimOp("cumsum", (IterDim("b", rows), IterDim("s", seq, "reduction")), (Access("x", (0, 1)),),
+                Access("c", (0, 1)), ReduceBody("cumsum"))
+    assert greedy_split(op, {}, 32) == {"b": 4}
+    pg = PrimGraph("cumsum_rows", t, [op], ["x"], ["c"])
+    program = plan(pg, HW, "heuristic", fallback=False)
+    assert program.stats.planner == "heuristic"
+    res = simulate(program, HW, graph=pg, numerics=True)
+    assert res.valid, res.errors
+    assert res.max_rel_err is not None and res.max_rel_err < 2e-2, res.max_rel_err
+
+
 @pytest.mark.parametrize("M,K,N", [(512, 4096, 4096), (1, 4096, 25600), (128, 4096, 14336)])
 def test_matmul_split_enumeration_is_argmin_of_its_cost(M, K, N):
     op = PrimOp("mm", (IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),

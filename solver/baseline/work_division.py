@@ -65,13 +65,13 @@ def _units(op: PrimOp, granules: Mapping[int, int]) -> list[int]:
 
 def greedy_split(op: PrimOp, granules: Mapping[int, int], cores: int) -> dict[str, int]:
     units = _units(op, granules)
+    scan = op.body.kind == "reduce" and op.body.fn == "cumsum"
     out_dims = []
     for d in op.output.dims:
-        if d is not None and d not in out_dims:
+        # a scan dim is never split across cores, though a cumsum writes along it
+        if d is not None and d not in out_dims and not (scan and op.iter_dims[d].kind == "reduction"):
             out_dims.append(d)
-    red_dims = [i for i in range(len(op.iter_dims)) if i not in out_dims]
-    if op.body.kind == "reduce" and op.body.fn == "cumsum":
-        red_dims = []  # a scan dim is never split across cores
+    red_dims = [] if scan else [i for i in range(len(op.iter_dims)) if i not in out_dims]
     out_dims.sort(key=lambda i: units[i], reverse=True)  # stable: ties keep loop order
     red_dims.sort(key=lambda i: units[i], reverse=True)
     split: dict[str, int] = {}
