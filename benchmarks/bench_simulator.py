@@ -61,6 +61,19 @@ def capture_llama_layer(seq: int = 512) -> dict:
     return capture(model, inputs, name=f"llama31_8b_prefill{seq}")
 
 
+def _write_block(path: Path, begin: str, end: str, text: str, heading: str) -> None:
+    """Replace the text between the `begin` and `end` markers of `path` (or append it there,
+    under `heading`)."""
+    body = path.read_text(encoding="utf-8") if path.exists() else ""
+    block = f"{begin}\n{text}\n{end}"
+    if begin in body:
+        body = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, body, flags=re.S)
+    else:
+        body = body.rstrip() + "\n\n" + heading + block + "\n"
+    path.write_text(body, encoding="utf-8")
+    print(f"wrote {path}")
+
+
 def machine() -> str:
     return (f"{platform.machine()}, nproc {os.cpu_count()}, Python {platform.python_version()}, "
             f"{platform.system()} {platform.release()}")
@@ -76,7 +89,8 @@ def load() -> str:
 _FUNCS = ("emit_program", "validate_program", "time_program")
 
 
-def _canon(name: str, result):
+def canonical(name: str, result):
+    """A result of one of `sim_functions()` in a comparable form (JSON data)."""
     if name == "validate_program":
         return [i.to_json() for i in result]
     if name == "time_program":
@@ -84,20 +98,25 @@ def _canon(name: str, result):
     return result.model_dump(mode="json")
 
 
-def _record_plan(pg, hw):
-    """A deterministic cpsat plan of `pg`, with every call it made to the three functions."""
-    import importlib
-
+def sim_functions() -> dict:
+    """The three functions the planners call over and over, by name."""
     import simulator.timing as timing_mod
     import simulator.validate as validate_mod
     import solver.emit as emit_mod
-    from solver.planners import plan
 
-    for m in ("solver.spyre.cpsat_planner", "solver.spyre.fusion", "solver.spyre.relayout",
+    return {"emit_program": emit_mod.emit_program, "validate_program": validate_mod.validate_program,
+            "time_program": timing_mod.time_program}
+
+
+def record_calls(fn):
+    """Run fn() and return every (name, args, kwargs) call it made to `sim_functions()`,
+    wherever they were imported, and fn's result. Used here and by tests/test_sim_caches.py."""
+    import importlib
+
+    for m in ("solver.planners", "solver.spyre.cpsat_planner", "solver.spyre.fusion", "solver.spyre.relayout",
               "solver.spyre.repeats", "solver.spyre.tile_buffers"):
-        importlib.import_module(m)
-    funcs = {"emit_program": emit_mod.emit_program, "validate_program": validate_mod.validate_program,
-             "time_program": timing_mod.time_program}
+        importlib.import_module(m)  # before patching: a lazy import would bind the unpatched function
+    funcs = sim_functions()
     calls: list = []
     patched = []
 
@@ -113,11 +132,34 @@ def _record_plan(pg, hw):
                 patched.append((mod, name, f))
                 setattr(mod, name, wrap(name, f))
     try:
-        program = plan(pg, hw, "cpsat", deterministic=True)
+        out = fn()
     finally:
         for mod, name, f in patched:
             setattr(mod, name, f)
-    return program, calls, funcs
+    return calls, out
+
+
+def _record_plan(pg, hw):
+    """A deterministic cpsat plan of `pg`, with every call it made to the three functions."""
+    from solver.planners import plan
+
+    calls, program = record_calls(lambda: plan(pg, hw, "cpsat", deterministic=True))
+    return program, calls, sim_functions()
+
+
+def _paths(rounds: int):
+    """Per round, the reference path then the cached one (caches emptied), each after a
+    collection: yields whether the caches are on."""
+    import gc
+
+    from simulator import geometry
+
+    for _ in range(max(1, rounds)):
+        for on in (False, True):
+            geometry.set_caches(on)
+            geometry.clear_caches()
+            gc.collect()
+            yield on
 
 
 def _variants(program, n: int) -> list:
@@ -140,7 +182,6 @@ def _variants(program, n: int) -> list:
 
 
 def search_main(args) -> int:
-    import gc
     import json
 
     from lowering import lower_document
@@ -175,49 +216,41 @@ def search_main(args) -> int:
     # 1. replay the recorded calls
     best = {}
     results = {}
-    for _ in range(max(1, args.rounds)):
-        for on in (False, True):
-            geometry.set_caches(on)
-            geometry.clear_caches()
-            gc.collect()
-            tt = {n: 0.0 for n in _FUNCS}
-            res = []
-            for name, a, k in calls:
-                t = time.perf_counter()
-                r = funcs[name](*a, **k)
-                tt[name] += time.perf_counter() - t
-                res.append(_canon(name, r))
-            results.setdefault(on, res)
-            if res != results[on]:
-                print("MISMATCH between rounds of one path")
-                return 1
-            for n, v in tt.items():
-                best[(on, n)] = min(best.get((on, n), float("inf")), v)
+    for on in _paths(args.rounds):
+        tt = {n: 0.0 for n in _FUNCS}
+        res = []
+        for name, a, k in calls:
+            t = time.perf_counter()
+            r = funcs[name](*a, **k)
+            tt[name] += time.perf_counter() - t
+            res.append(canonical(name, r))
+        results.setdefault(on, res)
+        if res != results[on]:
+            print("MISMATCH between rounds of one path")
+            return 1
+        for n, v in tt.items():
+            best[(on, n)] = min(best.get((on, n), float("inf")), v)
     mismatches = sum(a != b for a, b in zip(results[False], results[True]))
 
     # 2. one op changed per call
     variants = _variants(program, args.variants)
     vbest = {}
     vres = {}
-    for _ in range(max(1, args.rounds)):
-        for on in (False, True):
-            geometry.set_caches(on)
-            geometry.clear_caches()
-            gc.collect()
-            tv = tt_ = 0.0
-            res = []
-            for q in variants:
-                t = time.perf_counter()
-                issues = validate_program(q, hw)
-                t2 = time.perf_counter()
-                rep = time_program(q, hw)
-                t3 = time.perf_counter()
-                tv += t2 - t
-                tt_ += t3 - t2
-                res.append(([i.to_json() for i in issues], rep.to_dict()))
-            vres.setdefault(on, res)
-            vbest[(on, "validate")] = min(vbest.get((on, "validate"), float("inf")), tv)
-            vbest[(on, "time")] = min(vbest.get((on, "time"), float("inf")), tt_)
+    for on in _paths(args.rounds):
+        tv = tt_ = 0.0
+        res = []
+        for q in variants:
+            t = time.perf_counter()
+            issues = validate_program(q, hw)
+            t2 = time.perf_counter()
+            rep = time_program(q, hw)
+            t3 = time.perf_counter()
+            tv += t2 - t
+            tt_ += t3 - t2
+            res.append(([i.to_json() for i in issues], rep.to_dict()))
+        vres.setdefault(on, res)
+        vbest[(on, "validate")] = min(vbest.get((on, "validate"), float("inf")), tv)
+        vbest[(on, "time")] = min(vbest.get((on, "time"), float("inf")), tt_)
     mismatches += sum(a != b for a, b in zip(vres[False], vres[True]))
     geometry.set_caches(True)
 
@@ -255,14 +288,7 @@ def search_main(args) -> int:
     text = "\n".join(lines)
     print(text)
     if args.write_docs:
-        body = SPEED_DOC.read_text(encoding="utf-8")
-        block = f"{SPEED_BEGIN}\n{text}\n{SPEED_END}"
-        if SPEED_BEGIN in body:
-            body = re.sub(re.escape(SPEED_BEGIN) + r".*?" + re.escape(SPEED_END), lambda _: block, body, flags=re.S)
-        else:
-            body = body.rstrip() + "\n\n" + block + "\n"
-        SPEED_DOC.write_text(body, encoding="utf-8")
-        print(f"wrote {SPEED_DOC}")
+        _write_block(SPEED_DOC, SPEED_BEGIN, SPEED_END, text, "")
     return 0 if mismatches == 0 and same_program else 1
 
 
@@ -316,14 +342,7 @@ def main(argv=None) -> int:
     text = "\n".join(lines)
     print(text)
     if args.write_docs:
-        body = DOC.read_text(encoding="utf-8") if DOC.exists() else ""
-        block = f"{BEGIN}\n{text}\n{END}"
-        if BEGIN in body:
-            body = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, body, flags=re.S)
-        else:
-            body = body.rstrip() + "\n\n## Benchmark\n\n" + block + "\n"
-        DOC.write_text(body, encoding="utf-8")
-        print(f"wrote {DOC}")
+        _write_block(DOC, BEGIN, END, text, "## Benchmark\n\n")
     return 0
 
 

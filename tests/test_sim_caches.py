@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import simulator.timing as timing_mod
 import simulator.validate as validate_mod
 import solver.emit as emit_mod
+from benchmarks.bench_simulator import canonical, record_calls, sim_functions
 from lowering import lower_document
 from lowering.graph_format import GraphDocument
 from simulator import geometry
@@ -25,8 +25,7 @@ from solver.planners import plan
 from tests import primgraphs
 
 ROOT = Path(__file__).resolve().parents[1]
-FUNCS = {"emit_program": emit_mod.emit_program, "validate_program": validate_mod.validate_program,
-         "time_program": timing_mod.time_program}
+FUNCS = sim_functions()
 
 
 @pytest.fixture(scope="module")
@@ -47,41 +46,14 @@ def _layer(name: str):
     return lower_document(GraphDocument.model_validate(doc))
 
 
-def _canon(name: str, result):
-    if name == "validate_program":
-        return [i.to_json() for i in result]
-    if name == "time_program":
-        return result.to_dict()
-    return result.model_dump(mode="json")
-
-
 def _record(fn):
     """Run fn() and return every (name, args) call it made to the three functions, wherever
     they were imported, and fn's result."""
-    import importlib
-    import sys
-    for m in ("solver.planners", "solver.spyre.cpsat_planner", "solver.spyre.fusion", "solver.spyre.relayout",
-              "solver.spyre.repeats", "solver.spyre.tile_buffers"):
-        importlib.import_module(m)  # before patching: a lazy import would bind the unpatched function
-    calls = []
-
-    def wrap(name, f):
-        def w(*a, **k):
-            calls.append((name, a, k))
-            return f(*a, **k)
-        return w
-
-    with pytest.MonkeyPatch.context() as mp:
-        for mod in list(sys.modules.values()):
-            for name, f in FUNCS.items():
-                if getattr(mod, name, None) is f:
-                    mp.setattr(mod, name, wrap(name, f))
-        out = fn()
-    return calls, out
+    return record_calls(fn)
 
 
 def _replay(calls):
-    return [_canon(n, FUNCS[n](*a, **k)) for n, a, k in calls]
+    return [canonical(n, FUNCS[n](*a, **k)) for n, a, k in calls]
 
 
 def _same_on_every_path(calls):
