@@ -221,6 +221,15 @@ def _box(prim: PrimOp, operand: int, extents: tuple[int, ...], shape: list[int])
     return tuple(box)
 
 
+def _matmul_batches(prim: PrimOp) -> tuple[list[int], list[int]]:
+    """A matmul's batch iteration dims: those both operands index (a bmm's), and those x
+    indexes (a projection's batched x against a weight every batch shares)."""
+    body = prim.body
+    x, y = prim.inputs[0], prim.inputs[1]
+    other = [i for i in range(len(prim.iter_dims)) if i not in (body.m, body.n, body.k)]
+    return [i for i in other if i in x.dims and i in y.dims], [i for i in other if i in x.dims]
+
+
 def _matmul_layout_rate(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardware) -> tuple[str, int]:
     """Which PT rate a matmul runs at, from its operands' device layouts.
 
@@ -231,31 +240,37 @@ def _matmul_layout_rate(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardwa
     batched, y a shared weight) whose x keeps that default order at such a batch runs at
     the default-layout projection rate. A plain matmul or a small batch runs at the
     sustained rate."""
-    body = prim.body
-    assert isinstance(body, MatmulBody)
+    assert isinstance(prim.body, MatmulBody)
     x, y = prim.inputs[0], prim.inputs[1]
-    batch = [i for i in range(len(prim.iter_dims)) if i not in (body.m, body.n, body.k)
-             and i in x.dims and i in y.dims]
+    batch, x_batch = _matmul_batches(prim)
     if not batch:
         # a projection: a batched x against a weight every batch shares. Its batch dim
         # inside the stick-row dims (the compiler's default tile order) slows the PT feed
         # once the batch is large enough, as it does for a bmm, though less.
-        x_batch = [i for i in range(len(prim.iter_dims)) if i not in (body.m, body.n, body.k) and i in x.dims]
         x_extent = math.prod(prim.iter_dims[i].size for i in x_batch)
         # (torch-spyre cost_model.py: a 3-D x shared 2-D bmm keeps its rate up to the
         # minimum batch inclusive and slows above it)
         if x_batch and x_extent > hw.bmm_layout_min_batch and not _batch_outermost(x, x_batch, tensors):
             return "default_projection", x_extent
         return "sustained", 1
-    extent = 1
-    for i in batch:
-        extent *= prim.iter_dims[i].size
+    extent = math.prod(prim.iter_dims[i].size for i in batch)
     if extent < hw.bmm_layout_min_batch:
         return "sustained", extent
     for acc in (x, y):
         if not _batch_outermost(acc, batch, tensors):
             return "default_bmm", extent
     return "batch_outer", extent
+
+
+def best_matmul_rate_kind(prim: PrimOp, hw: Hardware, dtype: str) -> str:
+    """The fastest PT rate `_matmul_layout_rate` gives this matmul under any operand
+    layouts (lower bounds charge it): a bmm of at least `bmm_layout_min_batch` never runs
+    at the plain sustained rate, whatever its layouts; a projection's x can always keep
+    its batch outermost."""
+    batch, _ = _matmul_batches(prim)
+    if not batch or math.prod(prim.iter_dims[i].size for i in batch) < hw.bmm_layout_min_batch:
+        return "sustained"
+    return max(("batch_outer", "default_bmm"), key=lambda k: hw.pt_mac_per_ns(dtype, k))
 
 
 def _batch_outermost(acc, batch: list[int], tensors: dict[str, TensorDecl]) -> bool:

@@ -1,8 +1,10 @@
 """A lower bound on the time of any plan of a graph, from the hardware file's best rates.
 
 Per primitive op:
-- compute: a matmul's MACs at the best PT rate (`pt_mac_per_ns(dtype, "sustained")`, every
-  core busy, no padding, no short-M derating); a pointwise/reduce op's iteration points in
+- compute: a matmul's MACs at the best PT rate any operand layouts give it
+  (`simulator.timing.best_matmul_rate_kind`: the sustained rate, or for a bmm batched at
+  least `bmm_layout_min_batch` wide the batch-outer rate, which the simulator charges every
+  such bmm whatever its layouts; every core busy, no padding, no short-M derating); a pointwise/reduce op's iteration points in
   whole sticks at one SFP stick per cycle per corelet (no transcendental surcharge) on every
   core; copies, gathers, fills and restickifies compute nothing;
 - compulsory device-memory bytes: every graph input (user inputs and weights) read by the
@@ -52,6 +54,7 @@ from typing import Optional
 from lowering.op_rules import ANY, legal_core_splits, split_granules, stick_elems, stick_options
 from lowering.primitives import DTYPE_BYTES, PrimGraph, PrimOp
 from simulator.geometry import core_ranges, default_core_slices, operand_box
+from simulator.timing import best_matmul_rate_kind
 
 _LAMBDAS = tuple(i / 20 for i in range(21))
 
@@ -93,6 +96,8 @@ def _compute_ns(op: PrimOp, pg: PrimGraph, hw, rate_kind: str) -> float:
     kind = op.body.kind
     dtype = pg.tensors[op.inputs[0].tensor].dtype if op.inputs else pg.tensors[op.output.tensor].dtype
     if kind == "matmul":
+        if rate_kind == "sustained":
+            rate_kind = best_matmul_rate_kind(op, hw, dtype)
         return _points(op) / (hw.pt_mac_per_ns(dtype, rate_kind) * hw.cores)
     if kind == "grouped_matmul":
         # each row takes one expert's product: M*N*K multiply-adds, not G times that
@@ -166,7 +171,7 @@ def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int], produced:
     """Every core split any stick choice of matmul `op` allows. Logical bytes (no stick
     padding). `produced`: the tensors some op writes; `whole`: `_read_whole` per tensor."""
     dts = [pg.tensors[a.tensor].dtype for a in op.inputs] + [pg.tensors[op.output.tensor].dtype]
-    rate = hw.pt_mac_per_ns(dts[0], "sustained")
+    rate = hw.pt_mac_per_ns(dts[0], best_matmul_rate_kind(op, hw, dts[0]))
     macs = _points(op)
     red = {d.name for d in op.iter_dims if d.kind == "reduction"}
     out_t = op.output.tensor
