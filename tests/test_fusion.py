@@ -168,8 +168,8 @@ def test_split_k_matmul_is_resplit_when_tiling_would_beat_it(monkeypatch):
     assert "y" not in moved_d.resident
     # (holding y in LX for the split-K reader, mm1 on its split, is another way: here it
     # wins by 1%; the planner searches from both plans and keeps the faster)
-    import solver.spyre.fusion as fusion
-    monkeypatch.setattr(fusion, "_hold_in_lx", lambda pg, hw, tr, *a: tr)
+    from solver.spyre.fusion import hold
+    monkeypatch.setattr(hold, "hold_in_lx", lambda pg, hw, tr, *a: tr)
     res_k = fuse_tiled_groups(pg, HW, replace(d, resident={}))
     res_moved = fuse_tiled_groups(pg, HW, moved_d)
     assert res_moved.fused_us < res_k.fused_us
@@ -198,7 +198,7 @@ def test_adjacent_runs_merge_into_one_kernel_where_that_is_faster(monkeypatch):
     """Two projections of the same rows on different splits: the search tiles each run,
     then tries the second on the first's split and tile count without the cut between
     them; one kernel loads x once and overlaps one weight stream with the other's compute."""
-    import solver.spyre.fusion as fusion
+    from solver.spyre.fusion import merge
     from solver.plan import OpPlan
     pg = _gated()
     d = PlanDecisions("test", ops={"mm1": OpPlan(core_split={"m": 8, "n": 4}),
@@ -208,7 +208,7 @@ def test_adjacent_runs_merge_into_one_kernel_where_that_is_faster(monkeypatch):
     assert merged is not None and not validate_program(merged.program, HW)
     groups = {o.op_id: o.fused_group for o in merged.report.ops}
     assert groups["mm1"] is not None and groups["mm1"] == groups["mm2"] == groups["mul"]
-    monkeypatch.setattr(fusion, "_merge_adjacent", lambda pg, hw, tr, *a: tr)
+    monkeypatch.setattr(merge, "merge_adjacent", lambda pg, hw, tr, *a: tr)
     apart = fuse_tiled_groups(pg, HW, d)
     assert merged.fused_us < apart.fused_us
 
@@ -296,7 +296,7 @@ def test_a_reduction_over_the_heads_split_dim_joins_its_kernel(monkeypatch):
     names is the head's (the result has no n), so the variants give it the split that reads
     the box each core wrote, mapped through the tensor it reads (n split as a reduction,
     partial sums combined on the ring); in the kernel it reads the squares on chip."""
-    import solver.spyre.fusion as fusion
+    from solver.spyre.fusion import hold, variants
     from solver.plan import OpPlan
     pg = _projection_then_row_stats()
     d = PlanDecisions("test", ops={"mm": OpPlan(core_split={"m": 8, "n": 4}),
@@ -307,9 +307,9 @@ def test_a_reduction_over_the_heads_split_dim_joins_its_kernel(monkeypatch):
     groups = {o.op_id: o.fused_group for o in res.report.ops}
     assert groups["mm"] is not None and groups["mm"] == groups["sq"] == groups["sum"]
     assert {k: v for k, v in res.decisions.ops["sum"].core_split.items() if v > 1} == {"m": 8, "r": 4}
-    monkeypatch.setattr(fusion, "_from_producer", lambda *a: None)
+    monkeypatch.setattr(variants, "from_producer", lambda *a: None)
     # (holding the squares whole in LX for a sum outside the kernel is another way there)
-    monkeypatch.setattr(fusion, "_hold_in_lx", lambda pg, hw, tr, *a: tr)
+    monkeypatch.setattr(hold, "hold_in_lx", lambda pg, hw, tr, *a: tr)
     without = fuse_tiled_groups(pg, HW, d)
     assert without.report.op("sum").fused_group != without.report.op("mm").fused_group
     assert res.fused_us < without.fused_us
@@ -317,10 +317,10 @@ def test_a_reduction_over_the_heads_split_dim_joins_its_kernel(monkeypatch):
 
 def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following(monkeypatch):
     """op1 (a tiled kernel on row slices) hands t1 to op2 on column slices through device
-    memory: written whole, read back. `_hold_in_lx` moves op2 to the row split, where each
+    memory: written whole, read back. `hold.hold_in_lx` moves op2 to the row split, where each
     core reads the slice it made, keeps t1 whole in LX, and the program is valid and faster;
     a kernel reading it follows whole; with no split to follow, t1 stays in device memory."""
-    import solver.spyre.fusion as fusion
+    from solver.spyre.fusion import hold
     from simulator.superdsc import LxMemory
     from tests.test_timing import _plan, unary_chain
     pg = unary_chain(2048, 2048, n_ops=3)
@@ -328,7 +328,7 @@ def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following
     prog = emit_program(pg, HW, d)
     assert not validate_program(prog, HW)
     rep = time_program(prog, HW)
-    held_d, held_prog, held_rep = fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    held_d, held_prog, held_rep = hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
     assert not validate_program(held_prog, HW)
     assert isinstance(held_prog.tensor_map()["t1"].memory, LxMemory)
     assert {k: v for k, v in held_d.ops["op2"].core_split.items() if v > 1} == {"r": 32}
@@ -341,13 +341,13 @@ def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following
     prog2 = emit_program(pg, HW, d2)
     rep2 = time_program(prog2, HW)
     assert rep2.op("op2").fused_group == rep2.op("op3").fused_group is not None
-    out = fusion._hold_in_lx(pg, HW, (d2, prog2, rep2), None, 0.0)
+    out = hold.hold_in_lx(pg, HW, (d2, prog2, rep2), None, 0.0)
     assert not validate_program(out[1], HW) and out[2].total_us < rep2.total_us
     assert all({k: v for k, v in out[0].ops[o].core_split.items() if v > 1} == {"r": 32} for o in ("op2", "op3"))
     assert isinstance(out[1].tensor_map()["t1"].memory, LxMemory)
     # no split under which a reader reads what its own core made: nothing moves
-    monkeypatch.setattr(fusion, "_split_through", lambda *a: None)
-    assert fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)[1] is prog
+    monkeypatch.setattr(hold, "split_through", lambda *a: None)
+    assert hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)[1] is prog
 
 
 def _projection_plus_resident(M=512, K=4096, N=4096):
@@ -373,7 +373,7 @@ def test_a_matmul_takes_its_readers_split_so_its_result_stays_in_lx(monkeypatch)
     device memory (the matmul on m4 x n8): the add cannot follow the matmul's split (its LX
     operand would then be on other cores), so the matmul takes the add's split and its
     result is held whole in LX: valid, faster, no device traffic for y."""
-    import solver.spyre.fusion as fusion
+    from solver.spyre.fusion import hold
     from simulator.superdsc import LxMemory
     from solver.plan import OpPlan, Residency
     pg = _projection_plus_resident()
@@ -384,14 +384,14 @@ def test_a_matmul_takes_its_readers_split_so_its_result_stays_in_lx(monkeypatch)
     prog = emit_program(pg, HW, d)
     assert not validate_program(prog, HW)
     rep = time_program(prog, HW)
-    held_d, held_prog, held_rep = fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    held_d, held_prog, held_rep = hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
     assert not validate_program(held_prog, HW)
     assert {k: v for k, v in held_d.ops["mm"].core_split.items() if v > 1} == {"m": 8, "n": 4}
     assert isinstance(held_prog.tensor_map()["y"].memory, LxMemory)
     assert held_rep.op("add").hbm_read_bytes == 0
     assert held_rep.total_us < 0.9 * rep.total_us
-    monkeypatch.setattr(fusion, "_lead_split", lambda *a: [])
-    assert fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)[1] is prog
+    monkeypatch.setattr(hold, "_lead_split", lambda *a: [])
+    assert hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)[1] is prog
 
 
 def test_a_kernel_takes_the_split_its_member_reads_a_held_result_in(monkeypatch):
@@ -399,7 +399,7 @@ def test_a_kernel_takes_the_split_its_member_reads_a_held_result_in(monkeypatch)
     m4 x n8 (through device memory: another core made each part). The add, a kernel member,
     cannot change split alone, so the whole kernel (matmul and add) takes the split under
     which the add reads what its own core made, and exp(r) stays whole in LX."""
-    import solver.spyre.fusion as fusion
+    from solver.spyre.fusion import hold
     from simulator.superdsc import LxMemory
     from solver.plan import OpPlan
     pg = _projection_plus_resident()
@@ -411,15 +411,15 @@ def test_a_kernel_takes_the_split_its_member_reads_a_held_result_in(monkeypatch)
     assert not validate_program(prog, HW)
     rep = time_program(prog, HW)
     assert rep.op("mm").fused_group == rep.op("add").fused_group is not None
-    held_d, held_prog, held_rep = fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    held_d, held_prog, held_rep = hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
     assert not validate_program(held_prog, HW)
     for oid in ("mm", "add"):
         assert {k: v for k, v in held_d.ops[oid].core_split.items() if v > 1} == {"m": 8, "n": 4}
     assert isinstance(held_prog.tensor_map()["a"].memory, LxMemory)
     assert held_rep.op("mm").fused_group == held_rep.op("add").fused_group is not None
     assert held_rep.total_us < 0.8 * rep.total_us
-    monkeypatch.setattr(fusion, "_kernel_follows", lambda *a: [])
-    out = fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    monkeypatch.setattr(hold, "_kernel_follows", lambda *a: [])
+    out = hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
     assert "a" not in out[0].resident
 
 
@@ -428,7 +428,7 @@ def test_following_stops_at_a_held_result_a_matmul_reads_and_drops_its_residency
     is held in LX for a split-K matmul that reads exactly op2's slices. op2 can follow op1's
     split, but the matmul cannot follow op2: t2 goes to device memory instead (any split
     reads it there) and the matmul keeps its split."""
-    import solver.spyre.fusion as fusion
+    from solver.spyre.fusion import hold
     from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
                                      PrimOp, PrimTensor)
     from solver.plan import OpPlan, Residency
@@ -450,7 +450,7 @@ def test_following_stops_at_a_held_result_a_matmul_reads_and_drops_its_residency
                       resident={"t2": Residency(lx_address=0)})
     prog = emit_program(pg, HW, d)
     assert not validate_program(prog, HW)
-    ops, drop = fusion._follow_split(pg, prog, d, "t1", HW)
+    ops, drop = hold._follow_split(pg, prog, d, "t1", HW)
     assert {k: v for k, v in ops["op2"].core_split.items() if v > 1} == {"r": 32}
     assert ops["mm"] == d.ops["mm"] and drop == {"t2"}
     moved = replace(d, ops=ops, resident={})
@@ -459,9 +459,9 @@ def test_following_stops_at_a_held_result_a_matmul_reads_and_drops_its_residency
 
 def test_a_kernel_with_more_tiles_than_its_members_stream_well_gets_fewer():
     """Two pointwise ops in one kernel on 64-row core slices at 64 tiles: one row per tile
-    underfills the stream. `_fewer_tiles` tries a half and a quarter of the count and keeps
+    underfills the stream. `retile.fewer_tiles` tries a half and a quarter of the count and keeps
     the faster valid one."""
-    import solver.spyre.fusion as fusion
+    from solver.spyre.fusion import retile
     from tests.test_timing import _plan, unary_chain
     pg = unary_chain(2048, 2048, n_ops=2)
     d = _plan({"op1": {"r": 32}, "op2": {"r": 32}}, tiles={"op1": {"r": 64}, "op2": {"r": 64}})
@@ -469,7 +469,7 @@ def test_a_kernel_with_more_tiles_than_its_members_stream_well_gets_fewer():
     assert not validate_program(prog, HW)
     rep = time_program(prog, HW)
     assert any(e.startswith("underfill") for e in rep.op("op1").effects)
-    out_d, out_prog, out_rep = fusion._fewer_tiles(pg, HW, (d, prog, rep), None, 0.0)
+    out_d, out_prog, out_rep = retile.fewer_tiles(pg, HW, (d, prog, rep), None, 0.0)
     assert not validate_program(out_prog, HW)
     assert out_d.ops["op1"].temporal_tiles == out_d.ops["op2"].temporal_tiles == {"r": 16}
     assert out_rep.op("op1").fused_group == out_rep.op("op2").fused_group is not None
@@ -480,7 +480,7 @@ def test_a_following_kernel_takes_fewer_tiles_where_its_tiled_dim_is_now_split()
     """op2 and op3 (one kernel on row slices, 64 tiles along the columns) follow op1's
     column split to read t1 from LX: each core then holds 1/32 of the columns, so the kernel
     takes 64 / 32 = 2 tiles (one count for both members), and the program is valid."""
-    import solver.spyre.fusion as fusion
+    from solver.spyre.fusion import hold
     from simulator.superdsc import LxMemory
     from tests.test_timing import _plan, unary_chain
     pg = unary_chain(1024, 8192, n_ops=3)
@@ -488,10 +488,10 @@ def test_a_following_kernel_takes_fewer_tiles_where_its_tiled_dim_is_now_split()
               tiles={"op1": {"r": 4}, "op2": {"c": 64}, "op3": {"c": 64}})
     prog = emit_program(pg, HW, d)
     assert not validate_program(prog, HW)
-    ops, drop = fusion._follow_split(pg, prog, d, "t1", HW)
+    ops, drop = hold._follow_split(pg, prog, d, "t1", HW)
     assert ops["op2"].temporal_tiles == ops["op3"].temporal_tiles == {"c": 2} and not drop
     rep = time_program(prog, HW)
-    held_d, held_prog, held_rep = fusion._hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    held_d, held_prog, held_rep = hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
     assert not validate_program(held_prog, HW)
     assert isinstance(held_prog.tensor_map()["t1"].memory, LxMemory)
     assert held_rep.total_us < rep.total_us
@@ -500,7 +500,7 @@ def test_a_following_kernel_takes_fewer_tiles_where_its_tiled_dim_is_now_split()
 def test_a_following_kernel_with_other_tiles_drops_its_tile_buffers():
     """The kernel of op2 and op3 keeps t2 as a tile buffer sized for 64 column tiles; when
     it follows op1's split with 2 tiles, the buffer goes (the trial re-adds buffers)."""
-    import solver.spyre.fusion as fusion
+    from solver.spyre.fusion import hold
     from solver.plan import Residency
     from tests.test_timing import _plan, unary_chain
     pg = unary_chain(1024, 8192, n_ops=3)
@@ -509,6 +509,6 @@ def test_a_following_kernel_with_other_tiles_drops_its_tile_buffers():
     d.resident["t2"] = Residency(lx_address=0, per_tile=True)
     prog = emit_program(pg, HW, d)
     assert not validate_program(prog, HW)
-    ops, drop = fusion._follow_split(pg, prog, d, "t1", HW)
+    ops, drop = hold._follow_split(pg, prog, d, "t1", HW)
     assert ops["op2"].temporal_tiles == {"c": 2} and drop == {"t2"}
     assert not validate_program(emit_program(pg, HW, replace(d, ops=ops, resident={})), HW)

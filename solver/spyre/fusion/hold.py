@@ -1,0 +1,270 @@
+"""Holding results in LX (a step of the search, `hold_in_lx`): results still handed from a
+kernel to later ops through device memory are held whole in LX where their readers can take
+(`_follow_split`), or their producer (`_lead_split`) or the reading kernel
+(`_kernel_follows`) can give, the split that reads what each core made."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Optional
+
+from lowering.op_rules import legal_core_splits
+from lowering.primitives import PrimGraph, PrimOp
+from simulator.geometry import layout_nbytes, op_granules
+from simulator.superdsc import Program, fused_group_key
+from simulator.timing import time_program
+from solver.plan import OpPlan, PlanDecisions
+from solver.spyre.fusion.split_maps import head_split, result_split, split_through
+from solver.spyre.fusion.trial import valid_program
+from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers, whole_candidates
+
+# results handed between kernels through device memory that `hold_in_lx` tries to keep in
+# LX (the largest first), and the smallest it tries
+HOLD_TRIALS = 6
+HOLD_MIN_BYTES = 1 << 20
+
+
+def hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float,
+               limit: int = HOLD_TRIALS) -> tuple:
+    """Results that go from one kernel to later ops through device memory (written whole,
+    read back) held whole in LX instead: the readers take the split that reads what each
+    core made (`_follow_split`), the tensor gets LX the plan leaves free over its live range
+    (`tile_buffers.add_whole_residencies`, validator-judged). The largest `limit` such
+    results (at least `HOLD_MIN_BYTES`) whose readers can follow are tried one at a time,
+    each kept where the whole program simulates faster; then, in `limit` trials more, those
+    whose producing matmul can take its readers' split (`_lead_split`). The solve chose residencies before fusion changed the splits
+    and freed LX (tile buffers), so a result it left in device memory may now fit."""
+    fused_d, prog, rep = tr
+    cands = whole_candidates(pg, prog, hw)
+    tmap = prog.tensor_map()
+    nbytes = {t: layout_nbytes(tmap[t].layout, tmap[t].dtype) for t in cands}
+    tried = {False: 0, True: 0}  # trials of each kind
+    order = sorted((t for t in cands if nbytes[t] >= HOLD_MIN_BYTES), key=lambda t: -nbytes[t])
+    # first the results whose readers follow, then (on the splits that left) the ones whose
+    # producer leads
+    for t, lead in [(t, False) for t in order] + [(t, True) for t in order]:
+        if t in fused_d.resident:
+            continue
+        if lead:
+            alternatives = [(ops, set()) for ops in _lead_split(pg, prog, fused_d, t, hw)
+                            + _kernel_follows(pg, prog, fused_d, t, hw)]
+        else:
+            follow = _follow_split(pg, prog, fused_d, t, hw)
+            alternatives = [] if follow is None else [follow]
+        best = None
+        for ops, drop in alternatives:
+            if tried[lead] >= limit or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
+                break
+            tried[lead] += 1
+            d2, prog2 = replace(fused_d, ops=ops, resident={x: r for x, r in fused_d.resident.items()
+                                                            if x not in drop}), prog
+            if ops != fused_d.ops or drop:
+                prog2 = valid_program(pg, hw, d2)
+                if prog2 is None:
+                    continue
+            held = add_whole_residencies(pg, hw, d2, prog2, only={t})
+            if held is None:
+                continue
+            rep2 = time_program(held.program, hw)
+            if rep2.total_us < (best[2].total_us if best else rep.total_us):
+                best = (held.decisions, held.program, rep2)
+        if best is not None:
+            fused_d, prog, rep = best
+    return fused_d, prog, rep
+
+
+def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw
+                  ) -> Optional[tuple[dict, set[str]]]:
+    """`d.ops` with the ops reading `tensor` (pointwise, reduce or copy ops) on the split
+    under which each core reads the slice of it that the same core made (`split_through`),
+    and, through every LX-resident result of an op so changed and from a kernel member to
+    the members reading its result, their readers likewise; None when some reader cannot
+    follow (no such split, not legal for it, another kind of op). Returns the ops and the
+    LX residencies to drop. Whether the kernels so changed stay valid is the validator's
+    question."""
+    prims = {op.id: op for op in pg.ops}
+    producer = {op.output.tensor: op.id for op in pg.ops}
+    readers: dict[str, list[str]] = {}
+    for op in pg.ops:
+        for a in op.inputs:
+            readers.setdefault(a.tensor, []).append(op.id)
+    layouts = {t.id: t.layout for t in program.tensors}
+    dtypes = {t.id: t.dtype for t in program.tensors}
+    ops = dict(d.ops)
+    drop: set[str] = set()
+    kernel = {program.ops[k].id: n for k, n in kernel_numbers(program).items()}
+    # (producer, tensor, the readers to move: None for all)
+    queue: list[tuple[str, str, Optional[set]]] = [(producer[tensor], tensor, None)]
+    done: set[str] = set()
+    while queue:
+        p, t, only = queue.pop()
+        for r in dict.fromkeys(readers.get(t, [])):
+            if only is not None and r not in only:
+                continue
+            rp = prims[r]
+            plan = ops.get(r, OpPlan())
+            if rp.body.kind not in ("pointwise", "reduce", "copy") or plan.alias:
+                return None
+            want = split_through(prims[p], ops.get(p, OpPlan()).core_split, rp, t)
+            if want is None:
+                return None
+            cur = {k: v for k, v in plan.core_split.items() if v > 1}
+            if r in done:
+                if cur != want:
+                    return None
+                continue
+            done.add(r)
+            if cur == want:
+                continue
+            if want not in legal_core_splits(rp, op_granules(rp, layouts, dtypes, hw.stick_bytes), hw.cores):
+                return None
+            ops[r] = replace(plan, core_split=dict(want), core_slices=None)
+            out = rp.output.tensor
+            # on through a result held in LX (a tile buffer too), and from a member of a
+            # kernel to the kernel's other members reading it: they must all follow; a
+            # whole-slice result some reader of which cannot follow (a matmul) goes to
+            # device memory instead, where any split reads it
+            held = d.resident.get(out)
+            mates = {x for x in readers.get(out, []) if r in kernel and kernel.get(x) == kernel[r]}
+            if held is not None and not held.per_tile and any(
+                    prims[x].body.kind not in ("pointwise", "reduce", "copy") for x in readers.get(out, [])):
+                drop.add(out)
+                if mates:
+                    queue.append((r, out, mates))
+            elif held is not None:
+                queue.append((r, out, None))
+            elif mates:
+                queue.append((r, out, mates))
+    moved = {o for o in ops if ops[o] is not d.ops.get(o)}
+    # a kernel some member of which moved moves whole, or the kernel would split (a
+    # kernel whose head must move too is `_kernel_follows`' case)
+    members: dict[int, set[str]] = {}
+    for o, n in kernel.items():
+        members.setdefault(n, set()).add(o)
+    if any(not members[kernel[o]] <= done for o in moved if o in kernel):
+        return None
+    # a moved kernel member whose tiled dim is now split finer takes proportionally fewer
+    # tiles, and every moved member of one kernel the fewest of them (one count a kernel)
+    count: dict[int, int] = {}
+    for o in moved:
+        old, new = d.ops.get(o, OpPlan()), ops[o]
+        for dim, t in new.temporal_tiles.items():
+            ratio = max(1, new.core_split.get(dim, 1) // max(1, old.core_split.get(dim, 1)))
+            count[kernel.get(o, -1)] = min(count.get(kernel.get(o, -1), t), t // ratio)
+    for o in moved:
+        p = ops[o]
+        if p.temporal_tiles and kernel.get(o, -1) in count:
+            c = count[kernel.get(o, -1)]
+            ops[o] = replace(p, temporal_tiles={dim: c for dim in p.temporal_tiles} if c >= 2 else {})
+            held = d.resident.get(prims[o].output.tensor)
+            if ops[o].temporal_tiles != p.temporal_tiles and held is not None and held.per_tile:
+                drop.add(prims[o].output.tensor)  # a tile buffer sized for other tiles
+    # an op that moved reads its other operands held whole in LX from other cores' slices
+    # unless their producers moved with it: those go to device memory
+    for o in moved:
+        for a in prims[o].inputs:
+            held = d.resident.get(a.tensor)
+            if a.tensor != tensor and held is not None and not held.per_tile and producer.get(a.tensor) not in moved:
+                drop.add(a.tensor)
+    return ops, drop
+
+
+def _lead_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw) -> list[dict]:
+    """When `tensor`'s readers cannot follow its producer's split: `d.ops` with the producer,
+    a tiled matmul that is a kernel of its own, on the split its readers (outside any
+    kernel, all agreeing) read the tensor in (`head_split`), at its tile count and at twice
+    that (a result held whole takes LX the matmul's double buffering used: smaller tiles
+    leave it room). Empty when there is no such move."""
+    prims = {op.id: op for op in pg.ops}
+    producer = next((op for op in pg.ops if op.output.tensor == tensor), None)
+    plan = d.ops.get(producer.id) if producer is not None else None
+    if producer is None or producer.body.kind != "matmul" or plan is None or not plan.temporal_tiles:
+        return []
+    key = {o.id: fused_group_key(o) for o in program.ops}
+    if sum(1 for k in key.values() if k is not None and k == key.get(producer.id)) != 1:
+        return []  # its kernel has members: they would need to follow too
+    want = None
+    for op in pg.ops:
+        if not any(a.tensor == tensor for a in op.inputs):
+            continue
+        rp = d.ops.get(op.id, OpPlan())
+        if rp.temporal_tiles:
+            return []
+        split = head_split(producer, [prims[op.id]], {k: v for k, v in rp.core_split.items() if v > 1})
+        if split is None or (want is not None and split != want):
+            return []
+        want = split
+    cur = {k: v for k, v in plan.core_split.items() if v > 1}
+    layouts = {t.id: t.layout for t in program.tensors}
+    dtypes = {t.id: t.dtype for t in program.tensors}
+    if want is None or want == cur or want not in legal_core_splits(
+            producer, op_granules(producer, layouts, dtypes, hw.stick_bytes), hw.cores):
+        return []
+    out = []
+    for f in (1, 2):
+        ops = dict(d.ops)
+        ops[producer.id] = replace(plan, core_split=dict(want), core_slices=None,
+                                   temporal_tiles={k: v * f for k, v in plan.temporal_tiles.items()})
+        out.append(ops)
+    return out
+
+
+def _kernel_follows(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw) -> list[dict]:
+    """When `tensor` is read (outside its producer's kernel) only by members of one other
+    kernel headed by a matmul: `d.ops` with that whole kernel on the split under which the
+    reader reads what each core made: the reader's split mapped through its result's
+    tensor dims to the head's (results of one shape), the other members on the head's split
+    of their results (`split_maps.from_head`). Empty when there is no such move or one is not legal."""
+    prims = {op.id: op for op in pg.ops}
+    producer = next((op for op in pg.ops if op.output.tensor == tensor), None)
+    if producer is None:
+        return []
+    key = {o.id: fused_group_key(o) for o in program.ops}
+    ids = [o.id for o in program.ops]
+    p_split = d.ops.get(producer.id, OpPlan()).core_split
+    target = None   # (reader, its wanted split)
+    for op in pg.ops:
+        if not any(a.tensor == tensor for a in op.inputs):
+            continue
+        want = split_through(producer, p_split, op, tensor)
+        if want is None:
+            return []
+        cur = {k: v for k, v in d.ops.get(op.id, OpPlan()).core_split.items() if v > 1}
+        if key.get(op.id) is not None and key.get(op.id) == key.get(producer.id) and cur == want:
+            continue   # in the producer's kernel already reading its own cores' part
+        if key.get(op.id) is None or target is not None:
+            return []
+        target = (op, want)
+    if target is None:
+        return []
+    reader, want = target
+    k = ids.index(reader.id)
+    while k > 0 and key[ids[k - 1]] == key[reader.id] and ids[k] not in d.bundle_starts:
+        k -= 1
+    head = prims.get(ids[k])
+    members = []
+    for oid in ids[k:]:
+        if key[oid] != key[reader.id] or (oid != ids[k] and oid in d.bundle_starts):
+            break
+        members.append(oid)
+    shapes = {t.id: tuple(t.shape) for t in program.tensors}
+    if head is None or head.body.kind != "matmul":
+        return []
+    split = result_split(reader, want, head, shapes)
+    if split is None:
+        return []
+    layouts = {t.id: t.layout for t in program.tensors}
+    dtypes = {t.id: t.dtype for t in program.tensors}
+
+    def legal(prim: PrimOp, sp: dict) -> bool:
+        return sp in legal_core_splits(prim, op_granules(prim, layouts, dtypes, hw.stick_bytes), hw.cores)
+    if not legal(head, split):
+        return []
+    ops = dict(d.ops)
+    ops[head.id] = replace(ops.get(head.id, OpPlan()), core_split=dict(split), core_slices=None)
+    for oid in members[1:]:
+        w = result_split(head, split, prims[oid], shapes)
+        if w is None or not legal(prims[oid], w):
+            return []
+        ops[oid] = replace(ops.get(oid, OpPlan()), core_split=w, core_slices=None)
+    return [ops]

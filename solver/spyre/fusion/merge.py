@@ -1,0 +1,171 @@
+"""Merging kernels after the combination (steps of the search): adjacent tiled runs as one
+kernel where a trial shows that valid and faster (`merge_adjacent`), and, with `reorder`,
+matmuls reading one tensor moved next to each other in the op order and merged the same
+way (`merge_siblings`, the order from `_sibling_order`)."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Optional
+
+from lowering.op_rules import legal_core_splits
+from lowering.primitives import PrimGraph, op_from_json
+from simulator.geometry import op_granules
+from simulator.superdsc import Program, fused_group_key
+from simulator.validate import validate_program
+from solver.plan import PlanDecisions
+from solver.spyre.fusion.runs import find_runs, tile_dims
+from solver.spyre.fusion.split_maps import from_head
+from solver.spyre.fusion.trial import trial
+
+
+def merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadline: Optional[float],
+                   trial_s: float, heads: Optional[set[str]] = None) -> tuple:
+    """Adjacent tiled runs as one kernel where that is valid and faster: one run takes the
+    other's tile count (and, where both are headed by matmuls, the other head's core
+    split, its members following), and the bundle cut `runs.with_tiles` put between them goes.
+    A matmul heading the second run then runs inside the first's tile loop: its loads
+    overlap the first's compute, and an input the first kernel already loaded (e.g. the
+    gate and up projections of a gated MLP reading the same normalized rows) is not
+    loaded again. Greedy along the program, each step validated and simulated. `heads`:
+    only pairs with a run headed by one of these ops are tried."""
+    fused_d, prog, rep = tr
+    for a, b in zip(runs, runs[1:]):
+        if heads is not None and a[0] not in heads and b[0] not in heads:
+            continue
+        pos = {o.id: k for k, o in enumerate(prog.ops)}
+        cores = {o.id: o.num_cores_used for o in prog.ops}
+        tiles = {o: fused_d.ops[o].temporal_tiles for o in a + b
+                 if o in fused_d.ops and fused_d.ops[o].temporal_tiles}
+        if a[0] not in tiles or b[0] not in tiles or b[0] not in fused_d.bundle_starts:
+            continue
+        if pos.get(b[0]) != pos.get(a[-1], -2) + 1 or cores.get(a[0]) != cores.get(b[0]):
+            continue
+        starts = [x for x in fused_d.bundle_starts if x != b[0]]
+        cands = []
+        for src, dst in ((a, b), (b, a)):
+            t = max(tiles[src[0]].values())
+            ops = dict(fused_d.ops)
+            for o in dst:
+                if o in tiles:
+                    ops[o] = replace(ops[o], temporal_tiles={dim: t for dim in tiles[o]})
+            cands.append(replace(fused_d, ops=ops, bundle_starts=starts))
+            aligned = _aligned_heads(prog, hw, ops, src[0], dst)
+            if aligned is not None:
+                cands.append(replace(fused_d, ops=aligned, bundle_starts=starts,
+                                     resident={x: r for x, r in fused_d.resident.items() if not r.per_tile}))
+        for cand in cands:
+            if deadline is not None and time.perf_counter() + trial_s > deadline:
+                return fused_d, prog, rep
+            out = trial(pg, hw, cand)
+            if out is not None and out[2].total_us < rep.total_us and not validate_program(out[1], hw):
+                fused_d, prog, rep = out
+    return fused_d, prog, rep
+
+
+def _aligned_heads(prog: Program, hw, ops: dict, head_a: str, run_b: list[str]) -> Optional[dict]:
+    """`ops` with run b's heading matmul on run a's heading matmul's core split (where
+    legal for it), and b's members on that split of b's result; None when there is
+    nothing to align."""
+    prims = {o.id: op_from_json(o.prim) for o in prog.ops if o.prim is not None}
+    ha, hb = prims.get(head_a), prims.get(run_b[0])
+    if ha is None or hb is None or ha.body.kind != "matmul" or hb.body.kind != "matmul":
+        return None
+    split = {k: v for k, v in ops[head_a].core_split.items() if v > 1}
+    if split == {k: v for k, v in ops[run_b[0]].core_split.items() if v > 1}:
+        return None
+    layouts = {t.id: t.layout for t in prog.tensors}
+    dtypes = {t.id: t.dtype for t in prog.tensors}
+    shapes = {t.id: tuple(t.shape) for t in prog.tensors}
+    if split not in legal_core_splits(hb, op_granules(hb, layouts, dtypes, hw.stick_bytes), hw.cores):
+        return None
+    out = dict(ops)
+    out[hb.id] = replace(out[hb.id], core_split=dict(split), core_slices=None)
+    want_of = from_head(hb, split, shapes)
+    for oid in run_b[1:]:
+        want = want_of(prims[oid]) if want_of is not None else None
+        gran = op_granules(prims[oid], layouts, dtypes, hw.stick_bytes)
+        if want is not None and oid in out and want in legal_core_splits(prims[oid], gran, hw.cores):
+            out[oid] = replace(out[oid], core_split=want, core_slices=None)
+    return out
+
+
+def merge_siblings(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float) -> tuple:
+    """Matmuls that read one tensor but each head a chain of their own (`chain_order` runs
+    each chain straight into its consumer, so their consumers sit between them) moved next to
+    each other (`_sibling_order`) and merged into one kernel by `merge_adjacent`: the kernel
+    loads the common input once and overlaps one matmul's weight stream with another's
+    compute. Kept only when the merged program is valid and faster; else `tr` as it was."""
+    fused_d, prog, rep = tr
+    found = _sibling_order(pg, prog, fused_d)
+    if found is None or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
+        return tr
+    order, group = found
+    moved = trial(pg, hw, replace(fused_d, op_order=order))
+    if moved is None or validate_program(moved[1], hw):
+        return tr
+    graph_ops = {op.id for op in pg.ops}
+    runs = find_runs(moved[1], tile_dims(moved[1], hw), graph_ops)
+    merged = merge_adjacent(pg, hw, moved, runs, deadline, trial_s, heads=group)
+    if merged[2].total_us < rep.total_us and not validate_program(merged[1], hw):
+        return merged
+    return tr
+
+
+def _sibling_order(pg: PrimGraph, program: Program, d: PlanDecisions) -> Optional[tuple[list[str], set[str]]]:
+    """The program's op order with each group of tiled matmuls that read one tensor (the
+    query, key and value projections of one normalized input) next to each other: each
+    later one's kernel (the matmul heading a bundle, `runs.with_tiles`, and the members after it,
+    e.g. a bias add) moves up to right after the group's kernels so far, where every operand
+    its ops read is made by then. Returns the order and the matmuls of the groups that
+    changed; None when nothing moves."""
+    graph_ops = {op.id for op in pg.ops}
+    order = [o.id for o in program.ops if o.id in graph_ops]
+    if len(order) != len(pg.ops):
+        return None
+    prims = {op.id: op for op in pg.ops}
+    producer = {op.output.tensor: op.id for op in pg.ops}
+    block: dict[str, list[str]] = {}  # kernel head -> its ops in order
+    ops = program.ops
+    for k, o in enumerate(ops):
+        key = fused_group_key(o)
+        if key is None or o.id not in d.bundle_starts or o.opfunc != "matmul" or o.id not in graph_ops:
+            continue
+        members = [o.id]
+        for nxt in ops[k + 1:]:
+            if nxt.id in d.bundle_starts or fused_group_key(nxt) != key or nxt.id not in graph_ops:
+                break
+            members.append(nxt.id)
+        block[o.id] = members
+    readers: dict[str, list[str]] = {}
+    for oid in order:
+        if oid in block:
+            for t in dict.fromkeys(a.tensor for a in prims[oid].inputs):
+                readers.setdefault(t, []).append(oid)
+    out = list(order)
+    moved: set[str] = set()
+    grouped: set[str] = set()  # the heads of groups that changed
+    for group in readers.values():
+        group = [o for o in group if o not in moved]
+        if len(group) < 2:
+            continue
+        last = group[0]
+        for head in group[1:]:
+            pos = {o: k for k, o in enumerate(out)}
+            end = pos[block[last][-1]]
+            if pos[head] == end + 1:
+                last = head
+                continue
+            mine = set(block[head])
+            deps = [producer[a.tensor] for m in block[head] for a in prims[m].inputs
+                    if a.tensor in producer and producer[a.tensor] not in mine]
+            if pos[head] < end or any(pos[p] > end for p in deps):
+                continue
+            for m in block[head]:
+                out.remove(m)
+            at = out.index(block[last][-1]) + 1
+            out[at:at] = block[head]
+            moved.add(head)
+            grouped.update((last, head))
+            last = head
+    return (out, grouped) if moved else None
