@@ -76,6 +76,7 @@ from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre.schedule import chain_order
 from solver.planners import register
 from solver.spyre.relayout import add_lx_relayouts, relayout_candidates
+from solver.spyre.split_k_hold import hold_for_split_k
 from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
 
 # The wall-clock cap when the caller gives none. It is a cap, not the time a plan takes:
@@ -785,6 +786,12 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
         if again is not None and again[1] < fused_us:
             notes.append(f"resplit after fusion: {again[2]} ops, simulated {fused_us:.1f} -> {again[1]:.1f} us")
             fused_d, fused_us = again[0], again[1]
+    if deadline is None or time.perf_counter() < deadline:
+        prog, _ = _program_or_none(pg, hw, fused_d)
+        held = hold_for_split_k(pg, hw, fused_d, prog, fused_us, deadline) if prog is not None else None
+        if held is not None:
+            fused_d, fused_us = held[0], held[1]
+            notes.extend(held[2])
     return fused_d, max(0.0, (res.base_us - fused_us) * 1000.0)
 
 

@@ -1,0 +1,222 @@
+"""Split-K readers of held results: a matmul that reads, split along its reduction dim, exactly
+the slices each core of the previous kernel wrote, so that result never goes to device memory.
+
+The fusion search hands results between kernels through device memory, or holds them whole
+in LX where the reader takes each core's own slice (`tile_buffers.add_whole_residencies`).
+A matmul whose input is a wide intermediate (the gated MLP's product, `[tokens, ffn]`) reads
+it along K: a reader split only over M and N needs every core's K range, which no single
+producer core holds, so the result is written out and read back. Split the reader over
+(the producer's row split) x (the producer's column split, now the reader's K) instead and
+each core multiplies what it made itself; the partial sums are combined over the ring into
+device memory (`hw.ring_combine_ns`), which for one `[rows, N]` output costs far less than
+writing and re-reading the whole `[rows, K]` input. What makes it pay in the timing model:
+- the reader is temporally tiled along N so its weight stream double-buffers (a split-K
+  matmul joins no fused kernel, it runs as a kernel of its own);
+- the held result takes LX the producing kernel's double buffering used, so that kernel is
+  retried at more (smaller) tiles.
+Every variant is emitted, validated and timed; the fastest valid one is kept if it beats the
+plan. Nothing here is keyed on op names or shapes (llama prefill, 2026-12-02: the down
+projection m8 x k4 in 64 N tiles reading the gated product held in LX, the gate/up kernel at
+twice its tiles: 4279.7 -> 4047.2 us on the solved plan before the later steps).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import replace
+from typing import Optional
+
+from lowering.primitives import PrimGraph, PrimOp
+from simulator.superdsc import HbmMemory, Program
+from solver.plan import PlanDecisions
+from solver.spyre.fusion.trial import trial, valid_program
+from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers
+
+_READER_TILES = (64, 32, 16, 8)     # tried along the reader's N, most first (double buffering)
+_KERNEL_TILE_SCALES = (1, 2)        # the producing kernel's tile counts x this (room for the held result)
+
+
+def _reader_split(producer: PrimOp, p_split: dict[str, int], reader: PrimOp, slot: int) -> Optional[dict[str, int]]:
+    """The reader's core split that gives each core exactly the box of the held tensor one
+    producer core wrote: per tensor dim, the producer's factor moved to the reader's iteration
+    dim there. None unless that split covers the reduction dim (otherwise it is not split-K
+    and the fusion search's own hold step covers it)."""
+    acc_in = reader.inputs[slot]
+    out: dict[str, int] = {}
+    for j, pd in enumerate(producer.output.dims):
+        if pd is None:
+            continue
+        f = p_split.get(producer.iter_dims[pd].name, 1)
+        if f <= 1:
+            continue
+        rd = acc_in.dims[j] if j < len(acc_in.dims) else None
+        if rd is None:
+            return None
+        out[reader.iter_dims[rd].name] = f
+    k_name = reader.iter_dims[reader.body.k].name
+    return out if k_name in out else None
+
+
+def _free_dim(reader: PrimOp, slot: int) -> Optional[str]:
+    """The reader's parallel dim the held input does not index (a matmul's N for x): tiling
+    it streams the other operand in pieces and leaves the held input whole."""
+    indexed = {d for d in reader.inputs[slot].dims if d is not None}
+    for i, d in enumerate(reader.iter_dims):
+        if d.kind == "parallel" and i not in indexed and i in reader.output.dims:
+            return d.name
+    return None
+
+
+def _kernel_members(program: Program, op_id: str) -> list[str]:
+    kernel = kernel_numbers(program)
+    index = {o.id: k for k, o in enumerate(program.ops)}
+    k = index.get(op_id)
+    if k is None or k not in kernel:
+        return [op_id]
+    return [program.ops[i].id for i, n in kernel.items() if n == kernel[k]]
+
+
+def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, current_us: float,
+                     deadline: Optional[float] = None) -> Optional[tuple[PlanDecisions, float, list[str]]]:
+    """`d` with matmul readers moved to split-K over results held in LX (module docstring),
+    one reader at a time, each change kept only when the whole program simulates faster.
+    Returns (plan, simulated us, notes), or None when nothing improved."""
+    tmap = program.tensor_map()
+    producer_of = {op.output.tensor: op for op in pg.ops}
+    readers: dict[str, list[str]] = {}
+    for op in pg.ops:
+        for a in op.inputs:
+            readers.setdefault(a.tensor, []).append(op.id)
+    best_d, best_us, best_prog, notes = d, current_us, program, []
+    for reader in pg.ops:
+        if reader.body.kind != "matmul":
+            continue
+        for slot, acc in enumerate(reader.inputs):
+            t = acc.tensor
+            prod = producer_of.get(t)
+            decl = tmap.get(t)
+            if (prod is None or decl is None or not isinstance(decl.memory, HbmMemory) or decl.memory.alias_of
+                    or t in pg.outputs or readers.get(t) != [reader.id] or prod.body.kind == "copy"):
+                continue
+            free = _free_dim(reader, slot)
+            if prod.id not in best_d.ops or free is None:
+                continue
+            found = _best_variant(pg, hw, best_d, best_prog, reader, slot, prod, t, free, best_us, deadline)
+            if found is not None:
+                best_d, best_prog, us = found
+                notes.append(f"split-K over a held result: {reader.id} split {best_d.ops[reader.id].core_split} "
+                             f"reads {t} from LX, simulated {best_us:.1f} -> {us:.1f} us")
+                best_us = us
+            if deadline is not None and time.perf_counter() > deadline:
+                return (best_d, best_us, notes) if notes else None
+    return (best_d, best_us, notes) if notes else None
+
+
+def _nontrivial_dims(shape) -> list[int]:
+    return [j for j, n in enumerate(shape) if n != 1]
+
+
+def _kernel_splits(pg: PrimGraph, members: list[str], held: str, factors: list[int]) -> Optional[dict[str, dict[str, int]]]:
+    """Each kernel member's core split when the held tensor's non-unit dims are split by
+    `factors`: a member's output dims map to the held tensor's by position (every member's
+    result must have the held tensor's non-unit shape), its reduction dims stay whole. None
+    when some member's result has another shape (the kernel cannot follow)."""
+    by_id = {op.id: op for op in pg.ops}
+    shape = [pg.tensors[held].shape[j] for j in _nontrivial_dims(pg.tensors[held].shape)]
+    out: dict[str, dict[str, int]] = {}
+    for m in members:
+        op = by_id.get(m)
+        if op is None:
+            return None
+        oshape = pg.tensors[op.output.tensor].shape
+        dims = _nontrivial_dims(oshape)
+        if [oshape[j] for j in dims] != shape:
+            return None
+        split = {}
+        for j, f in zip(dims, factors):
+            it = op.output.dims[j]
+            if it is None:
+                return None
+            if f > 1:
+                split[op.iter_dims[it].name] = f
+        out[m] = split
+    return out
+
+
+def _factor_options(current: list[int]) -> list[list[int]]:
+    """The held tensor's current split factors first, then the neighbours that move a
+    factor of 2 between two dims (a split reading more rows per core needs less PSUM)."""
+    opts = [list(current)]
+    for a in range(len(current)):
+        for b in range(len(current)):
+            if a != b and current[b] % 2 == 0:
+                f = list(current)
+                f[a] *= 2
+                f[b] //= 2
+                if f not in opts:
+                    opts.append(f)
+    return opts
+
+
+def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader: PrimOp, slot: int,
+                  prod: PrimOp, t: str, free: str, best_us: float, deadline: Optional[float]):
+    members = _kernel_members(program, prod.id)
+    p_split = {k: v for k, v in d.ops[prod.id].core_split.items() if v > 1}
+    out_dims = [prod.output.dims[j] for j in _nontrivial_dims(pg.tensors[t].shape)]
+    current = [p_split.get(prod.iter_dims[i].name, 1) if i is not None else 1 for i in out_dims]
+    best = None
+    for factors in _factor_options(current):
+        splits = _kernel_splits(pg, members, t, factors)
+        if splits is None:
+            continue
+        r_split = _reader_split(prod, splits[prod.id], reader, slot)
+        if r_split is None:
+            continue
+        for scale in _KERNEL_TILE_SCALES:
+            if deadline is not None and time.perf_counter() > deadline:
+                return best
+            # probed at the fewest reader tiles (an invalid variant costs one emit), then
+            # at the most that validate: fewer only add loop overhead
+            got = _try(pg, hw, d, members, splits, scale, reader, r_split, free, _READER_TILES[-1], t)
+            if got is None:
+                continue
+            for tiles in _READER_TILES[:-1]:
+                more = _try(pg, hw, d, members, splits, scale, reader, r_split, free, tiles, t)
+                if more is not None:
+                    got = more
+                    break
+            if got[2] < best_us and (best is None or got[2] < best[2]):
+                best = got
+    return best
+
+
+def _try(pg: PrimGraph, hw, d: PlanDecisions, members: list[str], splits: dict[str, dict[str, int]], scale: int,
+         reader: PrimOp, r_split: dict[str, int], free: str, tiles: int, t: str):
+    """One variant, emitted and validated: the producing kernel re-split, the reader split-K
+    and tiled along `free`, `t` held whole in LX, the kernel's tile buffers placed again
+    (`fusion.trial.trial`). (plan, program, simulated us), or None when it is not valid."""
+    variant = copy.deepcopy(d)
+    for m in members:
+        plan = variant.op(m)
+        tt = {k: v * scale for k, v in plan.temporal_tiles.items()} if scale > 1 else dict(plan.temporal_tiles)
+        moved = splits[m] != {k: v for k, v in plan.core_split.items() if v > 1}
+        variant.ops[m] = replace(plan, core_split=dict(splits[m]), temporal_tiles=tt,
+                                 core_slices=None if moved else plan.core_slices)
+    produced = {op.id: op.output.tensor for op in pg.ops}
+    for m in members:
+        r = variant.resident.get(produced[m])
+        if r is not None and r.per_tile:
+            variant.resident.pop(produced[m])
+    variant.ops[reader.id] = replace(variant.op(reader.id), core_split=dict(r_split), temporal_tiles={free: tiles},
+                                     core_slices=None)
+    # a split reduction's output is combined into device memory; it joins no kernel
+    variant.resident.pop(reader.output.tensor, None)
+    variant.resident.pop(t, None)
+    base = valid_program(pg, hw, variant)
+    if base is None:
+        return None
+    held = add_whole_residencies(pg, hw, variant, base, only={t})
+    if held is None or t not in held.buffers:
+        return None
+    got = trial(pg, hw, held.decisions)
+    return None if got is None else (got[0], got[1], got[2].total_us)

@@ -1,0 +1,92 @@
+"""Split-K readers of held results (solver/spyre/split_k_hold.py): a matmul reading a wide
+intermediate along K takes, split over the producer's rows x columns, exactly what each core
+wrote, and that result stays in LX instead of crossing device memory twice."""
+from __future__ import annotations
+
+import pytest
+
+from lowering.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+from simulator.hardware import load_target
+from simulator.superdsc import LxMemory
+from simulator.timing import time_program
+from simulator.validate import validate_program
+from solver.emit import emit_program
+from solver.spyre import cpsat_planner
+from solver.spyre.cpsat_planner import plan_cpsat
+from solver.spyre.split_k_hold import hold_for_split_k
+
+HW = load_target("spyre")
+
+
+def gated_mlp(M: int, K: int, F: int, extra_reader: bool = False) -> PrimGraph:
+    """y = down(silu(gate(x)) * up(x)); `extra_reader`: the product is also a graph output's
+    input, so it must reach device memory anyway."""
+    bf = "bfloat16"
+    ts = [PrimTensor("x", (M, K), bf, "user_input"), PrimTensor("wg", (F, K), bf, "parameter"),
+          PrimTensor("wu", (F, K), bf, "parameter"), PrimTensor("wd", (K, F), bf, "parameter"),
+          PrimTensor("g", (M, F), bf), PrimTensor("u", (M, F), bf), PrimTensor("a", (M, F), bf),
+          PrimTensor("h", (M, F), bf), PrimTensor("y", (M, K), bf)]
+
+    def mm(i, x, w, out, n, k):
+        return PrimOp(i, (IterDim("m", M), IterDim("n", n), IterDim("k", k, "reduction")),
+                      (Access(x, (0, 2)), Access(w, (1, 2))), Access(out, (0, 1)), MatmulBody(0, 1, 2))
+    par = (IterDim("d0", M), IterDim("d1", F))
+    ops = [mm("gate", "x", "wg", "g", F, K),
+           PrimOp("act", par, (Access("g", (0, 1)),), Access("a", (0, 1)), PointwiseBody(Call("silu", (In(0),)))),
+           mm("up", "x", "wu", "u", F, K),
+           PrimOp("prod", par, (Access("a", (0, 1)), Access("u", (0, 1))), Access("h", (0, 1)),
+                  PointwiseBody(Call("mul", (In(0), In(1))))),
+           mm("down", "h", "wd", "y", K, F)]
+    outputs = ["y"]
+    if extra_reader:
+        ts.append(PrimTensor("hn", (M, F), bf))
+        ops.append(PrimOp("neg", par, (Access("h", (0, 1)),), Access("hn", (0, 1)),
+                          PointwiseBody(Call("neg", (In(0),)))))
+        outputs.append("hn")
+    return PrimGraph("gated_mlp", {t.id: t for t in ts}, ops, ["x", "wg", "wu", "wd"], outputs)
+
+
+def _simulated(pg, d):
+    program = emit_program(pg, HW, d)
+    assert validate_program(program, HW) == []
+    return program, time_program(program, HW).total_us
+
+
+def test_down_projection_reads_the_held_product_split_k(monkeypatch):
+    pg = gated_mlp(512, 2048, 8192)
+    d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    program, us = _simulated(pg, d)
+    assert any("split-K over a held result" in n for n in d.stats["notes"])
+    split = d.ops["down"].core_split
+    assert split.get("k", 1) > 1 and split.get("m", 1) > 1
+    h = program.tensor_map()["h"]
+    assert isinstance(h.memory, LxMemory) and not h.memory.per_tile
+    # the step is what made it: without it the same solve ends slower, with h in device memory
+    monkeypatch.setattr(cpsat_planner, "hold_for_split_k", lambda *a, **k: None)
+    d0 = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    program0, us0 = _simulated(pg, d0)
+    assert not isinstance(program0.tensor_map()["h"].memory, LxMemory)
+    assert us < 0.95 * us0
+
+
+def test_nothing_moves_when_the_result_has_another_reader(monkeypatch):
+    pg = gated_mlp(512, 2048, 8192, extra_reader=True)
+    monkeypatch.setattr(cpsat_planner, "hold_for_split_k", lambda *a, **k: None)
+    d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    program, us = _simulated(pg, d)
+    assert hold_for_split_k(pg, HW, d, program, us) is None
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_only_faster_plans_are_returned(scale):
+    """The step keeps a variant only when the whole program simulates faster than the time it
+    is told the plan takes: told a time no variant beats, it returns nothing."""
+    pg = gated_mlp(512, 2048, 8192)
+    d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5, fuse=False)
+    program, us = _simulated(pg, d)
+    got = hold_for_split_k(pg, HW, d, program, us * scale)
+    if scale < 1.0:
+        assert got is None
+    elif got is not None:
+        assert got[1] < us
+        assert _simulated(pg, got[0])[1] == pytest.approx(got[1])
