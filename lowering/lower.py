@@ -2,7 +2,8 @@
 
 Walks the document's nodes in order, resolves each argument (tensor refs to the
 producing value's View), calls the op family's lowering, checks every output's shape
-and dtype against the node's declared metadata, then drops ops no graph output needs.
+and dtype against the node's declared metadata, then drops ops no graph output needs and
+folds layout-only copies into their producers (lowering/fold_layouts.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from lowering.aten import HANDLERS
 from lowering.aten.context import Ctx, NodeArgs, View
 from lowering.aten.conv import Unavailable
 from lowering.errors import GraphError
+from lowering.fold_layouts import fold_layouts
 from lowering.graph_format import (
     BoolArg, DTypeArg, FloatArg, GraphConstant, GraphDocument, IntArg, ListArg, NoneArg, StrArg, SymArg, SymSize, TensorMeta,
     TensorRef,
@@ -142,7 +144,9 @@ def constant_inputs(doc: GraphDocument) -> dict[str, "np.ndarray"]:
     return out
 
 
-def lower_document(doc: GraphDocument) -> PrimGraph:
+def lower_document(doc: GraphDocument, fold: bool = True) -> PrimGraph:
+    """`doc` as a PrimGraph; `fold=False` keeps the layout copies fold_layouts removes (for
+    comparing the two)."""
     ctx = Ctx()
     values: dict[tuple[str, int], Any] = {}
     inputs = []
@@ -193,6 +197,8 @@ def lower_document(doc: GraphDocument) -> PrimGraph:
         outputs.append(ctx.materialize(v, ref.node).base)
     pg = _dead_code_eliminated(PrimGraph(doc.name or "graph", ctx.tensors, ctx.ops, inputs, outputs,
                                          source_hash=doc.graph_hash()))
+    if fold:
+        pg = fold_layouts(pg)
     if doc.constants:
         pg.meta["constants"] = constant_inputs(doc)
     return pg
