@@ -40,7 +40,9 @@ returned plan's `predicted_us` is the cost-model sum minus those simulated gains
 Start: the heuristic plan (H5b's torch-spyre baseline; a stored program when re-optimizing;
 the naive plan if the hint is invalid), improved by best-single-move local search on the
 model's own objective (weight layouts, per-op strategies; residencies a move breaks are
-dropped and bundle windows repaired), given to CP-SAT as a complete hint. CP-SAT's presolve
+dropped and bundle windows repaired) and by moves relabelling whole stick-connected chains
+(`solver.spyre.chain_moves`), given to CP-SAT as a complete hint. The solve's plan goes
+through the same local search once more (kept when predicted faster). CP-SAT's presolve
 is off for this model (seconds of wall time for almost no reduction). A solution whose
 bundles break the limit is repaired (those residencies dropped) and kept if it is the best
 valid one so far. Always: a time budget that covers strategy pricing, the local search
@@ -524,11 +526,14 @@ class SpyreModel:
             self.mat_cost[key] = self._restick_cost(t, stick)
         return self.mat_cost[key]
 
-    def local_search(self, d: PlanDecisions, deadline: Optional[float], max_passes: int = 50) -> PlanDecisions:
+    def local_search(self, d: PlanDecisions, deadline: Optional[float], max_passes: int = 50,
+                     chains: bool = True) -> PlanDecisions:
         """Best single moves on the model's own objective until none improves or the
         deadline: a weight's stick dim, or one op's strategy (residencies the move breaks
-        are dropped; the bundle-window constraints must keep holding). The result is a
-        better complete hint for CP-SAT.
+        are dropped; the bundle-window constraints must keep holding); then, each pass, the
+        best improving chain move (`chains`: a stick-connected run of ops relabelled
+        together, `solver.spyre.chain_moves`), priced the same way. The result is a better
+        complete hint for CP-SAT.
 
         Moves are priced incrementally (exact: the objective is integer nanoseconds): a
         move re-prices only the ops touching a tensor whose residency it changes and the
@@ -582,6 +587,35 @@ class SpyreModel:
 
         def out_of_time() -> bool:
             return deadline is not None and time.perf_counter() > deadline
+        def try_move(trial: dict, moved_ops, trial_inputs: dict, moved_inputs):
+            """(objective, residencies, op costs, restickify needs) after the move, or
+            (None, ...) when it breaks a bundle window or an ANY operand's forbidden
+            stick dims (`chain_moves.any_operands_ok`). Re-prices only the ops touching a
+            tensor whose residency it changes and the restickifies of the tensors the moved
+            ops and weights touch."""
+            if not any_operands_ok(self, trial, trial_inputs, moved_ops, moved_inputs):
+                return None, None, None, None
+            touched = {t for o in moved_ops for t in touching[o]}
+            res2 = {t: r for t, r in resident.items()
+                    if t not in touched or self.residency_ok(t, trial, r.size_per_core)}
+            new_need = {t: needs(t, trial, trial_inputs) for t in touched | set(moved_inputs) if t in need}
+            needed = None
+            if len(res2) < len(resident):
+                needed = all_needed(new_need)
+                res2 = self.repair_spans(res2, needed)
+            moved = set(moved_ops)
+            for t in resident:
+                if t not in res2:
+                    moved |= ops_of.get(t, set())
+            new_cost = {o: op_cost(o, trial[o], res2) for o in moved}
+            val = (best + sum(c - cost[o] for o, c in new_cost.items())
+                   + sum(restick(v) - restick(need[u]) for u, v in new_need.items()))
+            if val < best and self.spans_ok(set(res2), needed if needed is not None else all_needed(new_need)):
+                return val, res2, new_cost, new_need
+            return None, None, None, None
+
+        from solver.spyre.chain_moves import ChainMoves, any_operands_ok
+        moves = ChainMoves(self) if chains else None
         improved = True
         passes = 0
         while improved and passes < max_passes and not out_of_time():
@@ -594,36 +628,40 @@ class SpyreModel:
                     trial = dict(inputs, **{t: s})
                     new_need = {t: needs(t, picks, trial)} if t in need else {}
                     val = best + sum(restick(v) - restick(need[u]) for u, v in new_need.items())
-                    if val < best and self.spans_ok(set(resident), all_needed(new_need)):
+                    if val < best and self.spans_ok(set(resident), all_needed(new_need)) and \
+                            any_operands_ok(self, picks, trial, (), (t,)):
                         best, inputs, improved = val, trial, True
                         need.update(new_need)
             for op in self.pg.ops:
                 if out_of_time():
                     break
-                tensors = {a.tensor for a in op.inputs} | {op.output.tensor}
                 for k in range(len(self.S[op.id])):
                     if k == picks[op.id]:
                         continue
                     trial = dict(picks)
                     trial[op.id] = k
-                    res2 = {t: r for t, r in resident.items()
-                            if t not in touching[op.id] or self.residency_ok(t, trial, r.size_per_core)}
-                    new_need = {t: needs(t, trial, inputs) for t in tensors if t in need}
-                    needed = None
-                    if len(res2) < len(resident):
-                        needed = all_needed(new_need)
-                        res2 = self.repair_spans(res2, needed)
-                    moved = {op.id}
-                    for t in resident:
-                        if t not in res2:
-                            moved |= ops_of.get(t, set())
-                    new_cost = {o: op_cost(o, trial[o], res2) for o in moved}
-                    val = (best + sum(c - cost[o] for o, c in new_cost.items())
-                           + sum(restick(v) - restick(need[u]) for u, v in new_need.items()))
-                    if val < best and self.spans_ok(set(res2), needed if needed is not None else all_needed(new_need)):
+                    val, res2, new_cost, new_need = try_move(trial, (op.id,), inputs, ())
+                    if val is not None and val < best:
                         best, picks, resident, improved = val, trial, res2, True
                         cost.update(new_cost)
                         need.update(new_need)
+            if moves is None or out_of_time():
+                continue
+            found = None
+            for mv in moves.moves(picks, inputs, resident):
+                if out_of_time():
+                    break
+                trial = dict(picks, **dict(mv.picks))
+                trial_inputs = dict(inputs, **dict(mv.inputs))
+                val, res2, new_cost, new_need = try_move(trial, [o for o, _ in mv.picks], trial_inputs,
+                                                         [t for t, _ in mv.inputs])
+                if val is not None and val < (best if found is None else found[0]):
+                    found = (val, trial, trial_inputs, res2, new_cost, new_need)
+            if found is not None:
+                best, picks, inputs, resident, new_cost, new_need = found
+                improved = True
+                cost.update(new_cost)
+                need.update(new_need)
         out = self.decisions_of(picks, resident, dict(self.ctx.input_sticks, **inputs))
         return out
 
@@ -1053,6 +1091,20 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
         sm.add_hint(d)
     phase["solve"] = time.perf_counter() - t_solve
     _phase(events, "solve", False, f"{status}" + (f", gap {gap_of(obj, bound):.2%}" if obj is not None else ""))
+    if best_d is not None:
+        # the solve's plan through the same local search (single and chain moves): CP-SAT's
+        # LNS leaves moves over whole chains unfound in its budget (llama prefill: the solve
+        # put the rotary query chain on L, so the GQA regroup copy moves data; a chain move
+        # puts it back on E and the copy is an alias); kept when predicted faster
+        t_pol = time.perf_counter()
+        pol_d = sm.local_search(best_d, None if deterministic else t_pol + LOCAL_SEARCH_SHARE * max(
+            0.0, t0 + limit_s - reserve_s - t_pol), max_passes=3 if deterministic else 50)
+        pol_prog, _ = _program_or_none(pg, hw, pol_d)
+        pol_ns = predict_program_ns(pol_prog, hw) if pol_prog is not None else float("inf")
+        if pol_ns < best_pred:
+            notes.append(f"local search after the solve: predicted {best_pred / 1000:.1f} -> {pol_ns / 1000:.1f} us")
+            best_d, best_prog, best_pred = pol_d, pol_prog, pol_ns
+        phase["local search after the solve"] = time.perf_counter() - t_pol
     deadline = None if deterministic else t0 + limit_s - reserve_s
     # the plan to finish: the best solve, unless it is predicted slower than the hint
     chosen, chosen_ns, gap_ns = None, hint_ns, hint_ns
