@@ -214,3 +214,34 @@ def test_permutation_of_rejects_what_is_not_a_permute_reshape():
     assert permutation_of(x, StridedMap((2, 3, 4), (0, 4, 1), 0)) is None                 # broadcast
     assert permutation_of(x, StridedMap((2, 3, 2, 2), (12, 4, 1, 2), 0)) is None          # a dim of x split and permuted
     assert permutation_of((1, 3, 1, 4), StridedMap((4, 3), (1, 4), 0)) == (0, 3, 2, 1)   # size-1 dims stay put
+
+
+@pytest.mark.parametrize("graph,copy,dropped", [("llama31_8b_prefill512", "permute_6", None),
+                                                ("gpt2_block512", None, "permute_3")])
+def test_layer_graphs_attention_output_copy_folds(graph, copy, dropped):
+    """The captured layer graphs (benchmarks/graphs/layers): llama's GQA output permute
+    becomes a reshape of the grouped PV result stored [1, L, kvh, g, E]; gpt2's transpose
+    copy disappears and the o_proj regroup reads the PV result directly."""
+    from pathlib import Path
+
+    from lowering.graph_format import GraphDocument
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "graphs" / "layers" / f"{graph}.json"
+    doc = GraphDocument.model_validate_json(path.read_text())
+    before, after = lower_document(doc, fold=False), lower_document(doc)
+    changed = [t for t in after.tensors if t in before.tensors and after.tensors[t].shape != before.tensors[t].shape]
+    assert len(changed) == 1
+    pv = changed[0]
+    assert after.producer()[pv].kind == "matmul"
+    if copy is not None:
+        c0, c1 = (next(o for o in g.ops if o.id == copy) for g in (before, after))
+        assert before.tensors[pv].shape == (1, 8, 4, 512, 128) and after.tensors[pv].shape == (1, 512, 8, 4, 128)
+        assert not copy_is_reshape(c0, before.tensors[pv].shape, before.tensors[c0.output.tensor].shape)
+        assert copy_is_reshape(c1, after.tensors[pv].shape, after.tensors[c1.output.tensor].shape)
+        assert len(after.ops) == len(before.ops)
+    else:
+        assert any(o.id == dropped for o in before.ops) and not any(o.id == dropped for o in after.ops)
+        assert after.tensors[pv].shape == (1, 512, 12, 64) and len(after.ops) == len(before.ops) - 1
+        readers = [o for o in after.ops if any(a.tensor == pv for a in o.inputs)]
+        assert len(readers) == 1 and copy_is_reshape(readers[0], after.tensors[pv].shape,
+                                                     after.tensors[readers[0].output.tensor].shape)
