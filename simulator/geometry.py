@@ -394,14 +394,22 @@ def core_ranges(op: PrimOp, core_split: Mapping[str, int], core_slices: Iterable
             for cs in slices}
 
 
-def operand_box(op: PrimOp, operand: int, ranges: Sequence[Range], shape: Sequence[int]) -> Box:
+def operand_box(op: PrimOp, operand: int, ranges: Sequence[Range], shape: Sequence[int],
+                copy_reads: bool = False) -> Box:
     """The box of a tensor an operand touches for iteration `ranges`. operand = input index,
-    or -1 for the output. Copy inputs are read whole (any element may be needed) and so is a
-    gather table along its gathered axis."""
+    or -1 for the output. A gather table is read whole along its gathered axis. A copy input
+    is read whole, or with `copy_reads` in the box its piece's strided map reaches from the
+    part of the output box the piece writes (`copy_read_box`): the validator, the functional
+    run and the LX-hold step ask for that; the planners' own searches, the heuristic
+    baseline and the timing model's fused-kernel reuse keep the whole input (so the plans
+    they make do not move with it)."""
     acc: Access = op.output if operand < 0 else op.inputs[operand]
     kind = op.body.kind
     if operand >= 0 and kind == "copy":
-        return tuple((0, s) for s in shape)
+        if not copy_reads:
+            return tuple((0, s) for s in shape)
+        out_box = [(0, 1) if d is None or d >= len(ranges) else ranges[d] for d in op.output.dims]
+        return copy_read_box(op, operand, out_box, shape)
     box = []
     for j, d in enumerate(acc.dims):
         if operand == 0 and kind == "gather" and j in op.body.table_axes:
@@ -411,6 +419,153 @@ def operand_box(op: PrimOp, operand: int, ranges: Sequence[Range], shape: Sequen
         else:
             box.append(ranges[d])
     return tuple(box)
+
+
+# -- copy inputs: the box a strided map reaches ------------------------------------------------
+# A copy piece reads in_flat[offset + sum_j i_j * strides[j]] (row-major over the input's
+# shape) for the output positions i of its region. Each map stride is written in the mixed
+# radix of the input's shape: a stride that is one digit c on input dim k moves dim k's
+# index by c per step. A map dim whose steps run past dim k's extent (a reshape merging
+# dims: [.., 32, 128] read as [.., 4096]) is cut into levels: the inner one of radix
+# S_k / c on dim k, the next with the stride S_k * R_k (one step of the next dim out), and so
+# on. When no input index can then carry into the next dim out (offset digit plus the
+# largest sum of every level's contribution stays inside the dim), each input dim's index
+# is a sum of independent terms: the bounding range of those terms over the output box is
+# the dim's read range (exact when one term reaches the dim; a superset when several
+# interleave, or a level's range wraps). Anything else (a negative stride, a stride of
+# more than one digit, a carry) reads the input whole.
+_CopyPlan = tuple  # (offset digit per input dim, per map dim: ((k, c, radix), ...) inner level first)
+
+
+@lru_cache(maxsize=4096)
+def _copy_plan(map_shape: tuple, strides: tuple, offset: int, in_shape: tuple) -> Optional[_CopyPlan]:
+    """How a strided map reaches its input's dims (see above), or None (read whole)."""
+    rank = len(in_shape)
+    if rank == 0 or len(strides) != len(map_shape):
+        return None
+    row = [1] * rank
+    for k in range(rank - 2, -1, -1):
+        row[k] = row[k + 1] * in_shape[k + 1]
+    numel = row[0] * in_shape[0]
+    if numel <= 0 or not (0 <= offset < numel):
+        return None
+
+    def digits(x: int) -> list[int]:
+        return [(x // row[k]) % in_shape[k] for k in range(rank)]
+
+    off = digits(offset)
+    reach = list(off)   # per input dim, the largest index the map can reach
+    levels_of = []
+    for n, s in zip(map_shape, strides):
+        if n <= 1 or s == 0:
+            levels_of.append(())  # one position, or a broadcast: no input dim moves
+            continue
+        if s < 0:
+            return None
+        levels = []
+        while True:
+            if s >= numel:
+                return None
+            dg = digits(s)
+            nz = [k for k in range(rank) if dg[k]]
+            if len(nz) != 1:
+                return None
+            k = nz[0]
+            c = dg[k]
+            if c * (n - 1) < in_shape[k] or k == 0:
+                levels.append((k, c, n))
+                reach[k] += c * (n - 1)
+                break
+            # the steps run past dim k: an inner level of radix S_k / c, the rest one dim out
+            if in_shape[k] % c or n % (in_shape[k] // c):
+                return None
+            m = in_shape[k] // c
+            levels.append((k, c, m))
+            reach[k] += c * (m - 1)
+            n //= m
+            s *= m
+        levels_of.append(tuple(levels))
+    if any(reach[k] >= in_shape[k] for k in range(rank)):
+        return None  # some index would carry into the next dim out
+    return tuple(off), tuple(levels_of)
+
+
+def _copy_piece(op: PrimOp, operand: int, in_shape: Sequence[int]):
+    """(map, out_offset, plan) of the piece a copy input feeds, or None (read whole)."""
+    body = op.body
+    if operand >= len(body.maps) or operand >= len(body.out_offsets):
+        return None
+    mp, oo = body.maps[operand], body.out_offsets[operand]
+    if len(mp.shape) != len(op.output.dims) or len(oo) != len(mp.shape):
+        return None
+    try:
+        plan = _copy_plan(tuple(int(x) for x in mp.shape), tuple(int(x) for x in mp.strides), int(mp.offset),
+                          tuple(int(x) for x in in_shape))
+    except (TypeError, ValueError):
+        return None
+    return None if plan is None else (mp, oo, plan)
+
+
+def copy_read_box(op: PrimOp, operand: int, out_box: Sequence[Range], in_shape: Sequence[int]) -> Box:
+    """The box of copy input `operand` that writing `out_box` of the output reads: through
+    its piece's strided map, from the part of `out_box` the piece writes (an empty box,
+    (0, 0) per dim, when it writes none of it); the whole input when the map does not
+    decompose onto the input's dims."""
+    whole = tuple((0, int(s)) for s in in_shape)
+    got = _copy_piece(op, operand, in_shape)
+    if got is None:
+        return whole
+    mp, oo, (off, levels_of) = got
+    lo = list(off)
+    hi = list(off)
+    for (A, B), o, n, levels in zip(out_box, oo, mp.shape, levels_of):
+        a, b = max(A, o) - o, min(B, o + n) - o
+        if b <= a:
+            return tuple((0, 0) for _ in in_shape)
+        a, b = a, b - 1  # inclusive
+        for li, (k, c, m) in enumerate(levels):
+            if li == len(levels) - 1:
+                ra, rb = a, b
+            else:
+                same = a // m == b // m
+                ra, rb = (a % m, b % m) if same else (0, m - 1)
+                a, b = a // m, b // m
+            lo[k] += c * ra
+            hi[k] += c * rb
+    return tuple((l, h + 1) for l, h in zip(lo, hi))
+
+
+def _copy_read_boxes(op: PrimOp, operand: int, olo: np.ndarray, ohi: np.ndarray, in_shape: Sequence[int]):
+    """`copy_read_box` over arrays of output boxes (olo/ohi: (..., output rank)): (blo, bhi)
+    of shape (..., input rank), or None when the input is read whole."""
+    got = _copy_piece(op, operand, in_shape)
+    if got is None:
+        return None
+    mp, oo, (off, levels_of) = got
+    lead = olo.shape[:-1]
+    rank = len(in_shape)
+    lo = np.zeros(lead + (rank,), dtype=np.int64) + np.asarray(off, dtype=np.int64)
+    hi = lo.copy()
+    empty = np.zeros(lead, dtype=bool)
+    for j, (o, n, levels) in enumerate(zip(oo, mp.shape, levels_of)):
+        a = np.maximum(olo[..., j], o) - o
+        b = np.minimum(ohi[..., j], o + n) - o
+        empty |= b <= a
+        b = b - 1
+        for li, (k, c, m) in enumerate(levels):
+            if li == len(levels) - 1:
+                ra, rb = a, b
+            else:
+                same = (a // m) == (b // m)
+                ra = np.where(same, a % m, 0)
+                rb = np.where(same, b % m, m - 1)
+                a, b = a // m, b // m
+            lo[..., k] += c * ra
+            hi[..., k] += c * rb
+    hi += 1
+    lo[empty] = 0
+    hi[empty] = 0
+    return lo, hi
 
 
 def tile_ranges(op: PrimOp, ranges: Sequence[Range], temporal_tiles: Mapping[str, int],
@@ -466,12 +621,18 @@ def tile_iteration_ranges(op: PrimOp, ranges_by_core: Mapping[int, Sequence[tupl
     return cores, lo, hi
 
 
-def tile_operand_boxes(op: PrimOp, operand: int, lo: np.ndarray, hi: np.ndarray, shape: Sequence[int]):
+def tile_operand_boxes(op: PrimOp, operand: int, lo: np.ndarray, hi: np.ndarray, shape: Sequence[int],
+                       copy_reads: bool = False):
     """`geometry.operand_box` applied to every (core, tile) of `tile_iteration_ranges`:
     (box_lo, box_hi) of shape (cores, tiles, tensor rank)."""
     acc = op.output if operand < 0 else op.inputs[operand]
     kind = op.body.kind
     n_it = lo.shape[2]
+    if operand >= 0 and kind == "copy" and copy_reads:
+        olo, ohi = tile_operand_boxes(op, -1, lo, hi, [1] * len(op.output.dims))
+        got = _copy_read_boxes(op, operand, olo, ohi, shape)
+        if got is not None:
+            return got
     out_shape = lo.shape[:2] + (len(acc.dims),)
     blo = np.zeros(out_shape, dtype=np.int64)
     bhi = np.zeros(out_shape, dtype=np.int64)

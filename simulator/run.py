@@ -182,6 +182,18 @@ class Machine:
         except (TypeError, ValueError) as e:
             raise RunError(f"{t.id}: access outside {'device memory' if buf is self.hbm else 'LX'}: {e}") from e
 
+    def copy_input(self, t: TensorDecl, core: int, box: Box) -> np.ndarray:
+        """A copy's input as the whole tensor its strided maps index: from device memory
+        whole; from LX, the box the core reads (`geometry.copy_read_box`) in place, zeros
+        elsewhere (the maps take nothing outside that box)."""
+        if isinstance(t.memory, HbmMemory):
+            return from_storage(self.view(t, core, tuple((0, s) for s in t.shape)), t.dtype)
+        part = from_storage(self.view(t, core, box), t.dtype)
+        full = np.zeros(tuple(t.shape), dtype=part.dtype)
+        if all(b > a for a, b in box):
+            full[tuple(slice(a, b) for a, b in box)] = part
+        return full
+
     # -- execution ------------------------------------------------------------------------------
     def load_inputs(self, inputs: Mapping[str, np.ndarray]):
         for name in dict.fromkeys(self.p.inputs):
@@ -244,6 +256,9 @@ class Machine:
             arrays = []
             for i, acc in enumerate(prim.inputs):
                 t = tm[acc.tensor]
+                if prim.body.kind == "copy":
+                    arrays.append(self.copy_input(t, core, operand_box(prim, i, rng, t.shape, copy_reads=True)))
+                    continue
                 raw = self.view(t, core, operand_box(prim, i, rng, t.shape))
                 arrays.append(from_storage(raw, t.dtype))
             try:

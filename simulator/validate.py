@@ -276,7 +276,7 @@ class _OpGeom:
         def boxes():
             cores, lo, hi = _TILES.get(("iter", self.serial), lambda: _frozen(
                 tile_iteration_ranges(self.prim, self.ranges, self.temporal_tiles, self.gran)))
-            return _frozen((cores, *tile_operand_boxes(self.prim, operand, lo, hi, shape)))
+            return _frozen((cores, *tile_operand_boxes(self.prim, operand, lo, hi, shape, copy_reads=True)))
         return _TILES.get(("box", self.serial, operand, tuple(shape)), boxes)
 
 
@@ -650,7 +650,7 @@ class _Checker:
             t = tm[tname]
             if isinstance(t.memory, HbmMemory) and layout_nbytes(t.layout, t.dtype) <= span:
                 continue
-            boxes = {c: operand_box(prim, idx, rng, t.shape) for c, rng in ranges.items()}
+            boxes = {c: operand_box(prim, idx, rng, t.shape, copy_reads=True) for c, rng in ranges.items()}
             if isinstance(t.memory, HbmMemory):
                 worst = max(box_span_bytes(b, t.layout, t.dtype) for b in set(boxes.values()))
                 rec.operands.append((idx, tname, "hbm", None if worst <= span else
@@ -717,7 +717,7 @@ class _Checker:
             t = tm[tname]
             if isinstance(t.memory, HbmMemory) and layout_nbytes(t.layout, t.dtype) <= span:
                 continue  # no access to this tensor can span more than the whole tensor
-            boxes = {c: operand_box(prim, idx, rng, t.shape) for c, rng in ranges.items()}
+            boxes = {c: operand_box(prim, idx, rng, t.shape, copy_reads=True) for c, rng in ranges.items()}
             if isinstance(t.memory, HbmMemory):
                 worst = max(box_span_bytes(b, t.layout, t.dtype) for b in boxes.values())
                 if worst > span:
@@ -793,7 +793,7 @@ class _Checker:
             gran, ranges = self.op_ranges(o, prim)
             self._tile_iter[o.id] = tile_iteration_ranges(prim, ranges, o.temporal_tiles, gran)
         cores, lo, hi = self._tile_iter[o.id]
-        blo, bhi = tile_operand_boxes(prim, operand, lo, hi, self.tmap[tname].shape)
+        blo, bhi = tile_operand_boxes(prim, operand, lo, hi, self.tmap[tname].shape, copy_reads=True)
         return cores, blo, bhi
 
     def check_tile_buffers(self):

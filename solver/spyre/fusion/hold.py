@@ -10,8 +10,9 @@ from typing import Optional
 
 from lowering.op_rules import legal_core_splits
 from lowering.primitives import PrimGraph, PrimOp
-from simulator.geometry import layout_nbytes, op_granules
-from simulator.superdsc import Program, fused_group_key
+from simulator.geometry import (box_contains, core_ranges, default_core_slices, layout_nbytes, op_granules,
+                                operand_box)
+from simulator.superdsc import CoreSlice, Program, fused_group_key
 from simulator.timing import time_program
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.fusion.split_maps import head_split, result_split, split_through
@@ -76,7 +77,9 @@ def hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s:
 def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw
                   ) -> Optional[tuple[dict, set[str]]]:
     """`d.ops` with the ops reading `tensor` (pointwise, reduce or copy ops) on the split
-    under which each core reads the slice of it that the same core made (`split_through`),
+    under which each core reads the slice of it that the same core made (`split_through`;
+    a copy through its strided maps, `_copy_follows`, on explicit core slices where the
+    natural order puts a work slice on another core, carried on to its followers),
     and, through every LX-resident result of an op so changed and from a kernel member to
     the members reading its result, their readers likewise; None when some reader cannot
     follow (no such split, not legal for it, another kind of op). Returns the ops and the
@@ -90,6 +93,7 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
             readers.setdefault(a.tensor, []).append(op.id)
     layouts = {t.id: t.layout for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}
+    shapes = {t.id: tuple(t.shape) for t in program.tensors}
     ops = dict(d.ops)
     drop: set[str] = set()
     kernel = {program.ops[k].id: n for k, n in kernel_numbers(program).items()}
@@ -105,20 +109,31 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
             plan = ops.get(r, OpPlan())
             if rp.body.kind not in ("pointwise", "reduce", "copy") or plan.alias:
                 return None
-            want = split_through(prims[p], ops.get(p, OpPlan()).core_split, rp, t)
-            if want is None:
-                return None
+            p_plan = ops.get(p, OpPlan())
+            if rp.body.kind == "copy":
+                # a copy reads through its strided maps, not along its operand map's dims
+                got = _copy_follows(prims[p], p_plan, rp, t, shapes, layouts, dtypes, hw)
+                if got is None:
+                    return None
+                want, slices = got
+            else:
+                want = split_through(prims[p], p_plan.core_split, rp, t)
+                if want is None:
+                    return None
+                slices = _carry_slices(prims[p], p_plan, rp, t)
             cur = {k: v for k, v in plan.core_split.items() if v > 1}
+            # a pointwise or reduce reader of a producer in the natural order keeps its slices
+            same = cur == want and ((slices is None and rp.body.kind != "copy") or plan.core_slices == slices)
             if r in done:
-                if cur != want:
+                if not same:
                     return None
                 continue
             done.add(r)
-            if cur == want:
+            if same:
                 continue
             if want not in legal_core_splits(rp, op_granules(rp, layouts, dtypes, hw.stick_bytes), hw.cores):
                 return None
-            ops[r] = replace(plan, core_split=dict(want), core_slices=None)
+            ops[r] = replace(plan, core_split=dict(want), core_slices=slices)
             out = rp.output.tensor
             # on through a result held in LX (a tile buffer too), and from a member of a
             # kernel to the kernel's other members reading it: they must all follow; a
@@ -167,6 +182,73 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
             if a.tensor != tensor and held is not None and not held.per_tile and producer.get(a.tensor) not in moved:
                 drop.add(a.tensor)
     return ops, drop
+
+
+def _made_boxes(prim: PrimOp, plan: OpPlan, shapes: dict, layouts: dict, dtypes: dict, hw) -> dict:
+    """Per core, the box of its result `prim` writes under `plan`'s split and core slices."""
+    split = {k: v for k, v in plan.core_split.items() if v > 1}
+    gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
+    slices = ([CoreSlice(core=c, slice=dict(sl)) for c, sl in plan.core_slices] if plan.core_slices is not None
+              else default_core_slices(prim, split))
+    return {c: operand_box(prim, -1, r, shapes[prim.output.tensor])
+            for c, r in core_ranges(prim, split, slices, gran).items()}
+
+
+def _copy_follows(producer: PrimOp, p_plan: OpPlan, reader: PrimOp, tensor: str, shapes: dict,
+                  layouts: dict, dtypes: dict, hw) -> Optional[tuple[dict, Optional[list]]]:
+    """A copy reading `tensor` (its producer's result): a legal split on as many cores as the
+    producer's, and the core slices (None: the natural order) under which each of its cores
+    reads (`geometry.copy_read_box`, every piece from `tensor`) inside the box the same core
+    made; the natural order first, else each work slice on the core that made what it reads.
+    None when no legal split does."""
+    made = _made_boxes(producer, p_plan, shapes, layouts, dtypes, hw)
+    n = len(made)
+    slots = [i for i, a in enumerate(reader.inputs) if a.tensor == tensor]
+    gran = op_granules(reader, layouts, dtypes, hw.stick_bytes)
+    shape = shapes[tensor]
+    matched = None
+    for split in legal_core_splits(reader, gran, hw.cores):
+        total = 1
+        for f in split.values():
+            total *= f
+        if total != n or not split:
+            continue
+        natural = default_core_slices(reader, split)
+        ranges = core_ranges(reader, split, natural, gran)
+        need = {c: [operand_box(reader, i, r, shape, copy_reads=True) for i in slots]
+                for c, r in ranges.items()}
+        if all(c in made and all(box_contains(made[c], b) for b in bs) for c, bs in need.items()):
+            return split, None
+        if matched is not None:
+            continue
+        # the same work slices on the cores that made what they read
+        free = dict(made)
+        placed = []
+        for cs in natural:
+            host = next((c for c, m in free.items() if all(box_contains(m, b) for b in need[cs.core])), None)
+            if host is None:
+                break
+            del free[host]
+            placed.append((host, dict(cs.slice)))
+        else:
+            matched = (split, sorted(placed, key=lambda x: x[0]))
+    return matched
+
+
+def _carry_slices(producer: PrimOp, p_plan: OpPlan, reader: PrimOp, tensor: str) -> Optional[list]:
+    """The producer's explicit core slices (None: the natural order) as the reader's, for a
+    reader following the producer's split through `tensor` (`split_through`): each core runs
+    the reader slice whose index along each dim is the producer's along the dim it maps from."""
+    if p_plan.core_slices is None:
+        return None
+    acc = next(a for a in reader.inputs if a.tensor == tensor)
+    names = [d.name for d in producer.iter_dims]
+    rename = {}
+    for j, i in enumerate(producer.output.dims):
+        if i is not None and j < len(acc.dims) and acc.dims[j] is not None:
+            rename[names[i]] = reader.iter_dims[acc.dims[j]].name
+    split = {k for k, v in p_plan.core_split.items() if v > 1}
+    return [(c, {rename[k]: v for k, v in sl.items() if k in split and k in rename}) for c, sl in p_plan.core_slices]
 
 
 def _lead_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw) -> list[dict]:
