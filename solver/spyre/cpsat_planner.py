@@ -116,6 +116,13 @@ DETERMINISTIC_PER_SECOND = 0.15
 # out of time less often but, over four runs each of llama and granite prefill, gave
 # slower plans (geomean 7393/7359 us against 6992/6918: the solve rounds get too little time).
 LOCAL_SEARCH_SHARE = 0.15
+# Chain moves (solver.spyre.chain_moves) in the local search that sharpens the hint; the
+# local search after the solve always has them. Measured 2026-12-01 (deterministic layer
+# suite, docs/solver.md "The model"): the final plans with them in the start and without
+# differ only where CP-SAT's search from the other hint ends elsewhere: bert 391.6 (with)
+# vs 389.9 us (without) at b748c48 and 359.6 vs 346.0 us at 48cb05f, granite decode
+# 2896.8 vs 2897.6 us at both; the other seven layer graphs identical.
+START_CHAIN_MOVES = True
 FUSION_SHARE = 0.3
 FUSION_MAX_SHARE = 0.5
 _BUNDLE_CODES = frozenset({"bundle_limit", "lx_cross_bundle"})
@@ -993,9 +1000,10 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
     elapsed = time.perf_counter() - t0
     _phase(events, "local search", True, "sharpening the hint")
     if deterministic:  # a pass count, not the wall clock, bounds it
-        start_d = sm.local_search(hint_d, None, max_passes=3)
+        start_d = sm.local_search(hint_d, None, max_passes=3, chains=START_CHAIN_MOVES)
     else:
-        start_d = sm.local_search(hint_d, t0 + elapsed + LOCAL_SEARCH_SHARE * max(0.0, limit_s - elapsed))
+        start_d = sm.local_search(hint_d, t0 + elapsed + LOCAL_SEARCH_SHARE * max(0.0, limit_s - elapsed),
+                                  chains=START_CHAIN_MOVES)
     t_emit = time.perf_counter()
     start_prog, _ = _program_or_none(pg, hw, start_d)
     # the first emission above paid for warming caches: the faster of the two is the one
