@@ -34,7 +34,7 @@ from solver.spyre.fusion.trial import trial, valid_program
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers
 
 _READER_TILES = (64, 32, 16, 8)     # tried along the reader's N, most first (double buffering)
-_KERNEL_TILE_SCALES = (1, 2)        # the producing kernel's tile counts x this (room for the held result)
+_KERNEL_TILE_SCALES = (1, 2, 4)     # the producing kernel's tile counts x this (room for the held result)
 
 
 def _reader_split(producer: PrimOp, p_split: dict[str, int], reader: PrimOp, slot: int) -> Optional[dict[str, int]]:
