@@ -72,7 +72,8 @@ def any_operands_ok(sm, trial: dict[str, int], inputs: dict, moved_ops, moved_in
     some stick dims: an alias copy's input, a split whose granules a layout would change)
     hold for the moved ops and for every reader of what they write and of the moved
     weights, under `trial` (op -> strategy index) and `inputs` (free input -> stick dim).
-    A move breaking one makes a hint CP-SAT rejects and a program that does not emit."""
+    A move breaking one makes a hint infeasible in the model and a plan that fails to emit
+    or validate (measured: an alias copy reading its input off its last dim)."""
     def have(t: str):
         p = sm.producer.get(t)
         if p is not None:
