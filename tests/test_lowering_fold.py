@@ -245,3 +245,24 @@ def test_layer_graphs_attention_output_copy_folds(graph, copy, dropped):
         readers = [o for o in after.ops if any(a.tensor == pv for a in o.inputs)]
         assert len(readers) == 1 and copy_is_reshape(readers[0], after.tensors[pv].shape,
                                                      after.tensors[readers[0].output.tensor].shape)
+
+
+@pytest.mark.parametrize("producer", ["reduce", "pointwise"])
+def test_reduce_and_pointwise_producers_fold(producer):
+    # T [1, 3, 4, 5] (a keepdim sum over dim 0, or an add) -> transpose(1, 2) -> reshape [4, 15]
+    b = DocBuilder()
+    x = b.input(_rnd(2, 3, 4, 5, seed=5))
+    if producer == "reduce":
+        t = b.call("aten.sum.dim_IntList", x, [0], True)
+    else:
+        t = b.call("aten.add.Tensor", b.call("aten.slice.Tensor", x, 0, 0, 1), b.input(_rnd(1, 3, 4, 5, seed=6)))
+    r = b.call("aten.reshape.default", b.call("aten.transpose.int", t, 1, 2), [4, 15])
+    out = b.call("aten.mul.Tensor", r, 2.0)
+    doc = b.document(out)
+    before, after = lower_document(doc, fold=False), lower_document(doc)
+    changed = [k for k in after.tensors if k in before.tensors and after.tensors[k].shape != before.tensors[k].shape]
+    assert changed and after.tensors[changed[0]].shape == (1, 4, 3, 5)
+    assert after.producer()[changed[0]].kind == producer
+    got = interpret(after, b.values)[0]
+    np.testing.assert_array_equal(got, interpret(before, b.values)[0])
+    assert_close(got, out.value.numpy(), torch.float32, producer)
