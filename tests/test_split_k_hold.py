@@ -13,7 +13,7 @@ from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.spyre import cpsat_planner
 from solver.spyre.cpsat_planner import plan_cpsat
-from solver.spyre.split_k_hold import hold_for_split_k
+from solver.spyre.split_k_hold import hold_for_split_k, split_k_candidates
 
 HW = load_target("spyre")
 
@@ -90,3 +90,11 @@ def test_only_faster_plans_are_returned(scale):
     elif got is not None:
         assert got[1] < us
         assert _simulated(pg, got[0])[1] == pytest.approx(got[1])
+
+
+def test_candidates_are_k_reads_of_single_reader_intermediates():
+
+    got = [(op.id, slot) for op, slot in split_k_candidates(gated_mlp(512, 2048, 8192))]
+    # gate and up read x, a graph input; down reads the product along K
+    assert got == [("down", 0)]
+    assert split_k_candidates(gated_mlp(512, 2048, 8192, extra_reader=True)) == []

@@ -78,7 +78,7 @@ from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre.schedule import chain_order
 from solver.planners import register
 from solver.spyre.relayout import add_lx_relayouts, relayout_candidates
-from solver.spyre.split_k_hold import hold_for_split_k
+from solver.spyre.split_k_hold import hold_for_split_k, split_k_candidates
 from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
 
 # The wall-clock cap when the caller gives none. It is a cap, not the time a plan takes:
@@ -785,10 +785,18 @@ def _repair_bundles(pg: PrimGraph, hw, sm: "SpyreModel", d: PlanDecisions, max_s
     return d, None, groups, issues
 
 
+# Of the time left when fusion starts, the share kept for the split-K step after it when the
+# graph has candidates (`split_k_hold.split_k_candidates`): at a 10 s limit the fusion search
+# ran to the deadline on mistral prefill and the step (about 2 s there, worth 58-232 us on the
+# prefill layers) never ran (2026-12-01 23:20 UTC).
+SPLIT_K_SHARE = 0.3
+
+
 def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[float],
           strategies: dict[str, list[Strategy]], enabled: bool = True) -> tuple[PlanDecisions, float]:
     """The final plan with fused coarse-tiled groups where the timing model finds them faster
-    (`solver.spyre.fusion`), then `_resplit_unfused`, and the simulated gain in ns (the per-op cost
+    (`solver.spyre.fusion`), then `_resplit_unfused`, then split-K readers of held results
+    (`solver.spyre.split_k_hold`), and the simulated gain in ns (the per-op cost
     model the objective sums does not see fused groups, so the gain is taken from the
     simulation).
 
@@ -804,11 +812,14 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     alt = resplit_for_tiling(pg, d, strategies)
     starts = [(d, None)] if alt is None else [(alt[0], alt[1]), (d, None)]
     res, res_moved, base_us = None, None, None
+    fusion_deadline = deadline
+    if deadline is not None and split_k_candidates(pg):
+        fusion_deadline = deadline - SPLIT_K_SHARE * max(0.0, deadline - time.perf_counter())
     for k, (start, moved) in enumerate(starts):
-        if k > 0 and deadline is not None and time.perf_counter() >= deadline:
+        if k > 0 and fusion_deadline is not None and time.perf_counter() >= fusion_deadline:
             notes.append("fusion: no time left for the " + ("plan as solved" if moved is None else "re-split plan"))
             break
-        got = fuse_tiled_groups(pg, hw, start, deadline=deadline, reorder=True)
+        got = fuse_tiled_groups(pg, hw, start, deadline=fusion_deadline, reorder=True)
         if got is None:
             continue
         if moved is None:

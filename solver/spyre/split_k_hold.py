@@ -77,48 +77,63 @@ def _kernel_members(program: Program, op_id: str) -> list[str]:
     return [program.ops[i].id for i, n in kernel.items() if n == kernel[k]]
 
 
-def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, current_us: float,
-                     deadline: Optional[float] = None) -> Optional[tuple[PlanDecisions, float, list[str]]]:
-    """`d` with matmul readers moved to split-K over results held in LX (module docstring),
-    one reader at a time, each change kept only when the whole program simulates faster.
-    Returns (plan, simulated us, notes), or None when nothing improved."""
-    tmap = program.tensor_map()
+def split_k_candidates(pg: PrimGraph) -> list[tuple[PrimOp, int]]:
+    """(matmul, input slot) pairs this step may move: the input is an intermediate made by a
+    compute op (not a copy), read by that matmul only, not a graph output, and indexed by the
+    matmul's reduction dim; the matmul has a parallel dim the input does not index (to tile).
+    A static scan of the graph: the planner reserves time for the step only when some exist."""
     producer_of = {op.output.tensor: op for op in pg.ops}
     readers: dict[str, list[str]] = {}
     for op in pg.ops:
         for a in op.inputs:
             readers.setdefault(a.tensor, []).append(op.id)
-    best, notes = None, []
-    t0 = time.perf_counter()
+    outputs = set(pg.outputs)
+    out = []
     for reader in pg.ops:
         if reader.body.kind != "matmul":
             continue
         for slot, acc in enumerate(reader.inputs):
-            t = acc.tensor
-            prod = producer_of.get(t)
-            decl = tmap.get(t)
-            if (prod is None or decl is None or not isinstance(decl.memory, HbmMemory) or decl.memory.alias_of
-                    or t in pg.outputs or readers.get(t) != [reader.id] or prod.body.kind == "copy"):
+            prod = producer_of.get(acc.tensor)
+            if (prod is None or prod.body.kind in ("copy", "gather", "fill") or acc.tensor in outputs
+                    or readers.get(acc.tensor) != [reader.id] or reader.body.k not in acc.dims
+                    or _free_dim(reader, slot) is None):
                 continue
-            free = _free_dim(reader, slot)
-            cur_d, cur_prog, cur_us = (d, program, current_us) if best is None else \
-                (best[0], best[1], best[2].total_us)
-            if prod.id not in cur_d.ops or free is None:
-                continue
-            found = _best_variant(pg, hw, cur_d, cur_prog, reader, slot, prod, t, free, cur_us, deadline)
-            if found is not None:
-                best = found
-                notes.append(f"split-K over a held result: {reader.id} split {found[0].ops[reader.id].core_split} "
-                             f"reads {t} from LX, simulated {cur_us:.1f} -> {found[2].total_us:.1f} us")
-            if deadline is not None and time.perf_counter() > deadline:
-                break
+            out.append((reader, slot))
+    return out
+
+
+def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, current_us: float,
+                     deadline: Optional[float] = None) -> Optional[tuple[PlanDecisions, float, list[str]]]:
+    """`d` with matmul readers moved to split-K over results held in LX (module docstring),
+    one reader at a time, each change kept only when the whole program simulates faster.
+    Returns (plan, simulated us, notes), or None when nothing improved."""
+    producer_of = {op.output.tensor: op for op in pg.ops}
+    best, notes = None, []
+    timing = {"try_s": 0.0}   # the slowest try so far: none is started that would end past the deadline
+    for reader, slot in split_k_candidates(pg):
+        t = reader.inputs[slot].tensor
+        prod = producer_of[t]
+        cur_d, cur_prog, cur_us = (d, program, current_us) if best is None else \
+            (best[0], best[1], best[2].total_us)
+        decl = cur_prog.tensor_map().get(t)
+        if (decl is None or not isinstance(decl.memory, HbmMemory) or decl.memory.alias_of
+                or prod.id not in cur_d.ops):
+            continue
+        found = _best_variant(pg, hw, cur_d, cur_prog, reader, slot, prod, t, _free_dim(reader, slot), cur_us,
+                              deadline, timing)
+        if found is not None:
+            best = found
+            notes.append(f"split-K over a held result: {reader.id} split {found[0].ops[reader.id].core_split} "
+                         f"reads {t} from LX, simulated {cur_us:.1f} -> {found[2].total_us:.1f} us")
+        if deadline is not None and time.perf_counter() > deadline:
+            break
     if best is None:
         return None
     # the readers of a split-K result now load it from device memory: kernels tiled for an
     # on-chip hand-over may underfill the stream at their tile count
     if deadline is None or time.perf_counter() < deadline:
         before = best[2].total_us
-        best = fewer_tiles(pg, hw, best, deadline, (time.perf_counter() - t0) / max(1, len(notes)))
+        best = fewer_tiles(pg, hw, best, deadline, timing["try_s"])
         if best[2].total_us < before:
             notes.append(f"fewer tiles after split-K: simulated {before:.1f} -> {best[2].total_us:.1f} us")
     return best[0], best[2].total_us, notes
@@ -170,8 +185,24 @@ def _factor_options(current: list[int]) -> list[list[int]]:
     return opts
 
 
+def _psum_fits(pg: PrimGraph, hw, reader: PrimOp, r_split: dict[str, int], held: str) -> bool:
+    """A split-K core keeps its whole partial output box in LX until the combine (the timing
+    model's PSUM rule: what does not fit beside the resident buffers spills through device
+    memory, many times over): skip splits whose partials cannot fit beside the held result."""
+    out_elems = 1
+    for d in reader.output.dims:
+        if d is not None:
+            dim = reader.iter_dims[d]
+            out_elems *= -(-dim.size // r_split.get(dim.name, 1))
+    cores = 1
+    for f in r_split.values():
+        cores *= f
+    held_bytes = pg.tensors[held].nbytes / max(1, cores)
+    return out_elems * hw.psum_bytes_per_element + held_bytes <= hw.lx_bytes_per_core
+
+
 def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader: PrimOp, slot: int,
-                  prod: PrimOp, t: str, free: str, best_us: float, deadline: Optional[float]):
+                  prod: PrimOp, t: str, free: str, best_us: float, deadline: Optional[float], timing: dict):
     members = _kernel_members(program, prod.id)
     p_split = {k: v for k, v in d.ops[prod.id].core_split.items() if v > 1}
     out_dims = [prod.output.dims[j] for j in _nontrivial_dims(pg.tensors[t].shape)]
@@ -182,18 +213,25 @@ def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader:
         if splits is None:
             continue
         r_split = _reader_split(prod, splits[prod.id], reader, slot)
-        if r_split is None:
+        if r_split is None or not _psum_fits(pg, hw, reader, r_split, t):
             continue
         for scale in _KERNEL_TILE_SCALES:
-            if deadline is not None and time.perf_counter() > deadline:
-                return best
             # probed at the fewest reader tiles (an invalid variant costs one emit), then
-            # at the most that validate: fewer only add loop overhead
+            # at the most that validate: fewer only add loop overhead. A try is not started
+            # when the slowest one so far would end past the deadline.
+            if deadline is not None and time.perf_counter() + timing["try_s"] > deadline:
+                return best
+            t_try = time.perf_counter()
             got = _try(pg, hw, d, members, splits, scale, reader, r_split, free, _READER_TILES[-1], t)
+            timing["try_s"] = max(timing["try_s"], time.perf_counter() - t_try)
             if got is None:
                 continue
             for tiles in _READER_TILES[:-1]:
+                if deadline is not None and time.perf_counter() + timing["try_s"] > deadline:
+                    break
+                t_try = time.perf_counter()
                 more = _try(pg, hw, d, members, splits, scale, reader, r_split, free, tiles, t)
+                timing["try_s"] = max(timing["try_s"], time.perf_counter() - t_try)
                 if more is not None:
                     got = more
                     break
