@@ -15,7 +15,8 @@ writing and re-reading the whole `[rows, K]` input. What makes it pay in the tim
 - the held result takes LX the producing kernel's double buffering used, so that kernel is
   retried at more (smaller) tiles.
 Every variant is emitted, validated and timed; the fastest valid one is kept if it beats the
-plan. Nothing here is keyed on op names or shapes (llama prefill, 2026-12-02: the down
+plan (the planner then retries kernels that underfill at their tile counts: the split-K
+result's readers load it from device memory now). Nothing here is keyed on op names or shapes (llama prefill, 2026-12-02: the down
 projection m8 x k4 in 64 N tiles reading the gated product held in LX, the gate/up kernel at
 twice its tiles: 4279.7 -> 4047.2 us on the solved plan before the later steps).
 """
@@ -29,7 +30,6 @@ from typing import Optional
 from lowering.primitives import PrimGraph, PrimOp
 from simulator.superdsc import HbmMemory, Program
 from solver.plan import PlanDecisions
-from solver.spyre.fusion.retile import fewer_tiles
 from solver.spyre.fusion.trial import trial, valid_program
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers
 
@@ -129,13 +129,6 @@ def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, curr
             break
     if best is None:
         return None
-    # the readers of a split-K result now load it from device memory: kernels tiled for an
-    # on-chip hand-over may underfill the stream at their tile count
-    if deadline is None or time.perf_counter() < deadline:
-        before = best[2].total_us
-        best = fewer_tiles(pg, hw, best, deadline, timing["try_s"])
-        if best[2].total_us < before:
-            notes.append(f"fewer tiles after split-K: simulated {before:.1f} -> {best[2].total_us:.1f} us")
     return best[0], best[2].total_us, notes
 
 
