@@ -847,13 +847,17 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
         if again is not None and again[1] < fused_us:
             notes.append(f"resplit after fusion: {again[2]} ops, simulated {fused_us:.1f} -> {again[1]:.1f} us")
             fused_d, fused_us = again[0], again[1]
+    emit_s = 0.0   # one emit + validation of the fused plan: what a trial here costs, about
     if deadline is None or time.perf_counter() < deadline:
+        t_emit = time.perf_counter()
         prog, _ = _program_or_none(pg, hw, fused_d)
+        emit_s = time.perf_counter() - t_emit
         held = hold_for_split_k(pg, hw, fused_d, prog, fused_us, deadline) if prog is not None else None
         if held is not None:
             fused_d, fused_us = held[0], held[1]
             notes.extend(held[2])
-    if deadline is None or time.perf_counter() < deadline:
+    # (a trial emits, places tile buffers, validates and times: about three of those)
+    if deadline is None or time.perf_counter() + 3 * emit_s < deadline:
         # the steps since the search changed kernels (re-splits, LX holds, split-K readers
         # loading from device memory): kernels that underfill at their tile count retry
         # fewer tiles, more of them than the search's own pass had time for
@@ -950,25 +954,27 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
         _phase(events, "repeats", False, "not taken" if d is None else d.stats["notes"][0])
         if d is not None:
             return d
+    # the plan to beat in its own op order, made first so that its time counts against the
+    # limit too (like the depth step's look for repeats above)
+    own, name, own_us = None, None, None
+    if not isinstance(hint, Program):
+        if hint is None:
+            try:
+                from solver.baseline.passes import plan_heuristic
+                own, name = plan_heuristic(pg, hw), "heuristic"
+            except ImportError:
+                pass
+        else:
+            own, name = hint, hint.planner
+    if own is not None:
+        prog, _ = _program_or_none(pg, hw, own)
+        own_us = predict_program_ns(prog, hw) / 1000.0 if prog is not None else None
     d = _plan_chain_ordered(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint,
                             num_workers=num_workers, keep=keep, keep_resident=keep_resident,
-                            max_rounds=max_rounds, fuse=fuse, budget=budget, events=events, seed=seed)
+                            max_rounds=max_rounds, fuse=fuse, budget=budget, events=events, seed=seed,
+                            t0=None if deterministic else t0)
     pred_us = d.stats.get("predicted_us")
-    if pred_us is None or isinstance(hint, Program):
-        return d
-    if hint is None:
-        try:
-            from solver.baseline.passes import plan_heuristic
-        except ImportError:
-            return d
-        own, name = plan_heuristic(pg, hw), "heuristic"
-    else:
-        own, name = hint, hint.planner
-    prog, _ = _program_or_none(pg, hw, own)
-    if prog is None:
-        return d
-    own_us = predict_program_ns(prog, hw) / 1000.0
-    if own_us >= pred_us:
+    if pred_us is None or own_us is None or own_us >= pred_us:
         return d
     stats = dict(d.stats)
     stats.update(predicted_us=own_us, notes=list(d.stats.get("notes", [])) + [
@@ -983,15 +989,17 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
 def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], deterministic: bool,
                         hint: Union[PlanDecisions, Program, None], num_workers: int, keep: int,
                         keep_resident: int, max_rounds: int, fuse: bool, budget: str,
-                        events: Optional[EventSink] = None, seed: int = 1) -> PlanDecisions:
-    """Plan `pg`. `time_limit_s` (default `DEFAULT_TIME_LIMIT_S`) caps the wall clock;
+                        events: Optional[EventSink] = None, seed: int = 1,
+                        t0: Optional[float] = None) -> PlanDecisions:
+    """Plan `pg`. `time_limit_s` (default `DEFAULT_TIME_LIMIT_S`) caps the wall clock, counted
+    from `t0` (default: now; the caller's start when steps before this one used some of it);
     `budget="scaled"` (the default) plans within `default_budget_s` of the problem's size
     under that cap and stops each CP-SAT round once its plan is proven within the gap
     limits; `budget="fixed"` is the behaviour before 2026-12-01 (the whole limit, only a
     proven optimum stops a round early), kept for comparison (benchmarks/bench_compile_time.py)."""
     if budget not in ("scaled", "fixed"):
         raise ValueError(f"budget must be 'scaled' or 'fixed', not {budget!r}")
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     cap_s = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
     # the op order is a decision too: each chain runs straight into its consumer, so
     # chains can become fused kernels (solver.spyre.schedule)
