@@ -13,12 +13,14 @@ writing and re-reading the whole `[rows, K]` input. What makes it pay in the tim
 - the reader is temporally tiled along N so its weight stream double-buffers (a split-K
   matmul joins no fused kernel, it runs as a kernel of its own);
 - the held result takes LX the producing kernel's double buffering used, so that kernel is
-  retried at more (smaller) tiles.
+  retried at more (smaller) tiles, on its own split and on neighbouring ones (a reader with
+  more rows per core needs less PSUM).
 Every variant is emitted, validated and timed; the fastest valid one is kept if it beats the
 plan (the planner then retries kernels that underfill at their tile counts: the split-K
-result's readers load it from device memory now). Nothing here is keyed on op names or shapes (llama prefill, 2026-12-02: the down
-projection m8 x k4 in 64 N tiles reading the gated product held in LX, the gate/up kernel at
-twice its tiles: 4279.7 -> 4047.2 us on the solved plan before the later steps).
+result's readers load it from device memory now). Nothing here is keyed on op names or
+shapes (llama prefill, 2026-12-01: the down projection m8 x k4 in 64 N tiles reading the
+gated product held in LX, the gate/up kernel at twice its tiles: 4279.7 -> 4047.2 us on one
+solved plan before the later steps).
 """
 from __future__ import annotations
 
@@ -196,6 +198,9 @@ def _psum_fits(pg: PrimGraph, hw, reader: PrimOp, r_split: dict[str, int], held:
 
 def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader: PrimOp, slot: int,
                   prod: PrimOp, t: str, free: str, best_us: float, deadline: Optional[float], timing: dict):
+    """The fastest valid variant for one reader under `best_us` (plan, program, timing
+    report), or None: the producing kernel on each factor option, at each tile scale, the
+    reader on the matching split-K split at the most N tiles that validate."""
     members = _kernel_members(program, prod.id)
     p_split = {k: v for k, v in d.ops[prod.id].core_split.items() if v > 1}
     out_dims = [prod.output.dims[j] for j in _nontrivial_dims(pg.tensors[t].shape)]
