@@ -32,6 +32,7 @@ from typing import Optional
 from lowering.primitives import PrimGraph, PrimOp
 from simulator.superdsc import HbmMemory, Program
 from solver.plan import PlanDecisions
+from solver.spyre.fusion.split_maps import result_split, split_through
 from solver.spyre.fusion.trial import trial, valid_program
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers
 
@@ -39,25 +40,12 @@ _READER_TILES = (64, 32, 16, 8)     # tried along the reader's N, most first (do
 _KERNEL_TILE_SCALES = (1, 2, 4)     # the producing kernel's tile counts x this (room for the held result)
 
 
-def _reader_split(producer: PrimOp, p_split: dict[str, int], reader: PrimOp, slot: int) -> Optional[dict[str, int]]:
-    """The reader's core split that gives each core exactly the box of the held tensor one
-    producer core wrote: per tensor dim, the producer's factor moved to the reader's iteration
-    dim there. None unless that split covers the reduction dim (otherwise it is not split-K
-    and the fusion search's own hold step covers it)."""
-    acc_in = reader.inputs[slot]
-    out: dict[str, int] = {}
-    for j, pd in enumerate(producer.output.dims):
-        if pd is None:
-            continue
-        f = p_split.get(producer.iter_dims[pd].name, 1)
-        if f <= 1:
-            continue
-        rd = acc_in.dims[j] if j < len(acc_in.dims) else None
-        if rd is None:
-            return None
-        out[reader.iter_dims[rd].name] = f
-    k_name = reader.iter_dims[reader.body.k].name
-    return out if k_name in out else None
+def _reader_split(producer: PrimOp, p_split: dict[str, int], reader: PrimOp, held: str) -> Optional[dict[str, int]]:
+    """The reader's split under which each core reads the box of the held tensor that the
+    same producer core wrote (`split_maps.split_through`), when it splits the reduction dim
+    (otherwise it is not split-K, and the fusion search's own hold step covers it)."""
+    out = split_through(producer, p_split, reader, held)
+    return out if out is not None and reader.iter_dims[reader.body.k].name in out else None
 
 
 def _free_dim(reader: PrimOp, slot: int) -> Optional[str]:
@@ -121,7 +109,7 @@ def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, curr
         if (decl is None or not isinstance(decl.memory, HbmMemory) or decl.memory.alias_of
                 or prod.id not in cur_d.ops):
             continue
-        found = _best_variant(pg, hw, cur_d, cur_prog, reader, slot, prod, t, _free_dim(reader, slot), cur_us,
+        found = _best_variant(pg, hw, cur_d, cur_prog, reader, prod, t, _free_dim(reader, slot), cur_us,
                               deadline, timing)
         if found is not None:
             best = found
@@ -138,29 +126,28 @@ def _nontrivial_dims(shape) -> list[int]:
     return [j for j, n in enumerate(shape) if n != 1]
 
 
-def _kernel_splits(pg: PrimGraph, members: list[str], held: str, factors: list[int]) -> Optional[dict[str, dict[str, int]]]:
+def _kernel_splits(pg: PrimGraph, members: list[str], producer: PrimOp, held: str,
+                   factors: list[int]) -> Optional[dict[str, dict[str, int]]]:
     """Each kernel member's core split when the held tensor's non-unit dims are split by
-    `factors`: a member's output dims map to the held tensor's by position (every member's
-    result must have the held tensor's non-unit shape), its reduction dims stay whole. None
+    `factors`: the producer's split writing those slices, carried to every member writing a
+    result of the same shape (`split_maps.result_split`; reduction dims stay whole). None
     when some member's result has another shape (the kernel cannot follow)."""
+    shape = pg.tensors[held].shape
+    p_split: dict[str, int] = {}
+    for j, f in zip(_nontrivial_dims(shape), factors):
+        i = producer.output.dims[j]
+        if i is None:
+            return None
+        if f > 1:
+            p_split[producer.iter_dims[i].name] = f
     by_id = {op.id: op for op in pg.ops}
-    shape = [pg.tensors[held].shape[j] for j in _nontrivial_dims(pg.tensors[held].shape)]
+    shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
     out: dict[str, dict[str, int]] = {}
     for m in members:
-        op = by_id.get(m)
-        if op is None:
+        split = p_split if m == producer.id else (
+            result_split(producer, p_split, by_id[m], shapes) if m in by_id else None)
+        if split is None:
             return None
-        oshape = pg.tensors[op.output.tensor].shape
-        dims = _nontrivial_dims(oshape)
-        if [oshape[j] for j in dims] != shape:
-            return None
-        split = {}
-        for j, f in zip(dims, factors):
-            it = op.output.dims[j]
-            if it is None:
-                return None
-            if f > 1:
-                split[op.iter_dims[it].name] = f
         out[m] = split
     return out
 
@@ -196,8 +183,8 @@ def _psum_fits(pg: PrimGraph, hw, reader: PrimOp, r_split: dict[str, int], held:
     return out_elems * hw.psum_bytes_per_element + held_bytes <= hw.lx_bytes_per_core
 
 
-def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader: PrimOp, slot: int,
-                  prod: PrimOp, t: str, free: str, best_us: float, deadline: Optional[float], timing: dict):
+def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader: PrimOp, prod: PrimOp,
+                  t: str, free: str, best_us: float, deadline: Optional[float], timing: dict):
     """The fastest valid variant for one reader under `best_us` (plan, program, timing
     report), or None: the producing kernel on each factor option, at each tile scale, the
     reader on the matching split-K split at the most N tiles that validate."""
@@ -207,10 +194,10 @@ def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader:
     current = [p_split.get(prod.iter_dims[i].name, 1) if i is not None else 1 for i in out_dims]
     best = None
     for factors in _factor_options(current):
-        splits = _kernel_splits(pg, members, t, factors)
+        splits = _kernel_splits(pg, members, prod, t, factors)
         if splits is None:
             continue
-        r_split = _reader_split(prod, splits[prod.id], reader, slot)
+        r_split = _reader_split(prod, splits[prod.id], reader, t)
         if r_split is None or not _psum_fits(pg, hw, reader, r_split, t):
             continue
         for scale in _KERNEL_TILE_SCALES:
