@@ -61,9 +61,13 @@ def capture_llama_layer(seq: int = 512) -> dict:
     return capture(model, inputs, name=f"llama31_8b_prefill{seq}")
 
 
-def _write_block(path: Path, begin: str, end: str, text: str, heading: str) -> None:
-    """Replace the text between the `begin` and `end` markers of `path` (or append it there,
-    under `heading`)."""
+def _report(lines: list[str], write: bool, path: Path, begin: str, end: str, heading: str) -> None:
+    """Print the result lines; with `write`, also put them between the `begin` and `end`
+    markers of `path` (or append them there, under `heading`)."""
+    text = "\n".join(lines)
+    print(text)
+    if not write:
+        return
     body = path.read_text(encoding="utf-8") if path.exists() else ""
     block = f"{begin}\n{text}\n{end}"
     if begin in body:
@@ -285,10 +289,7 @@ def search_main(args) -> int:
         f"{early[False]} / {early[True]})",
         f"- results compared between the paths: {len(calls) + nv * 2} results, {mismatches} differ",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.write_docs:
-        _write_block(SPEED_DOC, SPEED_BEGIN, SPEED_END, text, "")
+    _report(lines, args.write_docs, SPEED_DOC, SPEED_BEGIN, SPEED_END, "")
     return 0 if mismatches == 0 and same_program else 1
 
 
@@ -339,10 +340,7 @@ def main(argv=None) -> int:
         f"- simulated latency of the naive plan: {report.total_us / 1e3:.3f} ms",
         f"- (capture {t1 - t0:.1f} s, lowering {t2 - t1:.2f} s, naive plan + validation {t3 - t2:.2f} s; not part of the figure)",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.write_docs:
-        _write_block(DOC, BEGIN, END, text, "## Benchmark\n\n")
+    _report(lines, args.write_docs, DOC, BEGIN, END, "## Benchmark\n\n")
     return 0
 
 
