@@ -98,3 +98,41 @@ def test_candidates_are_k_reads_of_single_reader_intermediates():
     # gate and up read x, a graph input; down reads the product along K
     assert got == [("down", 0)]
     assert split_k_candidates(gated_mlp(512, 2048, 8192, extra_reader=True)) == []
+
+
+def test_reader_at_the_producing_kernels_tile_count_stays_a_kernel_of_its_own(monkeypatch):
+    """The program makes one kernel of any consecutive ops with equal tile and core counts:
+    a split-K reader tiled like the kernel that made its input would join that kernel and
+    read other cores' parts mid-loop (invalid). The step cuts a bundle on each side of the
+    reader (LX persists across it), so that variant is valid and the reader runs alone."""
+    from simulator.superdsc import tile_count
+    from solver.spyre.split_k_hold import _kernel_members, _kernel_splits, _reader_split, _try
+    from solver.spyre.tile_buffers import kernel_numbers
+
+    assert HW.lx_persists_across_bundles
+    pg = gated_mlp(512, 2048, 8192)
+    monkeypatch.setattr(cpsat_planner, "hold_for_split_k", lambda *a, **k: None)
+    d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    program, _ = _simulated(pg, d)
+    members = _kernel_members(program, "prod")
+    assert len(members) > 1, "the product's producer should be a fused kernel"
+    ops = {o.id: o for o in program.ops}
+    tiles = tile_count(ops["prod"])
+    by_id = {op.id: op for op in pg.ops}
+    prod, reader = by_id["prod"], by_id["down"]
+    p_split = {k: v for k, v in d.ops["prod"].core_split.items() if v > 1}
+    factors = [p_split.get(prod.iter_dims[i].name, 1) for i in prod.output.dims]
+    splits = _kernel_splits(pg, members, prod, "h", factors)
+    r_split = _reader_split(prod, splits["prod"], reader, "h")
+    assert r_split is not None
+    # no cut the plan had already: the reader follows the kernel in one bundle
+    d.bundle_starts = [s for s in d.bundle_starts if s != "down"]
+    got = _try(pg, HW, d, members, splits, 1, reader, r_split, "n", tiles, "h")
+    assert got is not None
+    variant = got[1]
+    assert validate_program(variant, HW) == []
+    index = {o.id: k for k, o in enumerate(variant.ops)}
+    kernel = kernel_numbers(variant)
+    assert tile_count(variant.ops[index["down"]]) == tile_count(variant.ops[index["prod"]]) == tiles
+    assert kernel.get(index["down"]) != kernel.get(index["prod"])
+    assert isinstance(variant.tensor_map()["h"].memory, LxMemory)

@@ -225,6 +225,12 @@ def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader:
     return best
 
 
+def _next_op(pg: PrimGraph, d: PlanDecisions, op_id: str) -> Optional[str]:
+    order = d.op_order or [op.id for op in pg.ops]
+    k = order.index(op_id)
+    return order[k + 1] if k + 1 < len(order) else None
+
+
 def _try(pg: PrimGraph, hw, d: PlanDecisions, members: list[str], splits: dict[str, dict[str, int]], scale: int,
          reader: PrimOp, r_split: dict[str, int], free: str, tiles: int, t: str):
     """One variant, emitted and validated: the producing kernel re-split, the reader split-K
@@ -247,6 +253,14 @@ def _try(pg: PrimGraph, hw, d: PlanDecisions, members: list[str], splits: dict[s
     # a split reduction's output is combined into device memory; it joins no kernel
     variant.resident.pop(reader.output.tensor, None)
     variant.resident.pop(t, None)
+    if hw.lx_persists_across_bundles:
+        # the program makes one kernel of ANY consecutive ops with equal tile and core
+        # counts (`fused_group_key`): a reader at the producing kernel's tile count would
+        # join it and read other cores' parts mid-loop (kernel_tile_order). A bundle
+        # boundary on each side keeps it a kernel of its own (free in the timing model;
+        # the held result stays in LX across it)
+        variant.bundle_starts = list(variant.bundle_starts) + [
+            o for o in (reader.id, _next_op(pg, variant, reader.id)) if o is not None and o not in variant.bundle_starts]
     base = valid_program(pg, hw, variant)
     if base is None:
         return None
