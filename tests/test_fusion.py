@@ -512,3 +512,42 @@ def test_a_following_kernel_with_other_tiles_drops_its_tile_buffers():
     ops, drop = hold._follow_split(pg, prog, d, "t1", HW)
     assert ops["op2"].temporal_tiles == {"c": 2} and drop == {"t2"}
     assert not validate_program(emit_program(pg, HW, replace(d, ops=ops, resident={})), HW)
+
+
+def test_a_run_a_whole_trial_moved_goes_back_on_its_own_best_choice():
+    """The combination may keep a whole trial (one variant and tile count for every run)
+    that put a run on a choice much slower for it than its own best; `revisit` puts it
+    back, kept only because the whole program is valid and faster. A run no faster on its
+    own choice is left as it is."""
+    from solver.plan import OpPlan
+    from solver.spyre.fusion import revisit
+    from solver.spyre.fusion.runs import span_us, with_tiles
+    from solver.spyre.fusion.trial import trial
+    from solver.spyre.fusion.variants import Variant
+    pg = _projection_then_row_stats()
+    run = ["mm", "sq", "sum"]
+
+    def on(splits: dict, tiles: int) -> tuple:
+        ops = {o: OpPlan(core_split=s, temporal_tiles={"m": tiles}) for o, s in splits.items()}
+        d = with_tiles(PlanDecisions("test", ops=ops), {o: {"m": tiles} for o in run}, [run], HW)
+        tr = trial(pg, HW, d)
+        assert tr is not None and not validate_program(tr[1], HW)
+        return tr
+    own = {"mm": {"m": 8, "n": 4}, "sq": {"m": 8, "n": 4}, "sum": {"m": 8, "r": 4}}
+    other = {"mm": {"m": 16, "n": 2}, "sq": {"m": 16, "n": 2}, "sum": {"m": 16, "r": 2}}
+    good, kept = on(own, 16), on(other, 32)   # 332 vs 478 us (2026-12-02)
+    assert span_us(good[2], run) < span_us(kept[2], run) - revisit.REVISIT_MIN_US
+    variant = Variant(PlanDecisions("test", ops={o: OpPlan(core_split=s) for o, s in own.items()}),
+                      {"mm": set(run)}, {})
+    best = [(span_us(good[2], run), 0, {o: {"m": 16} for o in run})]
+    d, prog, rep = revisit.runs_on_their_best(pg, HW, kept, [run], best, [variant], None, 0.0)
+    assert not validate_program(prog, HW)
+    assert {o: {k: v for k, v in d.ops[o].core_split.items() if v > 1} for o in run} == own
+    assert all(d.ops[o].temporal_tiles == {"m": 16} for o in run)
+    assert rep.total_us < kept[2].total_us
+    # the other way round the run is already faster than the choice offered: unchanged
+    best_other = [(span_us(kept[2], run), 0, {o: {"m": 32} for o in run})]
+    variant_other = Variant(PlanDecisions("test", ops={o: OpPlan(core_split=s) for o, s in other.items()}),
+                            {"mm": set(run)}, {})
+    same = revisit.runs_on_their_best(pg, HW, good, [run], best_other, [variant_other], None, 0.0)
+    assert same is good

@@ -820,11 +820,18 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     fusion_deadline = deadline
     if deadline is not None and split_k_candidates(pg):
         fusion_deadline = deadline - SPLIT_K_SHARE * max(0.0, deadline - time.perf_counter())
+    first_s = 0.0
     for k, (start, moved) in enumerate(starts):
-        if k > 0 and fusion_deadline is not None and time.perf_counter() >= fusion_deadline:
+        # a second search cut short by the deadline has never won (it stops before its
+        # later steps), and the time it took is what the split-K step and the last
+        # fewer-tiles pass after it need: it starts only when the time left covers what
+        # the first search took
+        if k > 0 and fusion_deadline is not None and time.perf_counter() + first_s >= fusion_deadline:
             notes.append("fusion: no time left for the " + ("plan as solved" if moved is None else "re-split plan"))
             break
+        t_search = time.perf_counter()
         got = fuse_tiled_groups(pg, hw, start, deadline=fusion_deadline, reorder=True)
+        first_s = first_s or time.perf_counter() - t_search
         if got is None:
             continue
         if moved is None:

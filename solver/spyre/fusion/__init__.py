@@ -20,6 +20,7 @@ pipeline):
 - `split_maps`: a core split carried through a tensor (shared by variants, merges, holds);
 - `trial`: one emitted, tile-buffered, timed trial; the validity check;
 - `merge`: adjacent runs and sibling matmuls merged into one kernel;
+- `revisit`: runs put back on their own fastest choice after a whole trial won;
 - `hold`: results handed between kernels held whole in LX;
 - `retile`: kernels that underfill the stream with fewer tiles;
 - `resplit`: the re-split start the planner searches first (`resplit_for_tiling`).

@@ -17,7 +17,8 @@ joins none, since its partial sums are combined after the loop):
    runs never merge by accident (`runs.with_tiles`); runs the validator names in an
    invalid combination go back to as planned (`_runs_named`).
 5. the steps on the kept trial, in the order `_steps_after_combination` lists them, each
-   returning it or a valid, faster one: adjacent runs merged into one kernel
+   returning it or a valid, faster one: runs put back on their own fastest choice where the
+   kept trial gave them another (`revisit.runs_on_their_best`); adjacent runs merged into one kernel
    (`merge.merge_adjacent`: e.g. a gated MLP's gate and up projections, loading their
    common input once); with `reorder`, matmuls reading one tensor (query, key and value
    projections) moved next to each other in the op order and merged the same way
@@ -44,7 +45,7 @@ from simulator.timing import TimingReport, time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import PlanDecisions
-from solver.spyre.fusion import hold, merge, retile
+from solver.spyre.fusion import hold, merge, retile, revisit
 from solver.spyre.fusion.runs import (OwnCores, assign_tiles, find_runs, span_us, tile_dims, with_tiles,
                                       without_run_cuts)
 from solver.spyre.fusion.trial import trial, valid_program
@@ -98,7 +99,7 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     tr = search.combination(d, variants, base_rep)                                # 4.
     if tr is None:
         return result
-    for step in _steps_after_combination(runs, reorder):                          # 5.
+    for step in _steps_after_combination(runs, reorder, search.best, variants):   # 5.
         tr = step(pg, hw, tr, deadline, search.longest)
     fused_d, prog, rep = tr
     groups = len({o.fused_group for o in rep.ops if o.fused_group is not None})
@@ -110,11 +111,14 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     return result
 
 
-def _steps_after_combination(runs: list[list[str]], reorder: bool) -> list:
+def _steps_after_combination(runs: list[list[str]], reorder: bool, best: list[tuple[float, int, dict]],
+                             variants: list[Variant]) -> list:
     """The steps run on the kept trial, in order: each takes (pg, hw, (decisions, program,
     report), deadline, the slowest trial's seconds) and returns that trial or a valid,
     faster one."""
-    steps = [lambda pg, hw, tr, deadline, trial_s: merge.merge_adjacent(pg, hw, tr, runs, deadline, trial_s)]
+    steps = [lambda pg, hw, tr, deadline, trial_s: revisit.runs_on_their_best(
+                 pg, hw, tr, runs, best, variants, deadline, trial_s),
+             lambda pg, hw, tr, deadline, trial_s: merge.merge_adjacent(pg, hw, tr, runs, deadline, trial_s)]
     if reorder:
         steps.append(merge.merge_siblings)
     steps += [hold.hold_in_lx, retile.fewer_tiles]
