@@ -551,3 +551,43 @@ def test_a_run_a_whole_trial_moved_goes_back_on_its_own_best_choice():
                             {"mm": set(run)}, {})
     same = revisit.runs_on_their_best(pg, HW, good, [run], best_other, [variant_other], None, 0.0)
     assert same is good
+
+
+def _residual_after_scaled(rows=2048, cols=2048):
+    """x -> op1 -> t1 (a residual); y -> scale -> ty; add(t1, ty): the scaling of another
+    branch runs in one kernel with the add reading t1, as a split-K result's scaling and the
+    final residual add of a layer do."""
+    from lowering.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+    f16 = "float16"
+    ts = {n: PrimTensor(n, (rows, cols), f16, role) for n, role in
+          (("x", "user_input"), ("y", "user_input"), ("t1", "intermediate"), ("ty", "intermediate"),
+           ("out", "intermediate"))}
+    dims = (IterDim("r", rows), IterDim("c", cols))
+    ops = [PrimOp("op1", dims, (Access("x", (0, 1)),), Access("t1", (0, 1)), PointwiseBody(Call("neg", (In(0),)))),
+           PrimOp("scale", dims, (Access("y", (0, 1)),), Access("ty", (0, 1)), PointwiseBody(Call("neg", (In(0),)))),
+           PrimOp("add", dims, (Access("t1", (0, 1)), Access("ty", (0, 1))), Access("out", (0, 1)),
+                  PointwiseBody(Call("add", (In(0), In(1)))))]
+    return PrimGraph("residual", ts, ops, ["x", "y"], ["out"])
+
+
+def test_a_held_results_reader_brings_its_kernel_mates_along():
+    """t1 (made on row slices) goes to `add` through device memory; `add` runs in one kernel
+    with `scale`, which does not read t1, on column slices. Holding t1 moves `add` to the row
+    split and `scale` with it (the same split of its result), so the kernel stays whole."""
+    from solver.spyre.fusion import hold
+    from simulator.superdsc import LxMemory
+    from tests.test_timing import _plan
+    pg = _residual_after_scaled()
+    d = _plan({"op1": {"r": 32}, "scale": {"c": 32}, "add": {"c": 32}},
+              tiles={"op1": {"r": 4}, "scale": {"r": 64}, "add": {"r": 64}})
+    prog = emit_program(pg, HW, d)
+    assert not validate_program(prog, HW)
+    rep = time_program(prog, HW)
+    assert rep.op("scale").fused_group == rep.op("add").fused_group is not None
+    assert rep.op("op1").fused_group != rep.op("add").fused_group
+    out_d, out_prog, out_rep = hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    assert not validate_program(out_prog, HW)
+    assert isinstance(out_prog.tensor_map()["t1"].memory, LxMemory)
+    assert all({k: v for k, v in out_d.ops[o].core_split.items() if v > 1} == {"r": 32} for o in ("scale", "add"))
+    assert out_rep.op("scale").fused_group == out_rep.op("add").fused_group is not None
+    assert out_rep.total_us < rep.total_us

@@ -74,6 +74,7 @@ from solver.events import EventSink, Incumbent, PhaseFinished, PhaseStarted, emi
 from solver.spyre.cost_model import OpView, op_time, predict_program_ns, to_units
 from solver.emit import emit_program
 from solver.spyre.fusion import FUSION_TRIALS, fuse_tiled_groups, resplit_for_tiling
+from solver.spyre.fusion.hold import hold_in_lx
 from solver.spyre.fusion.retile import fewer_tiles
 from solver.spyre.fusion.trial import trial as fusion_trial
 from solver.plan import OpPlan, PlanDecisions, Residency
@@ -855,6 +856,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
             notes.append(f"resplit after fusion: {again[2]} ops, simulated {fused_us:.1f} -> {again[1]:.1f} us")
             fused_d, fused_us = again[0], again[1]
     emit_s = 0.0   # one emit + validation of the fused plan: what a trial here costs, about
+    held = None
     if deadline is None or time.perf_counter() < deadline:
         t_emit = time.perf_counter()
         prog, _ = _program_or_none(pg, hw, fused_d)
@@ -871,7 +873,18 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
         t_trial = time.perf_counter()
         tr = fusion_trial(pg, hw, fused_d)
         if tr is not None and not validate_program(tr[1], hw):
-            retiled = fewer_tiles(pg, hw, tr, deadline, time.perf_counter() - t_trial, limit=FINAL_RETILE_TRIALS)
+            trial_s = time.perf_counter() - t_trial
+            if held is not None:
+                # the split-K reader left the kernel it headed, so a result that kernel's
+                # members could not follow may be held now (granite prefill: the residual
+                # sum, read by the next norm and by the final add, which was a member of
+                # the down projection's kernel)
+                again = hold_in_lx(pg, hw, tr, deadline, trial_s)
+                if again[2].total_us < tr[2].total_us:
+                    notes.append(f"held in LX after split-K: simulated {tr[2].total_us:.1f} -> {again[2].total_us:.1f} us")
+                    tr = again
+                    fused_d, fused_us = again[0], again[2].total_us
+            retiled = fewer_tiles(pg, hw, tr, deadline, trial_s, limit=FINAL_RETILE_TRIALS)
             if retiled[2].total_us < fused_us:
                 notes.append(f"fewer tiles at the end: simulated {fused_us:.1f} -> {retiled[2].total_us:.1f} us")
                 fused_d, fused_us = retiled[0], retiled[2].total_us

@@ -156,8 +156,11 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
     members: dict[int, set[str]] = {}
     for o, n in kernel.items():
         members.setdefault(n, set()).add(o)
-    if any(not members[kernel[o]] <= done for o in moved if o in kernel):
-        return None
+    for o in sorted(moved):
+        if o in kernel and not _mates_follow(o, members[kernel[o]] - done, prims, ops, shapes, layouts, dtypes, hw):
+            return None
+        done |= members.get(kernel.get(o, -1), set())
+    moved = {o for o in ops if ops[o] is not d.ops.get(o)}
     # a moved kernel member whose tiled dim is now split finer takes proportionally fewer
     # tiles, and every moved member of one kernel the fewest of them (one count a kernel)
     count: dict[int, int] = {}
@@ -182,6 +185,26 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
             if a.tensor != tensor and held is not None and not held.per_tile and producer.get(a.tensor) not in moved:
                 drop.add(a.tensor)
     return ops, drop
+
+
+def _mates_follow(moved: str, rest: set[str], prims: dict, ops: dict, shapes: dict, layouts: dict, dtypes: dict,
+                  hw) -> bool:
+    """The members `rest` of a kernel whose member `moved` follows a held result, moved with
+    it (in `ops`): each pointwise or reduce member writing a result of the moved one's
+    shape takes the same split of it (`split_maps.result_split`), e.g. the scaling of a
+    split-K result that feeds the residual add which follows. False when one cannot (a
+    matmul heading the kernel is `_kernel_follows`' case)."""
+    src = prims[moved]
+    for x in sorted(rest):
+        xp = prims[x]
+        if xp.body.kind not in ("pointwise", "reduce") or ops.get(x, OpPlan()).alias:
+            return False
+        want = result_split(src, {k: v for k, v in ops[moved].core_split.items() if v > 1}, xp, shapes)
+        if want is None or want not in legal_core_splits(xp, op_granules(xp, layouts, dtypes, hw.stick_bytes),
+                                                         hw.cores):
+            return False
+        ops[x] = replace(ops.get(x, OpPlan()), core_split=dict(want), core_slices=None)
+    return True
 
 
 def _made_boxes(prim: PrimOp, plan: OpPlan, shapes: dict, layouts: dict, dtypes: dict, hw) -> dict:
