@@ -345,8 +345,11 @@ def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following
     assert not validate_program(out[1], HW) and out[2].total_us < rep2.total_us
     assert all({k: v for k, v in out[0].ops[o].core_split.items() if v > 1} == {"r": 32} for o in ("op2", "op3"))
     assert isinstance(out[1].tensor_map()["t1"].memory, LxMemory)
-    # no split under which a reader reads what its own core made: nothing moves
+    # no split under which a reader reads what its own core made (so the kernels cannot
+    # meet on one either, `meet`): nothing moves
+    from solver.spyre.fusion import meet
     monkeypatch.setattr(hold, "split_through", lambda *a: None)
+    monkeypatch.setattr(meet, "split_through", lambda *a: None)
     assert hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)[1] is prog
 
 
@@ -591,3 +594,72 @@ def test_a_held_results_reader_brings_its_kernel_mates_along():
     assert all({k: v for k, v in out_d.ops[o].core_split.items() if v > 1} == {"r": 32} for o in ("scale", "add"))
     assert out_rep.op("scale").fused_group == out_rep.op("add").fused_group is not None
     assert out_rep.total_us < rep.total_us
+
+
+def _scaled_rows(rows=512, cols=4096):
+    """t1 = -x on fp32 rows; y = t1 * v[row]: an RMSNorm's apply reading its fp32 input and
+    the per-row vector, sticked along the rows (16 sticks of 32 fp32 for 512 rows), so the
+    apply takes at most 16 row slices."""
+    from lowering.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+    f32 = "float32"
+    ts = {t.id: t for t in (PrimTensor("x", (rows, cols), f32, "user_input"), PrimTensor("v", (rows,), f32, "user_input"),
+                            PrimTensor("t1", (rows, cols), f32), PrimTensor("y", (rows, cols), f32))}
+    dims = (IterDim("r", rows), IterDim("c", cols))
+    ops = [PrimOp("op1", dims, (Access("x", (0, 1)),), Access("t1", (0, 1)), PointwiseBody(Call("neg", (In(0),)))),
+           PrimOp("op2", dims, (Access("t1", (0, 1)), Access("v", (0,))), Access("y", (0, 1)),
+                  PointwiseBody(Call("mul", (In(0), In(1)))))]
+    return PrimGraph("scaled_rows", ts, ops, ["x", "v"], ["y"])
+
+
+def test_two_kernels_that_cannot_follow_each_other_meet_on_one_split():
+    """op1's kernel writes t1 on 32 row slices; op2 cannot read 32 row slices (its per-row
+    vector has 16 sticks) and runs on 32 column slices, so t1 goes through device memory and
+    op1 is no matmul to take op2's split. `meet.meet_splits` moves both to a common split of
+    t1's dims; `hold.hold_in_lx` keeps the fastest valid one with t1 held in LX."""
+    from lowering.op_rules import legal_core_splits
+    from simulator.geometry import op_granules
+    from simulator.superdsc import LxMemory
+    from solver.spyre.fusion import hold, meet
+    from tests.test_timing import _plan
+    pg = _scaled_rows()
+    d = _plan({"op1": {"r": 32}, "op2": {"c": 32}}, tiles={"op1": {"r": 2}, "op2": {"r": 2}})
+    d.bundle_starts = ["op1", "op2"]   # two kernels (as `runs.with_tiles` cuts them)
+    prog = emit_program(pg, HW, d)
+    assert not validate_program(prog, HW)
+    rep = time_program(prog, HW)
+    assert rep.op("op1").fused_group != rep.op("op2").fused_group
+    tmap = prog.tensor_map()
+    op2 = pg.ops[1]
+    gran = op_granules(op2, {t.id: t.layout for t in prog.tensors}, {t.id: t.dtype for t in prog.tensors},
+                       HW.stick_bytes)
+    assert {"r": 32} not in legal_core_splits(op2, gran, HW.cores)   # it cannot follow
+    assert not isinstance(tmap["t1"].memory, LxMemory)
+    alternatives = meet.meet_splits(pg, prog, d, "t1", HW)
+    assert alternatives and all(ops["op1"].core_split == ops["op2"].core_split for ops, _, _ in alternatives)
+    out_d, out_prog, out_rep = hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    assert not validate_program(out_prog, HW)
+    assert isinstance(out_prog.tensor_map()["t1"].memory, LxMemory)
+    assert out_d.ops["op1"].core_split == out_d.ops["op2"].core_split
+    assert out_rep.op("op1").hbm_write_bytes == 0
+    assert out_rep.total_us < rep.total_us
+
+
+def test_a_following_kernel_may_keep_its_tile_count():
+    """op2 and op3 (one kernel on column slices, 2 tiles along the rows) follow op1's row
+    split: proportionally fewer tiles leave the kernel untiled; `hold._tiles_kept` offers the
+    same moves at its 2 tiles, which each core's 64 rows still hold."""
+    from solver.spyre.fusion import hold
+    from tests.test_timing import _plan, unary_chain
+    pg = unary_chain(2048, 2048, n_ops=3)
+    d = _plan({"op1": {"r": 32}, "op2": {"c": 32}, "op3": {"c": 32}},
+              tiles={"op1": {"r": 4}, "op2": {"r": 2}, "op3": {"r": 2}})
+    prog = emit_program(pg, HW, d)
+    assert not validate_program(prog, HW)
+    ops, _ = hold._follow_split(pg, prog, d, "t1", HW)
+    assert ops["op2"].temporal_tiles == ops["op3"].temporal_tiles == {}
+    kept = hold._tiles_kept(pg, prog, d, ops, HW)
+    assert len(kept) == 1 and kept[0]["op2"].temporal_tiles == kept[0]["op3"].temporal_tiles == {"r": 2}
+    assert all(kept[0][o].core_split == ops[o].core_split for o in ("op2", "op3"))
+    rep = time_program(prog, HW)
+    out = hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
+    assert not validate_program(out[1], HW) and out[2].total_us < rep.total_us
