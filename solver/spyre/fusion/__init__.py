@@ -21,7 +21,7 @@ pipeline):
 - `trial`: one emitted, tile-buffered, timed trial; the validity check;
 - `merge`: adjacent runs and sibling matmuls merged into one kernel;
 - `revisit`: runs put back on their own fastest choice after a whole trial won;
-- `hold`: results handed between kernels held whole in LX;
+- `hold`: results handed between kernels held whole in LX (`meet`: both kernels on one split);
 - `retile`: kernels that underfill the stream with fewer tiles;
 - `resplit`: the re-split start the planner searches first (`resplit_for_tiling`).
 """

@@ -1,7 +1,8 @@
 """Holding results in LX (a step of the search, `hold_in_lx`): results still handed from a
 kernel to later ops through device memory are held whole in LX where their readers can take
 (`_follow_split`), or their producer (`_lead_split`) or the reading kernel
-(`_kernel_follows`) can give, the split that reads what each core made."""
+(`_kernel_follows`) can give, the split that reads what each core made, or where both sides
+can meet on one (`meet.meet_splits`)."""
 from __future__ import annotations
 
 import time
@@ -34,8 +35,11 @@ def hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s:
     core made (`_follow_split`), the tensor gets LX the plan leaves free over its live range
     (`tile_buffers.add_whole_residencies`, validator-judged). The largest `limit` such
     results (at least `HOLD_MIN_BYTES`) whose readers can follow are tried one at a time,
-    each kept where the whole program simulates faster; then, in `limit` trials more, those
-    whose producing matmul can take its readers' split (`_lead_split`). The solve chose residencies before fusion changed the splits
+    each kept where the whole program simulates faster (also with the moved kernels keeping
+    their tile counts, `_tiles_kept`); then, in `limit` trials more, those whose producing
+    matmul can take its readers' split (`_lead_split`); then, in `limit` more, those whose
+    producing and reading pointwise/reduce kernels can meet on a common split
+    (`meet.meet_splits`). The solve chose residencies before fusion changed the splits
     and freed LX (tile buffers), so a result it left in device memory may now fit."""
     fused_d, prog, rep = tr
     cands = whole_candidates(pg, prog, hw)
