@@ -479,19 +479,26 @@ def test_a_kernel_with_more_tiles_than_its_members_stream_well_gets_fewer():
     assert out_rep.total_us < 0.9 * rep.total_us
 
 
+def _three_op_chain(rows: int, cols: int, splits: dict, tiles: dict) -> tuple:
+    """unary_chain(rows, cols, 3) planned with `splits` and `tiles`, emitted (valid), and
+    `hold._follow_split`'s (ops, drop) for t1."""
+    from solver.spyre.fusion import hold
+    from tests.test_timing import _plan, unary_chain
+    pg = unary_chain(rows, cols, n_ops=3)
+    d = _plan(splits, tiles=tiles)
+    prog = emit_program(pg, HW, d)
+    assert not validate_program(prog, HW)
+    return pg, d, prog, hold._follow_split(pg, prog, d, "t1", HW)
+
+
 def test_a_following_kernel_takes_fewer_tiles_where_its_tiled_dim_is_now_split():
     """op2 and op3 (one kernel on row slices, 64 tiles along the columns) follow op1's
     column split to read t1 from LX: each core then holds 1/32 of the columns, so the kernel
     takes 64 / 32 = 2 tiles (one count for both members), and the program is valid."""
     from solver.spyre.fusion import hold
     from simulator.superdsc import LxMemory
-    from tests.test_timing import _plan, unary_chain
-    pg = unary_chain(1024, 8192, n_ops=3)
-    d = _plan({"op1": {"c": 32}, "op2": {"r": 32}, "op3": {"r": 32}},
-              tiles={"op1": {"r": 4}, "op2": {"c": 64}, "op3": {"c": 64}})
-    prog = emit_program(pg, HW, d)
-    assert not validate_program(prog, HW)
-    ops, drop = hold._follow_split(pg, prog, d, "t1", HW)
+    pg, d, prog, (ops, drop) = _three_op_chain(1024, 8192, {"op1": {"c": 32}, "op2": {"r": 32}, "op3": {"r": 32}},
+                                               {"op1": {"r": 4}, "op2": {"c": 64}, "op3": {"c": 64}})
     assert ops["op2"].temporal_tiles == ops["op3"].temporal_tiles == {"c": 2} and not drop
     rep = time_program(prog, HW)
     held_d, held_prog, held_rep = hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)
@@ -649,13 +656,8 @@ def test_a_following_kernel_may_keep_its_tile_count():
     split: proportionally fewer tiles leave the kernel untiled; `hold._tiles_kept` offers the
     same moves at its 2 tiles, which each core's 64 rows still hold."""
     from solver.spyre.fusion import hold
-    from tests.test_timing import _plan, unary_chain
-    pg = unary_chain(2048, 2048, n_ops=3)
-    d = _plan({"op1": {"r": 32}, "op2": {"c": 32}, "op3": {"c": 32}},
-              tiles={"op1": {"r": 4}, "op2": {"r": 2}, "op3": {"r": 2}})
-    prog = emit_program(pg, HW, d)
-    assert not validate_program(prog, HW)
-    ops, _ = hold._follow_split(pg, prog, d, "t1", HW)
+    pg, d, prog, (ops, _) = _three_op_chain(2048, 2048, {"op1": {"r": 32}, "op2": {"c": 32}, "op3": {"c": 32}},
+                                            {"op1": {"r": 4}, "op2": {"r": 2}, "op3": {"r": 2}})
     assert ops["op2"].temporal_tiles == ops["op3"].temporal_tiles == {}
     kept = hold._tiles_kept(pg, prog, d, ops, HW)
     assert len(kept) == 1 and kept[0]["op2"].temporal_tiles == kept[0]["op3"].temporal_tiles == {"r": 2}

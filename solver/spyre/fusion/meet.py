@@ -35,11 +35,8 @@ def meet_splits(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, 
     that would move is not pointwise or reduce (matmul kernels are `_lead_split`'s and
     `_kernel_follows`' cases) or no factoring carries through every op."""
     prims = {op.id: op for op in pg.ops}
-    producer = {op.output.tensor: op.id for op in pg.ops}
-    readers: dict[str, list[str]] = {}
-    for op in pg.ops:
-        for a in op.inputs:
-            readers.setdefault(a.tensor, []).append(op.id)
+    producer = {t: op.id for t, op in pg.producer().items()}
+    readers = {t: [op.id for op in ops] for t, ops in pg.consumers().items()}
     p = producer.get(tensor)
     if p is None:
         return []
@@ -139,7 +136,7 @@ def _residencies_lost(pg: PrimGraph, d: PlanDecisions, moved: set[str], tensor: 
     whole results a moved op reads from an op that did not move, and moved ops' whole
     results some op that did not move reads."""
     made = {op.id: op.output.tensor for op in pg.ops}
-    producer = {t: o for o, t in made.items()}
+    producer = {t: op.id for t, op in pg.producer().items()}
     drop = set()
     for o in moved:
         r = d.resident.get(made[o])
