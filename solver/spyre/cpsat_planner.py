@@ -802,7 +802,8 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
           strategies: dict[str, list[Strategy]], enabled: bool = True) -> tuple[PlanDecisions, float]:
     """The final plan with fused coarse-tiled groups where the timing model finds them faster
     (`solver.spyre.fusion`), then `_resplit_unfused`, then split-K readers of held results
-    (`solver.spyre.split_k_hold`), and the simulated gain in ns (the per-op cost
+    (`solver.spyre.split_k_hold`; when one moved, `hold_in_lx` once more), then a last
+    fewer-tiles pass, and the simulated gain in ns (the per-op cost
     model the objective sums does not see fused groups, so the gain is taken from the
     simulation).
 
