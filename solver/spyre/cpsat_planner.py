@@ -793,6 +793,10 @@ def _repair_bundles(pg: PrimGraph, hw, sm: "SpyreModel", d: PlanDecisions, max_s
 # ran to the deadline on mistral prefill and the step (about 2 s there, worth 58-232 us on the
 # prefill layers) never ran (2026-12-01 23:20 UTC).
 SPLIT_K_SHARE = 0.3
+# Of the time left after the split-K step, the share `hold_in_lx` may use before the last
+# fewer-tiles pass (a 10 s layers run on a machine 1.6x slower than usual, 2026-12-02 01:42
+# UTC: the hold took all of it, granite prefill 4356.2 us with no fewer-tiles pass).
+HOLD_AFTER_SPLIT_K_SHARE = 0.5
 # Trials of the last fewer-tiles pass (two per kernel): llama prefill at 10 s, the plan after
 # the split-K step: 8 trials 3905.6 -> 3903.1 us, 16 -> 3846.1, 40 -> 3831.6 (1.2 s).
 FINAL_RETILE_TRIALS = 40
@@ -879,8 +883,11 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
                 # the split-K reader left the kernel it headed, so a result that kernel's
                 # members could not follow may be held now (granite prefill: the residual
                 # sum, read by the next norm and by the final add, which was a member of
-                # the down projection's kernel)
-                again = hold_in_lx(pg, hw, tr, deadline, trial_s)
+                # the down projection's kernel); half the time left, the rest for the
+                # fewer-tiles pass below (worth more on the prefill layers: 80-240 us)
+                hold_deadline = None if deadline is None else \
+                    time.perf_counter() + HOLD_AFTER_SPLIT_K_SHARE * max(0.0, deadline - time.perf_counter())
+                again = hold_in_lx(pg, hw, tr, hold_deadline, trial_s)
                 if again[2].total_us < tr[2].total_us:
                     notes.append(f"held in LX after split-K: simulated {tr[2].total_us:.1f} -> {again[2].total_us:.1f} us")
                     tr = again
