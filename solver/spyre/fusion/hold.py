@@ -210,7 +210,8 @@ def _follow_split(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str
 def _tiles_kept(pg: PrimGraph, program: Program, d: PlanDecisions, ops: dict, hw) -> list[dict]:
     """`_follow_split`'s ops with every moved kernel member keeping its tile count where its
     new slices still hold that many (`meet.tiles_that_fit`; one count a kernel, the fewest),
-    instead of proportionally fewer: [that], or [] when it is the same. A kernel whose
+    instead of proportionally fewer: [that] when the follow left some moved kernel untiled,
+    else [] (or when it is the same). A kernel whose
     members each get a smaller slice streams no worse at the same count (granite prefill,
     deterministic: the post-attention norm's apply following the fp32 input's row x column
     split, 3786.0 -> 3869.6 us at proportionally fewer tiles, untiled; 3663.5 at its 2)."""
@@ -219,6 +220,10 @@ def _tiles_kept(pg: PrimGraph, program: Program, d: PlanDecisions, ops: dict, hw
     layouts = {t.id: t.layout for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}
     moved = [o for o in ops if ops[o] is not d.ops.get(o) and d.ops.get(o) is not None and d.ops[o].temporal_tiles]
+    if not any(not ops[o].temporal_tiles for o in moved):
+        # only where the follow left a kernel untiled: elsewhere the extra trial rarely
+        # paid for its time under a wall-clock deadline (2-4 more trials a plan)
+        return []
     kept: dict[str, dict[str, int]] = {
         o: tiles_that_fit(prims[o], ops[o].core_split, d.ops[o].temporal_tiles,
                           op_granules(prims[o], layouts, dtypes, hw.stick_bytes))
