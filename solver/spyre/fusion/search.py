@@ -17,14 +17,15 @@ joins none, since its partial sums are combined after the loop):
    runs never merge by accident (`runs.with_tiles`); runs the validator names in an
    invalid combination go back to as planned (`_runs_named`).
 5. the steps on the kept trial, in the order `_steps_after_combination` lists them, each
-   returning it or a valid, faster one: runs put back on their own fastest choice where the
-   kept trial gave them another (`revisit.runs_on_their_best`); adjacent runs merged into one kernel
+   returning it or a valid, faster one: adjacent runs merged into one kernel
    (`merge.merge_adjacent`: e.g. a gated MLP's gate and up projections, loading their
    common input once); with `reorder`, matmuls reading one tensor (query, key and value
    projections) moved next to each other in the op order and merged the same way
    (`merge.merge_siblings`); results still handed from a kernel to later ops through
-   device memory held whole in LX (`hold.hold_in_lx`); kernels that underfill the stream
-   with fewer tiles (`retile.fewer_tiles`).
+   device memory held whole in LX (`hold.hold_in_lx`); runs put back on their own fastest
+   choice where the kept trial gave them another (`revisit.runs_on_their_best`; after the
+   merges and holds, which gain more when a deadline cuts the steps short); kernels that
+   underfill the stream with fewer tiles (`retile.fewer_tiles`).
 Every trial emits, adds the tile buffers the validator accepts and simulates
 (`trial.trial`); runs are separated by ops outside any kernel, so their times add up
 independently. The combination of the per-run choices is emitted, validated and simulated
@@ -116,12 +117,11 @@ def _steps_after_combination(runs: list[list[str]], reorder: bool, best: list[tu
     """The steps run on the kept trial, in order: each takes (pg, hw, (decisions, program,
     report), deadline, the slowest trial's seconds) and returns that trial or a valid,
     faster one."""
-    steps = [lambda pg, hw, tr, deadline, trial_s: revisit.runs_on_their_best(
-                 pg, hw, tr, runs, best, variants, deadline, trial_s),
-             lambda pg, hw, tr, deadline, trial_s: merge.merge_adjacent(pg, hw, tr, runs, deadline, trial_s)]
+    steps = [lambda pg, hw, tr, deadline, trial_s: merge.merge_adjacent(pg, hw, tr, runs, deadline, trial_s)]
     if reorder:
         steps.append(merge.merge_siblings)
-    steps += [hold.hold_in_lx, retile.fewer_tiles]
+    steps += [hold.hold_in_lx, lambda pg, hw, tr, deadline, trial_s: revisit.runs_on_their_best(
+                 pg, hw, tr, runs, best, variants, deadline, trial_s), retile.fewer_tiles]
     return steps
 
 
