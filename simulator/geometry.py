@@ -510,34 +510,20 @@ def copy_read_box(op: PrimOp, operand: int, out_box: Sequence[Range], in_shape: 
     """The box of copy input `operand` that writing `out_box` of the output reads: through
     its piece's strided map, from the part of `out_box` the piece writes (an empty box,
     (0, 0) per dim, when it writes none of it); the whole input when the map does not
-    decompose onto the input's dims."""
-    whole = tuple((0, int(s)) for s in in_shape)
-    got = _copy_piece(op, operand, in_shape)
+    decompose onto the input's dims. One output box of `_copy_read_boxes`."""
+    olo = np.array([[a for a, _ in out_box]], dtype=np.int64)
+    ohi = np.array([[b for _, b in out_box]], dtype=np.int64)
+    got = _copy_read_boxes(op, operand, olo, ohi, in_shape)
     if got is None:
-        return whole
-    mp, oo, (off, levels_of) = got
-    lo = list(off)
-    hi = list(off)
-    for (A, B), o, n, levels in zip(out_box, oo, mp.shape, levels_of):
-        a, b = max(A, o) - o, min(B, o + n) - o
-        if b <= a:
-            return tuple((0, 0) for _ in in_shape)
-        a, b = a, b - 1  # inclusive
-        for li, (k, c, m) in enumerate(levels):
-            if li == len(levels) - 1:
-                ra, rb = a, b
-            else:
-                same = a // m == b // m
-                ra, rb = (a % m, b % m) if same else (0, m - 1)
-                a, b = a // m, b // m
-            lo[k] += c * ra
-            hi[k] += c * rb
-    return tuple((l, h + 1) for l, h in zip(lo, hi))
+        return tuple((0, int(s)) for s in in_shape)
+    lo, hi = got
+    return tuple((int(a), int(b)) for a, b in zip(lo[0], hi[0]))
 
 
 def _copy_read_boxes(op: PrimOp, operand: int, olo: np.ndarray, ohi: np.ndarray, in_shape: Sequence[int]):
-    """`copy_read_box` over arrays of output boxes (olo/ohi: (..., output rank)): (blo, bhi)
-    of shape (..., input rank), or None when the input is read whole."""
+    """The boxes copy input `operand` reads for arrays of output boxes (olo/ohi: (...,
+    output rank), half-open): (blo, bhi) of shape (..., input rank), an empty box where the
+    piece writes none of an output box, or None when the input is read whole."""
     got = _copy_piece(op, operand, in_shape)
     if got is None:
         return None
