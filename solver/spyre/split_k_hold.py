@@ -32,7 +32,7 @@ from typing import Optional
 from lowering.primitives import PrimGraph, PrimOp
 from simulator.superdsc import HbmMemory, Program
 from solver.plan import PlanDecisions
-from solver.spyre.fusion.split_maps import result_split, split_through
+from solver.spyre.fusion.split_maps import factored_split, result_split, split_through
 from solver.spyre.fusion.trial import trial, valid_program
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers
 
@@ -132,14 +132,9 @@ def _kernel_splits(pg: PrimGraph, members: list[str], producer: PrimOp, held: st
     `factors`: the producer's split writing those slices, carried to every member writing a
     result of the same shape (`split_maps.result_split`; reduction dims stay whole). None
     when some member's result has another shape (the kernel cannot follow)."""
-    shape = pg.tensors[held].shape
-    p_split: dict[str, int] = {}
-    for j, f in zip(_nontrivial_dims(shape), factors):
-        i = producer.output.dims[j]
-        if i is None:
-            return None
-        if f > 1:
-            p_split[producer.iter_dims[i].name] = f
+    p_split = factored_split(producer, pg.tensors[held].shape, factors)
+    if p_split is None:
+        return None
     by_id = {op.id: op for op in pg.ops}
     shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
     out: dict[str, dict[str, int]] = {}

@@ -20,7 +20,7 @@ from lowering.primitives import PrimGraph, PrimOp
 from simulator.geometry import op_granules
 from simulator.superdsc import Program
 from solver.plan import OpPlan, PlanDecisions
-from solver.spyre.fusion.split_maps import result_split, split_through
+from solver.spyre.fusion.split_maps import factored_split, result_split, split_through
 from solver.spyre.tile_buffers import kernel_numbers
 
 _MOVABLE = ("pointwise", "reduce")
@@ -62,19 +62,19 @@ def meet_splits(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, 
     cores = 1
     for f in cur.values():
         cores *= f
-    dims = [j for j, n in enumerate(shapes[tensor]) if n != 1]
-    if len(dims) != 2 or any(prod.output.dims[j] is None for j in dims):
+    if len([n for n in shapes[tensor] if n != 1]) != 2:
         return []
-    names = [prod.iter_dims[prod.output.dims[j]].name for j in dims]
-    now = (cur.get(names[0], 1), cur.get(names[1], 1))
     factorings = [(a, cores // a) for a in (2 ** k for k in range(cores.bit_length())) if cores % a == 0]
+    now = next((f for f in factorings if factored_split(prod, shapes[tensor], f) == cur), None)
+    if now is None:
+        return []
     factorings.sort(key=lambda f: abs(f[0].bit_length() - now[0].bit_length()))
     out = []
     for f in factorings:
-        if f == now:
+        p_split = factored_split(prod, shapes[tensor], f)
+        if f == now or p_split is None:
             continue
-        got = _carried(prims, producer, order, p, {n: x for n, x in zip(names, f) if x > 1}, shapes, layouts,
-                       dtypes, hw)
+        got = _carried(prims, producer, order, p, p_split, shapes, layouts, dtypes, hw)
         if got is None:
             continue
         ops = dict(d.ops)

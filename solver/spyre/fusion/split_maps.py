@@ -7,7 +7,8 @@ splits; the split variants, the merges and the LX holds all map splits with thes
 - `from_producer`: the same for a run member reading an earlier member's result;
 - `head_split`: a reader's split as the heading matmul's (the producer follows);
 - `from_head`: the heading matmul's split of its result as each member's;
-- `result_split`: one op's split as another's writing a result of the same shape.
+- `result_split`: one op's split as another's writing a result of the same shape;
+- `factored_split`: the split writing a result in given slice counts along its non-unit dims.
 """
 from __future__ import annotations
 
@@ -121,3 +122,17 @@ def result_split(src: PrimOp, split: dict[str, int], dst: PrimOp, shapes: dict) 
                 return None
             out[dst.iter_dims[di].name] = want[names[si]]
     return out if len(out) == len(want) else None
+
+
+def factored_split(producer: PrimOp, shape, factors) -> Optional[dict[str, int]]:
+    """`producer`'s split that writes its result (of `shape`) in `factors` slices along the
+    result's non-unit dims, in order; None when one of those dims is written by no
+    iteration dim."""
+    out: dict[str, int] = {}
+    for j, f in zip([j for j, n in enumerate(shape) if n != 1], factors):
+        i = producer.output.dims[j]
+        if i is None:
+            return None
+        if f > 1:
+            out[producer.iter_dims[i].name] = f
+    return out
