@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequenc
 import numpy as np
 
 from lowering.op_rules import ANY, split_granules, stick_elems
-from lowering.primitives import DTYPE_BYTES, Access, PrimOp
+from lowering.primitives import DTYPE_BYTES, Access, PrimOp, op_from_json, op_to_json
 from simulator.superdsc import CoreSlice, Layout
 
 Range = tuple[int, int]
@@ -187,6 +187,34 @@ def prim_key(prim: PrimOp) -> Optional[PrimOp]:
     for d in prim.output.dims:
         if d is not None and type(d) is not int:
             return None
+    return prim
+
+
+# Loop nests of programs, parsed once per content: the validator, the timing model and the
+# fusion steps each parse every op of every trial program, and a trial changes a few ops.
+# Keyed on the op id; an entry holds the parsed nest and the canonical JSON it prints as
+# (`op_to_json`), and serves a request only when the request's JSON equals that (a nest
+# edited in place, or one printed another way, is parsed afresh). Equal JSON parses to an
+# equal nest, up to Python's 1 == 1.0 (a dim index given as a float: `prim_key` keeps such a
+# nest out of the other memo maps, whose reference path gives the same results).
+_PRIMS = LRU(4096, "geometry.parsed_prims")
+_PRIMS_PER_ID = 4  # nests kept under one op id (ops of several graphs share ids)
+
+
+def parsed_prim(d: dict) -> PrimOp:
+    """`op_from_json(d)` (same errors for a malformed nest), memoized on the JSON's content."""
+    oid = d.get("id") if isinstance(d, dict) else None
+    if type(oid) is not str or not caches_enabled():
+        return op_from_json(d)
+    entries = _PRIMS.get(oid, list)
+    for canon, prim in entries:
+        if canon == d:
+            return prim
+    prim = op_from_json(d)
+    canon = op_to_json(prim)
+    if canon == d:
+        entries.insert(0, (canon, prim))
+        del entries[_PRIMS_PER_ID:]
     return prim
 
 

@@ -41,9 +41,9 @@ from typing import Mapping, Optional, Sequence, Union
 import numpy as np
 
 from lowering.interpreter import InterpreterError, run_op as reference_op
-from lowering.primitives import DTYPE_BYTES, Access, IterDim, PrimOp, PrimTensor, op_from_json
+from lowering.primitives import DTYPE_BYTES, Access, IterDim, PrimOp, PrimTensor
 from simulator.geometry import (
-    Box, box_storage_extents, core_ranges, element_strides, layout_nbytes, op_granules,
+    Box, box_storage_extents, core_ranges, element_strides, layout_nbytes, op_granules, parsed_prim,
     operand_box, reduction_split, tile_ranges,
 )
 from simulator.superdsc import HbmMemory, LxMemory, Program, TensorDecl, fused_group_key, tile_count
@@ -121,7 +121,7 @@ class Machine:
     def prim(self, k: int) -> PrimOp:
         o = self.p.ops[k]
         if o.id not in self._prims:
-            self._prims[o.id] = op_from_json(o.prim)
+            self._prims[o.id] = parsed_prim(o.prim)
         return self._prims[o.id]
 
     def geometry(self, k: int) -> tuple[dict, dict]:

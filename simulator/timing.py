@@ -49,10 +49,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from lowering.primitives import (Const, In, MatmulBody, PointwiseBody, PrimOp, ReduceBody,
-                                 op_from_json)
+from lowering.primitives import (Const, In, MatmulBody, PointwiseBody, PrimOp, ReduceBody)
 from simulator.geometry import (LRU, box_contains, box_lx_bytes, caches_enabled, core_ranges, dim_chunk,
-                                flat_key, op_granules, operand_box, prim_key, put_dict, put_layout, put_slices,
+                                flat_key, op_granules, operand_box, parsed_prim, prim_key, put_dict, put_layout, put_slices,
                                 put_tensor)
 from simulator.hardware import Hardware, load_target
 from simulator.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, lx_live_spans, tile_count
@@ -377,7 +376,7 @@ class OpTimer:
         g = self._geom.get(op.id)
         if g is not None:
             return g
-        prim = op_from_json(op.prim)
+        prim = parsed_prim(op.prim)
         key = self._geometry_key(op, prim) if self._shared and caches_enabled() else None
         if key is None:
             g = self._geometry_of(op, prim)

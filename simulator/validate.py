@@ -56,10 +56,10 @@ import numpy as np
 from pydantic import ValidationError
 
 from lowering.op_rules import check_split, copy_is_alias, ex_unit, matching_choice, opfunc, split_units
-from lowering.primitives import DTYPE_BYTES, PrimOp, op_from_json
+from lowering.primitives import DTYPE_BYTES, PrimOp
 from simulator.geometry import (
     LRU, box_contains, box_lx_bytes, box_span_bytes, caches_enabled, core_ranges, flag, flat_key,
-    layout_nbytes, layout_problems, op_granules, operand_box, prim_key, put_dict, put_slices,
+    layout_nbytes, layout_problems, op_granules, operand_box, parsed_prim, prim_key, put_dict, put_slices,
     put_tensor, reduction_split, tile_iteration_ranges, tile_operand_boxes,
 )
 from simulator.superdsc import (
@@ -377,7 +377,7 @@ class _Checker:
                 self.add("schema", f"{o.id}: op has no loop nest", op=o.id)
                 continue
             try:
-                prim = op_from_json(o.prim)
+                prim = parsed_prim(o.prim)
             except (KeyError, ValueError, TypeError) as e:
                 self.add("schema", f"{o.id}: malformed loop nest: {e}", op=o.id)
                 continue

@@ -414,3 +414,25 @@ def test_vectorized_tile_order_matches_the_reference():
         assert validate_mod._tile_order_problem(pbox, rbox) == want
         seen.add(None if want is None else want.split(" ")[2])
     assert seen == {None, "reads", "needs"}  # every verdict met
+
+
+def test_loop_nests_parsed_once_per_content(hw, fused_program):
+    """`geometry.parsed_prim` serves equal JSON from one parse, and a nest edited in place
+    (the same dict the cache saw) is parsed afresh: the validator judges the edit."""
+    import copy
+
+    q = fused_program.model_copy(deep=True)
+    assert validate_program(q, hw) == []
+    o = next(o for o in q.ops if o.kind == "compute" and o.prim and o.prim["iter_dims"])
+    first = geometry.parsed_prim(o.prim)
+    assert geometry.parsed_prim(copy.deepcopy(o.prim)) is first
+    o.prim["iter_dims"][0]["size"] += 1
+    edited = geometry.parsed_prim(o.prim)
+    assert edited.iter_dims[0].size == first.iter_dims[0].size + 1
+    assert any(i.code == "shape_mismatch" and i.op == o.id for i in validate_program(q, hw))
+    # a malformed nest raises what op_from_json raises, every time (never cached)
+    bad = copy.deepcopy(o.prim)
+    del bad["output"]
+    for _ in range(2):
+        with pytest.raises(KeyError):
+            geometry.parsed_prim(bad)

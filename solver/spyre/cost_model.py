@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Mapping, Optional, Sequence
 
-from lowering.primitives import PrimOp, op_from_json, op_to_json  # noqa: F401
-from simulator.geometry import default_core_slices
+from lowering.primitives import PrimOp, op_to_json
+from simulator.geometry import default_core_slices, parsed_prim
 from simulator.superdsc import CoreSlice, HbmMemory, Layout, LxMemory, Program
 from simulator.timing import OpTimer
 
@@ -170,7 +170,7 @@ def predict_program_ns(program: Program, hw) -> float:
     for o in program.ops:
         if o.prim is None:
             continue
-        prim = op_from_json(o.prim)
+        prim = parsed_prim(o.prim)
         view = OpView(prim, o.kind, shapes, dtypes, layouts, o.core_split, o.core_slices, o.alias, roles)
         in_lx = [isinstance(tmap[a.tensor].memory, LxMemory) for a in prim.inputs]
         out_lx = isinstance(tmap[prim.output.tensor].memory, LxMemory)

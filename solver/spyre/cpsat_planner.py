@@ -65,7 +65,8 @@ from typing import Optional, Union
 from ortools.sat.python import cp_model
 
 from lowering.op_rules import default_choice, matching_choice, outermost_split, restickify_prim, split_granules
-from lowering.primitives import PrimGraph, op_from_json
+from lowering.primitives import PrimGraph
+from simulator.geometry import parsed_prim
 from simulator.superdsc import LxMemory, Program, fused_group_key
 from simulator.timing import time_program
 from simulator.validate import validate_program
@@ -931,7 +932,7 @@ def _resplit_unfused(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
         if (o.kind != "compute" or o.alias or o.prim is None or o.id not in strategies
                 or fused_group_key(o) is not None):
             continue
-        prim = op_from_json(o.prim)
+        prim = parsed_prim(o.prim)
         if any(isinstance(tmap[n].memory, LxMemory) for n in [a.tensor for a in prim.inputs] + [prim.output.tensor]):
             continue
         cur = d.ops.get(o.id, OpPlan())

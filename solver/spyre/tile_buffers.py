@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph, op_from_json
-from simulator.geometry import core_ranges, largest_tile_lx_bytes, op_granules, padded
+from lowering.primitives import PrimGraph
+from simulator.geometry import core_ranges, largest_tile_lx_bytes, op_granules, padded, parsed_prim
 from simulator.superdsc import HbmMemory, LxMemory, Program, fused_group_key, lx_live_spans
 from simulator.validate import validate_program
 from solver.emit import emit_program
@@ -69,7 +69,7 @@ def _producers(program: Program, compute_only: bool = False):
     for k, op in enumerate(program.ops):
         if op.prim is None or (compute_only and op.kind != "compute"):
             continue
-        prim = prims[k] = op_from_json(op.prim)
+        prim = prims[k] = parsed_prim(op.prim)
         producer[prim.output.tensor] = k
         for a in prim.inputs:
             readers.setdefault(a.tensor, []).append(k)

@@ -9,8 +9,8 @@ from dataclasses import replace
 from typing import Optional
 
 from lowering.op_rules import legal_core_splits
-from lowering.primitives import PrimGraph, op_from_json
-from simulator.geometry import op_granules
+from lowering.primitives import PrimGraph
+from simulator.geometry import op_granules, parsed_prim
 from simulator.superdsc import Program, fused_group_key
 from simulator.validate import validate_program
 from solver.plan import PlanDecisions
@@ -67,7 +67,7 @@ def _aligned_heads(prog: Program, hw, ops: dict, head_a: str, run_b: list[str]) 
     """`ops` with run b's heading matmul on run a's heading matmul's core split (where
     legal for it), and b's members on that split of b's result; None when there is
     nothing to align."""
-    prims = {o.id: op_from_json(o.prim) for o in prog.ops if o.prim is not None}
+    prims = {o.id: parsed_prim(o.prim) for o in prog.ops if o.prim is not None}
     ha, hb = prims.get(head_a), prims.get(run_b[0])
     if ha is None or hb is None or ha.body.kind != "matmul" or hb.body.kind != "matmul":
         return None

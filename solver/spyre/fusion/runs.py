@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import Optional
 
 from lowering.op_rules import split_units
-from lowering.primitives import PrimOp, op_from_json
-from simulator.geometry import box_contains, core_ranges, op_granules, operand_box, reduction_split
+from lowering.primitives import PrimOp
+from simulator.geometry import box_contains, core_ranges, op_granules, operand_box, parsed_prim, reduction_split
 from simulator.superdsc import Program
 from simulator.timing import TimingReport
 from solver.plan import OpPlan, PlanDecisions
@@ -32,7 +32,7 @@ def tile_dims(program: Program, hw) -> dict[str, list[tuple[str, int]]]:
     for o in program.ops:
         if o.kind != "compute" or o.alias or o.prim is None:
             continue
-        prim = op_from_json(o.prim)
+        prim = parsed_prim(o.prim)
         if prim.body.kind not in _FUSABLE_BODIES:
             continue
         split = {n: f for n, f in o.core_split.items() if f > 1}
@@ -114,7 +114,7 @@ class OwnCores:
         self.ops = {o.id: o for o in program.ops}
         self.tmap = program.tensor_map()
         self.hw = hw
-        self.prims = {o.id: op_from_json(o.prim) for o in program.ops if o.prim is not None}
+        self.prims = {o.id: parsed_prim(o.prim) for o in program.ops if o.prim is not None}
         self._ranges: dict[str, dict] = {}
 
     def ranges(self, oid: str) -> dict:

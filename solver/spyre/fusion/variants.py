@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from lowering.op_rules import legal_core_splits
-from lowering.primitives import PrimGraph, op_from_json
-from simulator.geometry import layout_nbytes, op_granules
+from lowering.primitives import PrimGraph
+from simulator.geometry import layout_nbytes, op_granules, parsed_prim
 from simulator.superdsc import Program
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.fusion.runs import without_run_cuts
@@ -82,7 +82,7 @@ def _variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, runs: list[l
     """`which` None: the planned splits, with the LX residencies the solve gave results made
     and used up inside a run dropped (whole-slice buffers crowd a kernel's LX: as tile
     buffers they take a tile's worth)."""
-    prims = {o.id: op_from_json(o.prim) for o in program.ops if o.prim is not None}
+    prims = {o.id: parsed_prim(o.prim) for o in program.ops if o.prim is not None}
     layouts = {t.id: t.layout for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}
     ops = dict(d.ops)
