@@ -71,8 +71,8 @@ class FusionResult:
 
 
 def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[float] = None,
-                      tile_counts=TILE_COUNTS, align=SPLIT_VARIANTS, reorder: bool = False
-                      ) -> Optional[FusionResult]:
+                      tile_counts=TILE_COUNTS, align=SPLIT_VARIANTS, reorder: bool = False,
+                      end_with_fewer_tiles: bool = True) -> Optional[FusionResult]:
     """`d` with fused kernels on the runs of ops where the simulator times them faster: per
     run a common core split (`align` alternatives to the planned splits), a tile count and
     tile buffers for the kernel's own results. None when `d` does not emit to a valid
@@ -82,7 +82,10 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     `reorder`: also try moving matmuls that read one tensor next to each other in the op
     order and merging them into one kernel (`merge.merge_siblings`); the result's `op_order`
     is then the order its program was validated and timed in, so a caller that passes True
-    must keep that order (not reset it to the graph's)."""
+    must keep that order (not reset it to the graph's).
+
+    `end_with_fewer_tiles`: the last step is the fewer-tiles pass (`retile.fewer_tiles`); a
+    caller that runs its own on the plan it finally keeps passes False."""
     base_prog = valid_program(pg, hw, d)
     if base_prog is None:
         return None
@@ -100,7 +103,8 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     tr = search.combination(d, variants, base_rep)                                # 4.
     if tr is None:
         return result
-    for step in _steps_after_combination(runs, reorder, search.best, variants):   # 5.
+    for step in _steps_after_combination(runs, reorder, search.best, variants,
+                                         end_with_fewer_tiles):                   # 5.
         tr = step(pg, hw, tr, deadline, search.longest)
     fused_d, prog, rep = tr
     groups = len({o.fused_group for o in rep.ops if o.fused_group is not None})
@@ -113,7 +117,7 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
 
 
 def _steps_after_combination(runs: list[list[str]], reorder: bool, best: list[tuple[float, int, dict]],
-                             variants: list[Variant]) -> list:
+                             variants: list[Variant], end_with_fewer_tiles: bool = True) -> list:
     """The steps run on the kept trial, in order: each takes (pg, hw, (decisions, program,
     report), deadline, the slowest trial's seconds) and returns that trial or a valid,
     faster one."""
@@ -121,7 +125,9 @@ def _steps_after_combination(runs: list[list[str]], reorder: bool, best: list[tu
     if reorder:
         steps.append(merge.merge_siblings)
     steps += [hold.hold_in_lx, lambda pg, hw, tr, deadline, trial_s: revisit.runs_on_their_best(
-                 pg, hw, tr, runs, best, variants, deadline, trial_s), retile.fewer_tiles]
+                 pg, hw, tr, runs, best, variants, deadline, trial_s)]
+    if end_with_fewer_tiles:
+        steps.append(retile.fewer_tiles)
     return steps
 
 
