@@ -158,11 +158,19 @@ def _tile_order_problem(pbox, rbox) -> Optional[str]:
         sel = np.flatnonzero(have)
         olo, ohi = plo[[rows[i] for i in sel]], phi[[rows[i] for i in sel]]  # (cores, p tiles, rank)
         lo, hi = rlo[sel], rhi[sel]
-        # inside[c, i, j]: reader tile j inside producer tile i on core c
-        inside = ((olo[:, :, None, :] <= lo[:, None, :, :]) & (hi[:, None, :, :] <= ohi[:, :, None, :])).all(axis=3)
         n_p = olo.shape[1]
-        by_then = np.arange(n_p)[:, None] <= np.arange(n_r)[None, :]  # producer tile i <= j
-        ok = (inside & by_then[None, :, :]).any(axis=1) | empty[sel]  # (cores, reader tiles)
+        # a kernel's members mostly tile alike: reader tile j inside producer tile j settles
+        # most (core, tile) pairs in O(cores x tiles); only the rest are checked against
+        # every producer tile i <= j
+        ok = empty[sel].copy()  # (cores, reader tiles)
+        d = min(n_p, n_r)
+        ok[:, :d] |= ((olo[:, :d] <= lo[:, :d]) & (hi[:, :d] <= ohi[:, :d])).all(axis=2)
+        cs, js = np.nonzero(~ok)
+        if len(cs):
+            # inside[k, i]: the k-th unsettled reader box inside producer tile i of its core
+            inside = ((olo[cs] <= lo[cs, js][:, None, :]) & (hi[cs, js][:, None, :] <= ohi[cs])).all(axis=2)
+            by_then = np.arange(n_p)[None, :] <= js[:, None]  # producer tile i <= j
+            ok[cs, js] = (inside & by_then).any(axis=1)
         fails = ~ok
         any_fail = fails.any(axis=1)
         bad_first[sel[any_fail]] = fails[any_fail].argmax(axis=1)

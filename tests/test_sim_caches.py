@@ -399,7 +399,7 @@ def test_vectorized_tile_order_matches_the_reference():
     import numpy as np
     rng = np.random.default_rng(7)
     seen = set()
-    for _ in range(600):
+    for _ in range(1500):
         rank = int(rng.integers(0, 4))
         n_pc, n_rc = int(rng.integers(1, 6)), int(rng.integers(1, 6))
         pcores = sorted(rng.choice(8, n_pc, replace=False).tolist())
@@ -409,6 +409,16 @@ def test_vectorized_tile_order_matches_the_reference():
         phi = plo + rng.integers(0, 5, (n_pc, tp, rank))
         rlo = rng.integers(0, 4, (n_rc, tr, rank))
         rhi = rlo + rng.integers(-1, 4, (n_rc, tr, rank))
+        if rng.random() < 0.5:
+            # readers tiled like the producer (the common case): each reader box inside
+            # the producer's box of the same core in a random tile i (i <= j mostly)
+            for ci, c in enumerate(rcores):
+                if c not in pcores:
+                    continue
+                row = pcores.index(c)
+                for j in range(tr):
+                    i = min(tp - 1, max(0, j - int(rng.integers(-1, 2))))
+                    rlo[ci, j], rhi[ci, j] = plo[row, i], phi[row, i]
         pbox, rbox = (pcores, plo, phi), (rcores, rlo, rhi)
         want = validate_mod._tile_order_problem_ref(pbox, rbox)
         assert validate_mod._tile_order_problem(pbox, rbox) == want
