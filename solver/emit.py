@@ -253,7 +253,7 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
         split = {k: v for k, v in it.plan.core_split.items() if v != 1}
         splits[it.prim.id] = split
         if it.plan.core_slices is not None:
-            slices[it.prim.id] = [CoreSlice(core=c, slice=dict(s)) for c, s in it.plan.core_slices]
+            slices[it.prim.id] = _given_slices(it.plan.core_slices)
             slice_keys[it.prim.id] = ("given",)  # keyed on the slices themselves
         elif split:
             # identical splits share one (immutable) slice list: emitting stays linear in ops
@@ -345,6 +345,21 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
         ops=ops, bundles=bundles, inputs=list(pg.inputs), outputs=list(pg.outputs),
         stats=PlanStats(planner=decisions.planner, hardware_digest=hw.digest,
                         compiler_version=COMPILER_VERSION, **stats))
+
+
+# The core -> slice maps plans give (`OpPlan.core_slices`) as CoreSlice lists: the fusion
+# steps give most ops of a layer one and trials re-emit them over and over (building the
+# CoreSlice objects was a fifth of an emit), so equal maps share one list, immutable by
+# convention like the list ops of one split share within a program
+_GIVEN_SLICES = LRU(2048, "emit.given_slices")
+
+
+def _given_slices(core_slices) -> list[CoreSlice]:
+    def make() -> list[CoreSlice]:
+        return [CoreSlice(core=c, slice=dict(s)) for c, s in core_slices]
+    if not caches_enabled():
+        return make()
+    return _GIVEN_SLICES.get(tuple((c, tuple(s.items())) for c, s in core_slices), make)
 
 
 # LX bytes per core of a resident tensor, by its producer's content (trials re-emit the same
