@@ -227,6 +227,20 @@ class PrimOp:
     def kind(self) -> str:
         return self.body.kind
 
+    # The memo maps key on ops (compared by content): the hash of the nested fields is
+    # computed once per object. Not pickled: str hashes differ between processes.
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.id, self.iter_dims, self.inputs, self.output, self.body, self.source))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
 
 @dataclass
 class PrimGraph:

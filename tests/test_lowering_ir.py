@@ -214,3 +214,19 @@ def test_folded_constants_carry_the_value_their_dtype_stores():
     assert [op.kind for op in pg.ops] == ["pointwise", "pointwise"]  # both fills folded
     x = np.zeros((2, 3), np.float32)
     np.testing.assert_array_equal(interpret(pg, {"x": x})[0], np.float32(np.float16(0.1)) * 2)
+
+
+def test_prim_op_hash_is_memoized_but_never_pickled():
+    """A PrimOp keeps its hash once computed (memo keys hash ops over and over); a pickled
+    or copied op drops it (str hashes differ between processes), and equal ops hash equal."""
+    import copy
+    import pickle
+    op = PrimOp("p", (IterDim("i", 4),), (Access("x", (0,)),), Access("y", (0,)),
+                PointwiseBody(In(0)))
+    h = hash(op)
+    assert op.__dict__.get("_hash") == h
+    for other in (pickle.loads(pickle.dumps(op)), copy.deepcopy(op), copy.copy(op)):
+        assert "_hash" not in other.__dict__
+        assert other == op and hash(other) == h
+    assert {op: 1}[PrimOp("p", (IterDim("i", 4),), (Access("x", (0,)),), Access("y", (0,)),
+                          PointwiseBody(In(0)))] == 1
