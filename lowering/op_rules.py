@@ -45,7 +45,6 @@ evenly (the factor divides its size).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from math import gcd
 from typing import Iterable, Optional, Sequence
 
@@ -120,17 +119,9 @@ def _out_iter_candidates(op: PrimOp) -> list[int]:
 
 def stick_options(op: PrimOp) -> list[StickChoice]:
     """Every legal stick assignment of `op`, the default one (output sticked on its last
-    dim, what a compiler without an optimizer does) first. Memoized per op (by content):
-    the emitter and the validator ask for every op of every trial program."""
-    try:
-        return list(_stick_options_memo(op))
-    except TypeError:  # an op with an unhashable part: computed afresh
-        return _stick_options(op)
-
-
-@lru_cache(maxsize=8192)
-def _stick_options_memo(op: PrimOp) -> tuple[StickChoice, ...]:
-    return tuple(_stick_options(op))
+    dim, what a compiler without an optimizer does) first. Memoized per op object
+    (`PrimOp.derived`): the emitter and the validator ask for every op of every trial."""
+    return list(op.derived("stick_options", lambda: tuple(_stick_options(op))))
 
 
 def _stick_options(op: PrimOp) -> list[StickChoice]:

@@ -25,7 +25,7 @@ operand's stick may sit on) live in ``lowering/op_rules.py`` beside these defini
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 DimKind = Literal["parallel", "reduction"]
 TensorRole = Literal["user_input", "parameter", "buffer", "constant", "intermediate"]
@@ -213,6 +213,9 @@ class FillBody:
 Body = Union[MatmulBody, PointwiseBody, ReduceBody, GatherBody, CopyBody, FillBody, GroupedMatmulBody]
 
 
+_NOTHING = object()
+
+
 @dataclass(frozen=True)
 class PrimOp:
     id: str
@@ -236,9 +239,23 @@ class PrimOp:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def derived(self, name: str, make: Callable[[], Any]) -> Any:
+        """`make()` computed once per op object (an op is immutable): facts derived from
+        the op alone that the emitter and validator ask for on every trial program. Not
+        pickled or copied. `make` must return an immutable value."""
+        memo = self.__dict__.get("_derived")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_derived", memo)
+        got = memo.get(name, _NOTHING)
+        if got is _NOTHING:
+            got = memo[name] = make()
+        return got
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("_hash", None)
+        state.pop("_derived", None)
         return state
 
 

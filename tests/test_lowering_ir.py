@@ -216,17 +216,21 @@ def test_folded_constants_carry_the_value_their_dtype_stores():
     np.testing.assert_array_equal(interpret(pg, {"x": x})[0], np.float32(np.float16(0.1)) * 2)
 
 
-def test_prim_op_hash_is_memoized_but_never_pickled():
-    """A PrimOp keeps its hash once computed (memo keys hash ops over and over); a pickled
-    or copied op drops it (str hashes differ between processes), and equal ops hash equal."""
+def test_prim_op_memos_are_kept_but_never_pickled():
+    """A PrimOp keeps its hash and derived facts once computed (memo keys hash ops over and
+    over); a pickled or copied op drops them (str hashes differ between processes), and
+    equal ops hash equal."""
     import copy
     import pickle
     op = PrimOp("p", (IterDim("i", 4),), (Access("x", (0,)),), Access("y", (0,)),
                 PointwiseBody(In(0)))
     h = hash(op)
     assert op.__dict__.get("_hash") == h
+    calls = []
+    assert op.derived("fact", lambda: calls.append(1) or (1, 2)) == (1, 2)
+    assert op.derived("fact", lambda: calls.append(1) or (3,)) == (1, 2) and calls == [1]
     for other in (pickle.loads(pickle.dumps(op)), copy.deepcopy(op), copy.copy(op)):
-        assert "_hash" not in other.__dict__
+        assert "_hash" not in other.__dict__ and "_derived" not in other.__dict__
         assert other == op and hash(other) == h
     assert {op: 1}[PrimOp("p", (IterDim("i", 4),), (Access("x", (0,)),), Access("y", (0,)),
                           PointwiseBody(In(0)))] == 1
