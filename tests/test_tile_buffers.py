@@ -295,3 +295,25 @@ def test_vectorized_tile_boxes_equal_the_geometry_functions(split, tiles):
             want = [operand_box(mm, operand, tr, shapes[tname]) for tr in tile_ranges(mm, ranges[c], tiles, gran)]
             got = [tuple(zip(map(int, blo[ci, j]), map(int, bhi[ci, j]))) for j in range(blo.shape[1])]
             assert got == want, (operand, c)
+
+
+def test_a_trial_carries_the_verdict_its_tile_buffers_got():
+    """`fusion.trial` places tile buffers by validating the program it returns, so the trial
+    carries that verdict (`issues_of` does not validate again); a trial that placed none
+    carries no verdict and `issues_of` asks the validator."""
+    from solver.spyre.fusion.trial import issues_of, trial
+
+    pg = diamond()
+    splits = {k: SPLIT for k in ("op1", "op2", "op3")}
+    tr = trial(pg, HW, _plan(splits, tiles={k: {"r": 4} for k in splits}, resident={}))
+    assert {t.id for t in tr[1].tensors if getattr(t.memory, "per_tile", False)} == {"t1", "t2"}
+    assert tr.issues == [] == validate_program(tr[1], HW)
+    d, prog, rep = tr  # still a (decisions, program, report) triple
+    assert rep.total_us == time_program(prog, HW).total_us
+    untiled = trial(pg, HW, _plan(splits, tiles={}, resident={}))
+    assert untiled.issues is None
+    assert issues_of(untiled, HW) == validate_program(untiled[1], HW) == []
+    # a program edited after the verdict: only the trial's own verdict is trusted, so an
+    # edited copy is a plain triple and is validated
+    bad = per_tile(prog, t1=HW.stick_bytes)
+    assert "lx_size" in {i.code for i in issues_of((d, bad, rep), HW)}

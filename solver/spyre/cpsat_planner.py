@@ -77,7 +77,7 @@ from solver.emit import emit_program
 from solver.spyre.fusion import FUSION_TRIALS, fuse_tiled_groups, resplit_for_tiling
 from solver.spyre.fusion.hold import hold_in_lx
 from solver.spyre.fusion.retile import fewer_tiles
-from solver.spyre.fusion.trial import trial as fusion_trial
+from solver.spyre.fusion.trial import issues_of, trial as fusion_trial
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre.schedule import chain_order
 from solver.planners import register
@@ -882,7 +882,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
         # fewer tiles, more of them than the search's own pass had time for
         t_trial = time.perf_counter()
         tr = fusion_trial(pg, hw, fused_d)
-        if tr is not None and not validate_program(tr[1], hw):
+        if tr is not None and not issues_of(tr, hw):
             trial_s = time.perf_counter() - t_trial
             if held is not None:
                 # the split-K reader left the kernel it headed, so a result that kernel's

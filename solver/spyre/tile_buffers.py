@@ -40,6 +40,7 @@ class TileBufferResult:
     program: Program
     buffers: list[str] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)  # tensor -> validator code
+    issues: list = field(default_factory=list)  # the validator's issues with `program`
 
 
 def kernel_numbers(program: Program, bundle: bool = True) -> dict[int, int]:
@@ -236,11 +237,11 @@ def _place_and_check(pg: PrimGraph, hw, d: PlanDecisions, program: Program, cand
             return None
         issues = validate_program(prog, hw)
         if not issues:
-            return TileBufferResult(trial_d, prog, sorted(addresses), dropped)
+            return TileBufferResult(trial_d, prog, sorted(addresses), dropped, [])
         named = {i.tensor: i.code for i in issues if getattr(i, "tensor", None) in addresses}
         if not named:
             # a new issue not about one buffer: give up rather than guess
-            return TileBufferResult(trial_d, prog, sorted(addresses), dropped) if known(issues) else None
+            return TileBufferResult(trial_d, prog, sorted(addresses), dropped, issues) if known(issues) else None
         dropped.update(named)
         cands = {t: cands[t] for t in addresses if t not in named}
     return None

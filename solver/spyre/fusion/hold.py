@@ -15,11 +15,10 @@ from simulator.geometry import (box_contains, core_ranges, default_core_slices, 
                                 operand_box)
 from simulator.superdsc import CoreSlice, Program, fused_group_key
 from simulator.timing import time_program
-from simulator.validate import validate_program
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.fusion.meet import meet_splits, tiles_that_fit
 from solver.spyre.fusion.split_maps import head_split, result_split, split_through
-from solver.spyre.fusion.trial import trial, valid_program
+from solver.spyre.fusion.trial import issues_of, trial, valid_program
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers, whole_candidates
 
 # results handed between kernels through device memory that `hold_in_lx` tries to keep in
@@ -82,7 +81,7 @@ def hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s:
             if retile:
                 # the moved kernels' tile buffers went with their old splits: placed again
                 tr2 = trial(pg, hw, held.decisions)
-                if tr2 is None or validate_program(tr2[1], hw):
+                if tr2 is None or issues_of(tr2, hw):
                     continue
                 held, rep2 = replace(held, decisions=tr2[0], program=tr2[1]), tr2[2]
             else:

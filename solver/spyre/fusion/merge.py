@@ -12,11 +12,10 @@ from lowering.op_rules import legal_core_splits
 from lowering.primitives import PrimGraph
 from simulator.geometry import op_granules, parsed_prim
 from simulator.superdsc import Program, fused_group_key
-from simulator.validate import validate_program
 from solver.plan import PlanDecisions
 from solver.spyre.fusion.runs import find_runs, tile_dims
 from solver.spyre.fusion.split_maps import from_head
-from solver.spyre.fusion.trial import trial
+from solver.spyre.fusion.trial import issues_of, trial
 
 
 def merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadline: Optional[float],
@@ -58,7 +57,7 @@ def merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadline
             if deadline is not None and time.perf_counter() + trial_s > deadline:
                 return fused_d, prog, rep
             out = trial(pg, hw, cand)
-            if out is not None and out[2].total_us < rep.total_us and not validate_program(out[1], hw):
+            if out is not None and out[2].total_us < rep.total_us and not issues_of(out, hw):
                 fused_d, prog, rep = out
     return fused_d, prog, rep
 
@@ -102,12 +101,12 @@ def merge_siblings(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], tria
         return tr
     order, group = found
     moved = trial(pg, hw, replace(fused_d, op_order=order))
-    if moved is None or validate_program(moved[1], hw):
+    if moved is None or issues_of(moved, hw):
         return tr
     graph_ops = {op.id for op in pg.ops}
     runs = find_runs(moved[1], tile_dims(moved[1], hw), graph_ops)
     merged = merge_adjacent(pg, hw, moved, runs, deadline, trial_s, heads=group)
-    if merged[2].total_us < rep.total_us and not validate_program(merged[1], hw):
+    if merged[2].total_us < rep.total_us and not issues_of(merged, hw):
         return merged
     return tr
 

@@ -7,9 +7,8 @@ from dataclasses import replace
 from typing import Optional
 
 from lowering.primitives import PrimGraph
-from simulator.validate import validate_program
 from solver.plan import OpPlan
-from solver.spyre.fusion.trial import trial
+from solver.spyre.fusion.trial import issues_of, trial
 
 # trials of `fewer_tiles` (two per kernel), and the least a kernel must lose to underfill
 # and loop overhead (us) to be tried
@@ -61,7 +60,7 @@ def fewer_tiles(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s
                                                            if not (r.per_tile and x in _results(pg, ids))})
                 out = trial(pg, hw, cand)
                 if out is not None and out[2].total_us < (best[2].total_us if best else rep.total_us) \
-                        and not validate_program(out[1], hw):
+                        and not issues_of(out, hw):
                     best = out
                 continue
             break

@@ -18,10 +18,9 @@ from dataclasses import replace
 from typing import Optional
 
 from lowering.primitives import PrimGraph
-from simulator.validate import validate_program
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.fusion.runs import span_us, with_tiles
-from solver.spyre.fusion.trial import trial
+from solver.spyre.fusion.trial import issues_of, trial
 from solver.spyre.fusion.variants import Variant
 
 # runs tried, and the least (us) a run must lose against its own best to be tried
@@ -87,7 +86,7 @@ def _on_choice(pg: PrimGraph, hw, d: PlanDecisions, run: list[str], variant: Var
         got = trial(pg, hw, cand)
         if got is None:
             return None
-        issues = validate_program(got[1], hw)
+        issues = issues_of(got, hw)
         if not issues:
             return got
         named = {i.tensor for i in issues if getattr(i, "tensor", None) in cand.resident}

@@ -43,13 +43,12 @@ from typing import Optional
 from lowering.primitives import PrimGraph
 from simulator.superdsc import Program
 from simulator.timing import TimingReport, time_program
-from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import PlanDecisions
 from solver.spyre.fusion import hold, merge, retile, revisit
 from solver.spyre.fusion.runs import (OwnCores, assign_tiles, find_runs, span_us, tile_dims, with_tiles,
                                       without_run_cuts)
-from solver.spyre.fusion.trial import trial, valid_program
+from solver.spyre.fusion.trial import issues_of, trial, valid_program
 from solver.spyre.fusion.variants import SPLIT_VARIANTS, Variant, split_variants
 
 TILE_COUNTS = (2, 4, 8, 16, 32, 64)
@@ -171,7 +170,7 @@ class _Search:
             self.longest = max(self.longest, time.perf_counter() - started)
             if tr is None:
                 continue
-            if tr[2].total_us < self.whole_us and not validate_program(tr[1], hw):
+            if tr[2].total_us < self.whole_us and not issues_of(tr, hw):
                 self.whole_us, self.whole = tr[2].total_us, tr
             for i, (r, a) in enumerate(zip(runs, per_run)):
                 us = span_us(tr[2], r)
@@ -215,7 +214,7 @@ class _Search:
             tr = trial(pg, hw, combined) if combined is not None else None
             if tr is None:
                 break
-            issues = validate_program(tr[1], hw)
+            issues = issues_of(tr, hw)
             if not issues:
                 if tr[2].total_us < self.whole_us:
                     chosen_tr = tr
