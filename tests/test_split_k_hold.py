@@ -136,3 +136,30 @@ def test_reader_at_the_producing_kernels_tile_count_stays_a_kernel_of_its_own(mo
     assert tile_count(variant.ops[index["down"]]) == tile_count(variant.ops[index["prod"]]) == tiles
     assert kernel.get(index["down"]) != kernel.get(index["prod"])
     assert isinstance(variant.tensor_map()["h"].memory, LxMemory)
+
+
+def test_a_step_cut_by_the_deadline_says_so():
+    """The split-K step and the fewer-tiles pass note when the deadline stopped them before
+    their last try (a plan's notes then tell a cut step from one that found nothing); with
+    time left they add no such note."""
+    import time
+
+    from solver.spyre.fusion.retile import fewer_tiles
+    from solver.spyre.fusion.trial import trial
+
+    pg = gated_mlp(512, 2048, 8192)
+    d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5, fuse=False)
+    program, us = _simulated(pg, d)
+    cut: list[str] = []
+    assert hold_for_split_k(pg, HW, d, program, us, time.perf_counter() - 1.0, cut) is None
+    assert cut == ["split-K: stopped early (time limit)"]
+    cut.clear()
+    hold_for_split_k(pg, HW, d, program, us, None, cut)
+    assert cut == []
+    # a plan with a kernel that loses to loop overhead: fewer tiles has trials to make
+    tiled = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    tr = trial(pg, HW, tiled)
+    fewer_tiles(pg, HW, tr, None, 0.0, cut_notes=cut)
+    assert cut == []
+    fewer_tiles(pg, HW, tr, time.perf_counter() - 1.0, 0.0, cut_notes=cut)
+    assert cut == ["fewer tiles: stopped early (time limit) after 0 trials"]

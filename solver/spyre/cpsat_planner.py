@@ -871,7 +871,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
         t_emit = time.perf_counter()
         prog, _ = _program_or_none(pg, hw, fused_d)
         emit_s = time.perf_counter() - t_emit
-        held = hold_for_split_k(pg, hw, fused_d, prog, fused_us, deadline) if prog is not None else None
+        held = hold_for_split_k(pg, hw, fused_d, prog, fused_us, deadline, notes) if prog is not None else None
         if held is not None:
             fused_d, fused_us = held[0], held[1]
             notes.extend(held[2])
@@ -897,7 +897,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
                     notes.append(f"held in LX after split-K: simulated {tr[2].total_us:.1f} -> {again[2].total_us:.1f} us")
                     tr = again
                     fused_d, fused_us = again[0], again[2].total_us
-            retiled = fewer_tiles(pg, hw, tr, deadline, trial_s, limit=FINAL_RETILE_TRIALS)
+            retiled = fewer_tiles(pg, hw, tr, deadline, trial_s, limit=FINAL_RETILE_TRIALS, cut_notes=notes)
             if retiled[2].total_us < fused_us:
                 notes.append(f"fewer tiles at the end: simulated {fused_us:.1f} -> {retiled[2].total_us:.1f} us")
                 fused_d, fused_us = retiled[0], retiled[2].total_us

@@ -93,14 +93,19 @@ def split_k_candidates(pg: PrimGraph) -> list[tuple[PrimOp, int]]:
 
 
 def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, current_us: float,
-                     deadline: Optional[float] = None) -> Optional[tuple[PlanDecisions, float, list[str]]]:
+                     deadline: Optional[float] = None,
+                     cut_notes: Optional[list[str]] = None) -> Optional[tuple[PlanDecisions, float, list[str]]]:
     """`d` with matmul readers moved to split-K over results held in LX (module docstring),
     one reader at a time, each change kept only when the whole program simulates faster.
-    Returns (plan, simulated us, notes), or None when nothing improved."""
+    Returns (plan, simulated us, notes), or None when nothing improved; a note goes to
+    `cut_notes` when the deadline stopped the step before it tried every variant."""
     producer_of = {op.output.tensor: op for op in pg.ops}
     best, notes = None, []
     timing = {"try_s": 0.0}   # the slowest try so far: none is started that would end past the deadline
     for reader, slot in split_k_candidates(pg):
+        if deadline is not None and time.perf_counter() > deadline:
+            timing["cut"] = True
+            break
         t = reader.inputs[slot].tensor
         prod = producer_of[t]
         cur_d, cur_prog, cur_us = (d, program, current_us) if best is None else \
@@ -115,8 +120,8 @@ def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, curr
             best = found
             notes.append(f"split-K over a held result: {reader.id} split {found[0].ops[reader.id].core_split} "
                          f"reads {t} from LX, simulated {cur_us:.1f} -> {found[2].total_us:.1f} us")
-        if deadline is not None and time.perf_counter() > deadline:
-            break
+    if timing.get("cut") and cut_notes is not None:
+        cut_notes.append("split-K: stopped early (time limit)")
     if best is None:
         return None
     return best[0], best[2].total_us, notes
@@ -200,6 +205,7 @@ def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader:
             # at the most that validate: fewer only add loop overhead. A try is not started
             # when the slowest one so far would end past the deadline.
             if deadline is not None and time.perf_counter() + timing["try_s"] > deadline:
+                timing["cut"] = True
                 return best
             t_try = time.perf_counter()
             got = _try(pg, hw, d, members, splits, scale, reader, r_split, free, _READER_TILES[-1], t)
@@ -208,6 +214,7 @@ def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader:
                 continue
             for tiles in _READER_TILES[:-1]:
                 if deadline is not None and time.perf_counter() + timing["try_s"] > deadline:
+                    timing["cut"] = True
                     break
                 t_try = time.perf_counter()
                 more = _try(pg, hw, d, members, splits, scale, reader, r_split, free, tiles, t)

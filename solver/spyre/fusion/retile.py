@@ -17,13 +17,14 @@ RETILE_MIN_US = 5.0
 
 
 def fewer_tiles(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float,
-                limit: int = RETILE_TRIALS) -> tuple:
+                limit: int = RETILE_TRIALS, cut_notes: Optional[list[str]] = None) -> tuple:
     """Kernels whose members underfill the stream (a small per-core tile: the timing
     model's `underfill_curve`) or pay much loop overhead, with a half and a quarter of
     their tile count, the kernels losing the most to both first, each kept where the whole
     program is valid and faster. The tile counts were chosen per run before merges, re-splits and LX holds
     changed the kernels (and a whole trial at one count for every run may have won), so a
-    kernel can be left with more tiles than its pointwise members stream well."""
+    kernel can be left with more tiles than its pointwise members stream well. A note goes
+    to `cut_notes` when the deadline stopped the pass before its last trial."""
     fused_d, prog, rep = tr
     kernels: dict[int, list] = {}
     for o in rep.ops:
@@ -44,7 +45,11 @@ def fewer_tiles(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s
         ids = [o.op_id for o in kernels[g]]
         best = None
         for f in (2, 4):
-            if tried >= limit or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
+            if tried >= limit:
+                return fused_d, prog, rep
+            if deadline is not None and time.perf_counter() + 2 * trial_s > deadline:
+                if cut_notes is not None:
+                    cut_notes.append(f"fewer tiles: stopped early (time limit) after {tried} trials")
                 return fused_d, prog, rep
             ops = dict(fused_d.ops)
             for oid in ids:
