@@ -18,8 +18,8 @@ from solver.spyre.tile_buffers import add_tile_buffers
 class Trial(tuple):
     """(decisions, program, timing report) of one trial, and the validator's issues with
     the program when the trial has them already (`issues`, else None): placing tile
-    buffers validates the program it returns, and the steps ask again before they keep a
-    trial. A trial's program is never edited afterwards."""
+    buffers validates the program it returns, so `issues_of` need not validate it again
+    when a step asks before keeping the trial. A trial's program is never edited afterwards."""
 
     issues: Optional[list] = None
 
