@@ -1167,15 +1167,11 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
         sm.add_hint(d)
     phase["solve"] = time.perf_counter() - t_solve
     _phase(events, "solve", False, f"{status}" + (f", gap {gap_of(obj, bound):.2%}" if obj is not None else ""))
-    proven = obj is not None and bound is not None and gap_of(obj, bound) <= RELATIVE_GAP_LIMIT
-    if best_d is not None and not proven:
+    if best_d is not None:
         # the solve's plan through the same local search (single and chain moves): CP-SAT's
         # LNS leaves moves over whole chains unfound in its budget (llama prefill: the solve
         # put the rotary query chain on L, so the GQA regroup copy moves data; a chain move
-        # puts it back on E and the copy is an alias); kept when predicted faster. Not after
-        # a solve proven within the gap limit: there it found at most 0.04% (1 us on decode
-        # layers, 12 of 31,365 us on moe prefill; suite runs of 2026-12-02) for 0.25-0.6 s
-        # the fusion search uses better
+        # puts it back on E and the copy is an alias); kept when predicted faster
         t_pol = time.perf_counter()
         pol_d = sm.local_search(best_d, None if deterministic else t_pol + LOCAL_SEARCH_SHARE * max(
             0.0, t0 + limit_s - reserve_s - t_pol), max_passes=3 if deterministic else 50)
