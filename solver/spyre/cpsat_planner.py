@@ -879,7 +879,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     if deadline is None or time.perf_counter() + 3 * emit_s < deadline:
         # the steps since the search changed kernels (re-splits, LX holds, split-K readers
         # loading from device memory): kernels that underfill at their tile count retry
-        # fewer tiles, more of them than the search's own pass had time for
+        # fewer tiles (the one fewer-tiles pass of the pipeline: the searches leave it out)
         t_trial = time.perf_counter()
         tr = fusion_trial(pg, hw, fused_d)
         if tr is not None and not issues_of(tr, hw):
