@@ -32,13 +32,13 @@ from typing import Optional
 from lowering.primitives import PrimGraph, PrimOp
 from simulator.superdsc import HbmMemory, Program
 from solver.plan import PlanDecisions
-from solver.spyre.fusion.split_maps import factored_split, result_split, split_through
+from solver.spyre.fusion.split_maps import factored_split, nearby_factors, result_split, split_through
 from solver.spyre.fusion.trial import trial, valid_program
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers
 
 _READER_TILES = (64, 32, 16, 8)     # tried along the reader's N, most first (double buffering)
 _KERNEL_TILE_SCALES = (1, 2, 4)     # the producing kernel's tile counts x this (room for the held result)
-FACTOR_MOVES = 2                    # how far from its split the producing kernel may move (`_factor_options`)
+FACTOR_MOVES = 2                    # how far from its split the producing kernel may move (`split_maps.nearby_factors`)
 
 
 def _reader_split(producer: PrimOp, p_split: dict[str, int], reader: PrimOp, held: str) -> Optional[dict[str, int]]:
@@ -153,30 +153,6 @@ def _kernel_splits(pg: PrimGraph, members: list[str], producer: PrimOp, held: st
     return out
 
 
-def _factor_options(current: list[int], moves: int = FACTOR_MOVES) -> list[list[int]]:
-    """The held tensor's current split factors first, then those `moves` or fewer moves of a
-    factor of 2 between two dims away, nearest first (a split reading more rows per core
-    needs less PSUM; and the producing kernel's split is a choice of the fusion search, which
-    can land two moves from the one split-K pays on: mistral prefill, a gate/up kernel at
-    m2 x n16 where m8 x n4 with the down projection at m8 x k4 ends 3890.9 -> 3808.2 us)."""
-    opts = [list(current)]
-    frontier = [list(current)]
-    for _ in range(moves):
-        nxt = []
-        for cur in frontier:
-            for a in range(len(cur)):
-                for b in range(len(cur)):
-                    if a != b and cur[b] % 2 == 0:
-                        f = list(cur)
-                        f[a] *= 2
-                        f[b] //= 2
-                        if f not in opts:
-                            opts.append(f)
-                            nxt.append(f)
-        frontier = nxt
-    return opts
-
-
 def _psum_fits(pg: PrimGraph, hw, reader: PrimOp, r_split: dict[str, int], held: str) -> bool:
     """A split-K core keeps its whole partial output box in LX until the combine (the timing
     model's PSUM rule: what does not fit beside the resident buffers spills through device
@@ -203,7 +179,11 @@ def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader:
     out_dims = [prod.output.dims[j] for j in _nontrivial_dims(pg.tensors[t].shape)]
     current = [p_split.get(prod.iter_dims[i].name, 1) if i is not None else 1 for i in out_dims]
     best = None
-    for factors in _factor_options(current):
+    # the held tensor's split factors and those up to FACTOR_MOVES moves away (a split reading
+    # more rows per core needs less PSUM; and the fusion search can leave the producing
+    # kernel two moves from the split split-K pays on: mistral prefill, a gate/up kernel at
+    # m2 x n16 where m8 x n4 with the down projection at m8 x k4 ends 3890.9 -> 3808.2 us)
+    for factors in nearby_factors(current, FACTOR_MOVES):
         splits = _kernel_splits(pg, members, prod, t, factors)
         if splits is None:
             continue

@@ -20,7 +20,7 @@ from lowering.primitives import PrimGraph, PrimOp
 from simulator.geometry import op_granules
 from simulator.superdsc import Program
 from solver.plan import OpPlan, PlanDecisions
-from solver.spyre.fusion.split_maps import factored_split, result_split, split_through
+from solver.spyre.fusion.split_maps import factored_split, nearby_factors, result_split, split_through
 from solver.spyre.tile_buffers import kernel_numbers
 
 _MOVABLE = ("pointwise", "reduce")
@@ -68,11 +68,10 @@ def meet_splits(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, 
     now = next((f for f in factorings if factored_split(prod, shapes[tensor], f) == cur), None)
     if now is None:
         return []
-    factorings.sort(key=lambda f: abs(f[0].bit_length() - now[0].bit_length()))
     out = []
-    for f in factorings:
+    for f in nearby_factors(now, cores.bit_length())[1:]:  # every other factoring, nearest first
         p_split = factored_split(prod, shapes[tensor], f)
-        if f == now or p_split is None:
+        if p_split is None:
             continue
         got = _carried(prims, producer, order, p, p_split, shapes, layouts, dtypes, hw)
         if got is None:

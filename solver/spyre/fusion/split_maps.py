@@ -8,7 +8,8 @@ splits; the split variants, the merges and the LX holds all map splits with thes
 - `head_split`: a reader's split as the heading matmul's (the producer follows);
 - `from_head`: the heading matmul's split of its result as each member's;
 - `result_split`: one op's split as another's writing a result of the same shape;
-- `factored_split`: the split writing a result in given slice counts along its non-unit dims.
+- `factored_split`: the split writing a result in given slice counts along its non-unit dims;
+- `nearby_factors`: slice counts a few moves of a factor of 2 between dims away, nearest first.
 """
 from __future__ import annotations
 
@@ -136,3 +137,24 @@ def factored_split(producer: PrimOp, shape, factors) -> Optional[dict[str, int]]
         if f > 1:
             out[producer.iter_dims[i].name] = f
     return out
+
+
+def nearby_factors(current, moves: int) -> list[list[int]]:
+    """`current` (slice counts per dim) first, then every count vector at most `moves` moves
+    of a factor of 2 from one dim to another away, nearest first (the product stays)."""
+    opts = [list(current)]
+    frontier = [list(current)]
+    for _ in range(moves):
+        nxt = []
+        for cur in frontier:
+            for a in range(len(cur)):
+                for b in range(len(cur)):
+                    if a != b and cur[b] % 2 == 0:
+                        f = list(cur)
+                        f[a] *= 2
+                        f[b] //= 2
+                        if f not in opts:
+                            opts.append(f)
+                            nxt.append(f)
+        frontier = nxt
+    return opts
