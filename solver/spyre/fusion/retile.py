@@ -1,5 +1,6 @@
 """Fewer tiles (the last step of the search, `fewer_tiles`): kernels that underfill the
-stream or pay much loop overhead try a half and a quarter of their tile count."""
+stream or pay much loop overhead try a half and a quarter of their tile count, pass after
+pass while one gains."""
 from __future__ import annotations
 
 import time
@@ -23,8 +24,23 @@ def fewer_tiles(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s
     their tile count, the kernels losing the most to both first, each kept where the whole
     program is valid and faster. The tile counts were chosen per run before merges, re-splits and LX holds
     changed the kernels (and a whole trial at one count for every run may have won), so a
-    kernel can be left with more tiles than its pointwise members stream well. A note goes
+    kernel can be left with more tiles than its pointwise members stream well. Passes
+    repeat until one keeps nothing (`limit` counts the trials of all of them). A note goes
     to `cut_notes` when the deadline stopped the pass before its last trial."""
+    tried = 0
+    while True:
+        before = tr[2].total_us
+        tr, tried, stop = _one_pass(pg, hw, tr, deadline, trial_s, limit, tried, cut_notes)
+        # a halved kernel may stream better halved again, and one kernel's change moves
+        # another's loss: passes repeat until one finds nothing
+        if stop or tr[2].total_us >= before:
+            return tr
+
+
+def _one_pass(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float, limit: int,
+              tried: int, cut_notes: Optional[list[str]]) -> tuple[tuple, int, bool]:
+    """One pass over the kernels, losers first: (the trial kept, trials so far, whether the
+    limit or the deadline stopped it)."""
     fused_d, prog, rep = tr
     kernels: dict[int, list] = {}
     for o in rep.ops:
@@ -40,17 +56,16 @@ def fewer_tiles(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s
                     out += o.memory_us * (1.0 - eff)
         return out
     order = sorted((g for g in kernels if loss(kernels[g]) > RETILE_MIN_US), key=lambda g: -loss(kernels[g]))
-    tried = 0
     for g in order:
         ids = [o.op_id for o in kernels[g]]
         best = None
         for f in (2, 4):
             if tried >= limit:
-                return fused_d, prog, rep
+                return (fused_d, prog, rep), tried, True
             if deadline is not None and time.perf_counter() + 2 * trial_s > deadline:
                 if cut_notes is not None:
                     cut_notes.append(f"fewer tiles: stopped early (time limit) after {tried} trials")
-                return fused_d, prog, rep
+                return (fused_d, prog, rep), tried, True
             ops = dict(fused_d.ops)
             for oid in ids:
                 p = ops.get(oid, OpPlan())
@@ -71,7 +86,7 @@ def fewer_tiles(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s
             break
         if best is not None:
             fused_d, prog, rep = best
-    return fused_d, prog, rep
+    return (fused_d, prog, rep), tried, False
 
 
 def _results(pg: PrimGraph, ids: list[str]) -> set[str]:
