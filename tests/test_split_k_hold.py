@@ -92,6 +92,32 @@ def test_only_faster_plans_are_returned(scale):
         assert _simulated(pg, got[0])[1] == pytest.approx(got[1])
 
 
+def test_the_fastest_slower_variant_is_handed_back_for_a_second_look(monkeypatch):
+    """Told a time no variant beats, the step returns nothing, and with `runner_up` it hands
+    back its fastest valid variant (the planner judges it again after its last fewer-tiles
+    pass); when a variant is faster, that one is returned and nothing is handed back."""
+    from solver.spyre.fusion.trial import issues_of
+
+    pg = gated_mlp(512, 2048, 8192)
+    monkeypatch.setattr(cpsat_planner, "hold_for_split_k", lambda *a, **k: None)
+    d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    program, us = _simulated(pg, d)
+    runner_up: list = []
+    assert hold_for_split_k(pg, HW, d, program, us * 0.5, runner_up=runner_up) is None
+    assert len(runner_up) == 1
+    variant = runner_up[0]
+    assert not issues_of(variant, HW) and variant[2].total_us >= us * 0.5
+    split = variant[0].ops["down"].core_split
+    assert split.get("k", 1) > 1
+    assert isinstance(variant[1].tensor_map()["h"].memory, LxMemory)
+    # the fastest: no variant the step would try at the told time of its own is faster
+    improved = hold_for_split_k(pg, HW, d, program, variant[2].total_us + 1e-6)
+    assert improved is not None and improved[1] == pytest.approx(variant[2].total_us)
+    runner_up.clear()
+    assert hold_for_split_k(pg, HW, d, program, variant[2].total_us + 1e-6, runner_up=runner_up) is not None
+    assert runner_up == []
+
+
 def test_candidates_are_k_reads_of_single_reader_intermediates():
 
     got = [(op.id, slot) for op, slot in split_k_candidates(gated_mlp(512, 2048, 8192))]

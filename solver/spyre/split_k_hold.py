@@ -33,7 +33,7 @@ from lowering.primitives import PrimGraph, PrimOp
 from simulator.superdsc import HbmMemory, Program
 from solver.plan import PlanDecisions
 from solver.spyre.fusion.split_maps import factored_split, nearby_factors, result_split, split_through
-from solver.spyre.fusion.trial import trial, valid_program
+from solver.spyre.fusion.trial import issues_of, trial, valid_program
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers
 
 _READER_TILES = (64, 32, 16, 8)     # tried along the reader's N, most first (double buffering)
@@ -94,14 +94,18 @@ def split_k_candidates(pg: PrimGraph) -> list[tuple[PrimOp, int]]:
 
 
 def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, current_us: float,
-                     deadline: Optional[float] = None,
-                     cut_notes: Optional[list[str]] = None) -> Optional[tuple[PlanDecisions, float, list[str]]]:
+                     deadline: Optional[float] = None, cut_notes: Optional[list[str]] = None,
+                     runner_up: Optional[list] = None) -> Optional[tuple[PlanDecisions, float, list[str]]]:
     """`d` with matmul readers moved to split-K over results held in LX (module docstring),
     one reader at a time, each change kept only when the whole program simulates faster.
     Returns (plan, simulated us, notes), or None when nothing improved; a note goes to
-    `cut_notes` when the deadline stopped the step before it tried every variant."""
+    `cut_notes` when the deadline stopped the step before it tried every variant. When
+    nothing improved and `runner_up` is given, the fastest valid variant's trial goes to it:
+    the producing kernel it re-tiled at more tiles may underfill, which the planner's last
+    fewer-tiles pass repairs, so the planner judges it again after that pass."""
     producer_of = {op.output.tensor: op for op in pg.ops}
     best, notes = None, []
+    fastest = None   # the fastest valid variant of any reader, faster than the plan or not
     timing = {"try_s": 0.0}   # the slowest try so far: none is started that would end past the deadline
     for reader, slot in split_k_candidates(pg):
         if deadline is not None and time.perf_counter() > deadline:
@@ -115,8 +119,10 @@ def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, curr
         if (decl is None or not isinstance(decl.memory, HbmMemory) or decl.memory.alias_of
                 or prod.id not in cur_d.ops):
             continue
-        found = _best_variant(pg, hw, cur_d, cur_prog, reader, prod, t, _free_dim(reader, slot), cur_us,
-                              deadline, timing)
+        found, closest = _best_variant(pg, hw, cur_d, cur_prog, reader, prod, t, _free_dim(reader, slot),
+                                       cur_us, deadline, timing)
+        if closest is not None and (fastest is None or closest[2].total_us < fastest[2].total_us):
+            fastest = closest
         if found is not None:
             best = found
             notes.append(f"split-K over a held result: {reader.id} split {found[0].ops[reader.id].core_split} "
@@ -124,6 +130,8 @@ def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, curr
     if timing.get("cut") and cut_notes is not None:
         cut_notes.append("split-K: stopped early (time limit)")
     if best is None:
+        if runner_up is not None and fastest is not None:
+            runner_up.append(fastest)
         return None
     return best[0], best[2].total_us, notes
 
@@ -171,14 +179,15 @@ def _psum_fits(pg: PrimGraph, hw, reader: PrimOp, r_split: dict[str, int], held:
 
 def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader: PrimOp, prod: PrimOp,
                   t: str, free: str, best_us: float, deadline: Optional[float], timing: dict):
-    """The fastest valid variant for one reader under `best_us` (plan, program, timing
-    report), or None: the producing kernel on each factor option, at each tile scale, the
-    reader on the matching split-K split at the most N tiles that validate."""
+    """(the fastest valid variant for one reader under `best_us` or None, the fastest valid
+    variant or None), each a trial (plan, program, timing report): the producing kernel on
+    each factor option, at each tile scale, the reader on the matching split-K split at the
+    most N tiles that validate."""
     members = _kernel_members(program, prod.id)
     p_split = {k: v for k, v in d.ops[prod.id].core_split.items() if v > 1}
     out_dims = [prod.output.dims[j] for j in _nontrivial_dims(pg.tensors[t].shape)]
     current = [p_split.get(prod.iter_dims[i].name, 1) if i is not None else 1 for i in out_dims]
-    best = None
+    best = fastest = None
     # the held tensor's split factors and those up to FACTOR_MOVES moves away (a split reading
     # more rows per core needs less PSUM; and the fusion search can leave the producing
     # kernel two moves from the split split-K pays on: mistral prefill, a gate/up kernel at
@@ -196,7 +205,7 @@ def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader:
             # when the slowest one so far would end past the deadline.
             if deadline is not None and time.perf_counter() + timing["try_s"] > deadline:
                 timing["cut"] = True
-                return best
+                return best, fastest
             t_try = time.perf_counter()
             got = _try(pg, hw, d, members, splits, scale, reader, r_split, free, _READER_TILES[-1], t)
             timing["try_s"] = max(timing["try_s"], time.perf_counter() - t_try)
@@ -212,9 +221,13 @@ def _best_variant(pg: PrimGraph, hw, d: PlanDecisions, program: Program, reader:
                 if more is not None:
                     got = more
                     break
+            if issues_of(got, hw):
+                continue
+            if fastest is None or got[2].total_us < fastest[2].total_us:
+                fastest = got
             if got[2].total_us < best_us and (best is None or got[2].total_us < best[2].total_us):
                 best = got
-    return best
+    return best, fastest
 
 
 def _next_op(pg: PrimGraph, d: PlanDecisions, op_id: str) -> Optional[str]:
