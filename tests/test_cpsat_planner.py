@@ -86,6 +86,25 @@ def test_warm_start_from_a_stored_fused_program_is_valid_and_no_worse_than_a_col
         time_program(cold, HW).total_us + 1e-6
 
 
+def test_a_hint_whose_residencies_do_not_validate_loses_those_not_its_decisions():
+    """LX residencies that overlap in this planner's op order are dropped from the hint (the
+    ones the validator names), not the whole hint for the naive plan."""
+    from dataclasses import replace
+
+    from solver.spyre.cpsat_planner import _hint_repaired, _program_or_none
+
+    pg, _ = primgraphs.softmax(M=64, N=256)
+    d = decisions_from_program(pg, plan(pg, HW, "heuristic"))
+    bad = replace(d, resident={t: replace(r, lx_address=0) for t, r in d.resident.items()})
+    prog, issues = _program_or_none(pg, HW, bad)
+    assert prog is None and {i.code for i in issues} == {"lx_overlap"}
+    fixed, prog = _hint_repaired(pg, HW, bad, issues)
+    assert prog is not None and fixed.ops == bad.ops
+    assert set(fixed.resident) and set(fixed.resident) < set(bad.resident)
+    out = plan_cpsat(pg, HW, hint=bad, **FAST)
+    assert out.stats["notes"][0].startswith("hint: heuristic (without the LX residencies")
+
+
 # Capturing and planning a model costs 20-40 s on a loaded 2-core machine: llama runs by
 # default, the others under -m slow.
 @pytest.mark.parametrize("name", ["llama"] + [pytest.param(n, marks=pytest.mark.slow)
