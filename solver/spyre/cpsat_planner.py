@@ -211,6 +211,40 @@ def _hint_decisions(pg: PrimGraph, hw, hint) -> tuple[PlanDecisions, str]:
         return plan_naive(pg, hw), "naive"
 
 
+def _starting_plan(pg: PrimGraph, hw, hint) -> tuple[PlanDecisions, Optional[Program], str, float]:
+    """The search's start in this planner's op order: (decisions, their program, a name for
+    the notes, seconds the first emit + validation took). The hint (`_hint_decisions`)
+    without the residencies that do not validate in this order (`_hint_repaired`); for a
+    stored program, the default start when that is predicted faster or the stored
+    decisions do not validate; the naive plan when nothing else does."""
+    hint_d, hint_name = _hint_decisions(pg, hw, hint)
+    hint_d = replace(hint_d, op_order=[])  # the hint runs in this planner's order
+    t_emit = time.perf_counter()
+    hint_prog, hint_issues = _program_or_none(pg, hw, hint_d)
+    emit_s = time.perf_counter() - t_emit
+    if hint_prog is None and hint_d.resident:
+        hint_d, hint_prog = _hint_repaired(pg, hw, hint_d, hint_issues)
+        if hint_prog is not None:
+            hint_name += " (without the LX residencies that do not validate in this op order)"
+    if isinstance(hint, Program):
+        # a stored plan's decisions without its fused kernels are priced untiled like any
+        # start, and the default start competes: a fused program's splits are chosen for
+        # its tiles (llama prefill, deterministic: from the stored plan's decisions 3990.8
+        # us, from the default start 3843.0)
+        default_d, default_name = _hint_decisions(pg, hw, None)
+        default_prog, _ = _program_or_none(pg, hw, default_d)
+        if default_prog is not None and hint_prog is None:
+            return default_d, default_prog, f"{default_name} (the {hint_name} did not validate)", emit_s
+        if default_prog is not None and predict_program_ns(default_prog, hw) < predict_program_ns(hint_prog, hw):
+            return default_d, default_prog, f"{default_name} (predicted faster than the {hint_name})", emit_s
+    if hint_prog is None:
+        # an invalid hint is not a starting point: fall back to the naive plan
+        from solver.naive import plan_naive
+        hint_d, hint_name = plan_naive(pg, hw), f"naive (the {hint_name} hint was invalid)"
+        hint_prog, _ = _program_or_none(pg, hw, hint_d)
+    return hint_d, hint_prog, hint_name, emit_s
+
+
 def _program_or_none(pg: PrimGraph, hw, d: PlanDecisions) -> tuple[Optional[Program], list]:
     try:
         program = emit_program(pg, hw, d)
@@ -1075,30 +1109,7 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
     pg = chain_order(pg)
     order = [op.id for op in pg.ops]
     _phase(events, "hint", True, "the starting plan")
-    hint_d, hint_name = _hint_decisions(pg, hw, hint)
-    hint_d = replace(hint_d, op_order=[])  # the hint runs in this planner's order
-    t_emit = time.perf_counter()
-    hint_prog, hint_issues = _program_or_none(pg, hw, hint_d)
-    emit_s = time.perf_counter() - t_emit
-    if hint_prog is None and hint_d.resident:
-        hint_d, hint_prog = _hint_repaired(pg, hw, hint_d, hint_issues)
-        if hint_prog is not None:
-            hint_name += " (without the LX residencies that do not validate in this op order)"
-    if isinstance(hint, Program):
-        # a stored plan's decisions without its fused kernels are priced untiled like any
-        # start, and the default start competes: a fused program's splits are chosen for
-        # its tiles (llama prefill, deterministic: from the stored plan's decisions 3990.8
-        # us, from the default start 3843.0)
-        default_d, default_name = _hint_decisions(pg, hw, None)
-        default_prog, _ = _program_or_none(pg, hw, default_d)
-        if default_prog is not None and (hint_prog is None or predict_program_ns(default_prog, hw)
-                                         < predict_program_ns(hint_prog, hw)):
-            hint_d, hint_prog, hint_name = default_d, default_prog, f"{default_name} (predicted faster than the {hint_name})"
-    if hint_prog is None:
-        # an invalid hint is not a starting point: fall back to the naive plan
-        from solver.naive import plan_naive
-        hint_d, hint_name = plan_naive(pg, hw), f"naive (the {hint_name} hint was invalid)"
-        hint_prog, _ = _program_or_none(pg, hw, hint_d)
+    hint_d, hint_prog, hint_name, emit_s = _starting_plan(pg, hw, hint)
     hint_ns = predict_program_ns(hint_prog, hw) if hint_prog is not None else float("inf")
     _phase(events, "hint", False, f"{hint_name}, predicted {hint_ns / 1000:.4g} us")
 
