@@ -4,7 +4,7 @@ Usage: python benchmarks/bench_iopddl.py [--instances B G V S] [--time-limit 60]
        [--write-docs]
 Every instance runs in a fresh process (peak memory = that process's max RSS). One JSON
 line per instance: cost, feasibility, ratio to the best contest cost and to XLA's baseline
-where it has one, seconds, peak memory. --write-docs replaces the table in docs/solver.md
+where it has one, seconds, peak memory. --write-docs replaces the table in docs/iopddl.md
 "IOPDDL results". Run it by hand (never in a loop).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # the instances live next to the repository: ../shared/iopddl/ from its root
 DATA = Path(os.environ.get("IOPDDL_DIR", ROOT.parent / "shared" / "iopddl"))
-DOCS = ROOT / "docs" / "solver.md"
+DOCS = ROOT / "docs" / "iopddl.md"
 
 
 def load_csv() -> dict[str, dict]:

@@ -1,13 +1,25 @@
 """IOPDDL instance loading and solution checking (solver.core.iopddl)."""
+import itertools
 import json
+import os
+import random
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from ortools.sat.python import cp_model
 
-from solver.core import SolveOptions, solve
+from solver.core import FORBIDDEN_COST, SolveOptions, StrategyProblem, Timeline, evaluate, presolve, solve
+from solver.core.group_state import GroupState, ball
 from solver.core.iopddl import evaluate_solution, load_best_known, load_instance, problem_from_dict
+from solver.core.kicks import kick_search
+from solver.core.merge import group_problem
+from solver.core.minsum import MinSum, lagrangian_starts, window_minsum
+from solver.core.search import group_tree_dp, least_peak_start, optimize
+from solver.core.windows import minsum_window_search, window_model
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "iopddl"
+DATA = Path(os.environ.get("IOPDDL_DIR", Path(__file__).resolve().parents[1].parent / "shared" / "iopddl"))
 EXAMPLE = {"problem": {
     "name": "example",
     "nodes": {"intervals": [[30, 70], [40, 70], [50, 120], [110, 140], [110, 150]],
@@ -74,7 +86,6 @@ def test_malformed_instance_errors_name_the_field():
 
 
 def test_optimize_finds_the_example_optimum():
-    from solver.core.search import optimize
     p = problem_from_dict(EXAMPLE)
     r = optimize(p, time_limit_s=2, workers=1)
     assert r.feasible and r.cost == 445 and r.bound <= 445
@@ -128,8 +139,6 @@ def _random_instance(seed: int, n: int = 40, tight: float = 0.35):
     """A random instance with followers (edges whose table allows one strategy of the second
     node per strategy of the first), a few forbidden entries and a limit between the least
     and the largest possible peak."""
-    import numpy as np
-    from solver.core import FORBIDDEN_COST, StrategyProblem, Timeline
     rng = np.random.default_rng(seed)
     k = [int(rng.integers(1, 5)) for _ in range(n)]
     costs = [rng.integers(0, 50, size=ki) for ki in k]
@@ -165,7 +174,6 @@ def _random_instance(seed: int, n: int = 40, tight: float = 0.35):
 def _feasible_instances(first_seed: int, count: int, **kw):
     """(problem, reduction) for `count` random instances presolve accepts (the generator can
     forbid every strategy of a node)."""
-    from solver.core import presolve
     out, seed = [], first_seed
     while len(out) < count:
         p = _random_instance(seed, **kw)
@@ -178,9 +186,6 @@ def _feasible_instances(first_seed: int, count: int, **kw):
 
 
 def test_merged_groups_expand_to_the_evaluators_cost_and_usage():
-    import numpy as np
-    from solver.core import FORBIDDEN_COST, Timeline, evaluate, presolve
-    from solver.core.merge import group_problem
     merged_total = finite = 0
     for seed, (p, red) in enumerate(_feasible_instances(0, 6)):
         gp = group_problem(p, red)
@@ -208,9 +213,6 @@ def test_merged_groups_expand_to_the_evaluators_cost_and_usage():
 
 def test_merging_keeps_the_optimum():
     """Brute force over tiny instances: the best group choice is the best original choice."""
-    import itertools
-    from solver.core import evaluate, presolve
-    from solver.core.merge import group_problem
     for seed in range(8):
         p = _random_instance(100 + seed, n=7, tight=0.5)
         best = None
@@ -228,11 +230,6 @@ def test_merging_keeps_the_optimum():
 
 
 def test_group_moves_undo_and_kicks_keep_memory_and_never_worsen():
-    import random
-    import numpy as np
-    from solver.core import evaluate, presolve
-    from solver.core.merge import group_problem
-    from solver.core.search import GroupState, kick_search, least_peak_start
     for seed, (p, red) in enumerate(_feasible_instances(200, 4, n=60)):
         gp = group_problem(p, red)
         st = GroupState(gp, least_peak_start(gp))
@@ -260,11 +257,6 @@ def test_group_moves_undo_and_kicks_keep_memory_and_never_worsen():
 
 
 def test_window_solve_is_memory_feasible_and_never_worse():
-    import random
-    from ortools.sat.python import cp_model
-    from solver.core import evaluate, presolve
-    from solver.core.merge import group_problem
-    from solver.core.search import GroupState, _ball, group_tree_dp, window_model
     used = 0
     for seed, (p, red) in enumerate(_feasible_instances(300, 16, n=60, tight=0.4)):
         gp = group_problem(p, red)
@@ -275,7 +267,7 @@ def test_window_solve_is_memory_feasible_and_never_worse():
         used += 1
         before = evaluate(p, gp.expand(st.k))
         rng = random.Random(seed)
-        win = _ball(st, [rng.randrange(gp.num_groups)], 25, rng)
+        win = ball(st, [rng.randrange(gp.num_groups)], 25, rng)
         model, picks = window_model(st, win, pair_limit=64)  # both table encodings
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
@@ -294,11 +286,6 @@ def test_real_instance_groups_and_lagrangian_starts_agree_with_the_evaluator():
     """V: merging collapses followers, group costs and usage equal the evaluator's on the
     Lagrangian min-sum decodes, and a short optimize returns an evaluator-checked choice no
     worse than its start."""
-    import time
-    from solver.core import evaluate, presolve
-    from solver.core.bp import lagrangian_starts
-    from solver.core.merge import group_problem
-    from solver.core.search import optimize
     p = load_instance(DATA / "asplos-2025-iopddl-V.json.gz")
     gp = group_problem(p, presolve(p))
     assert gp.merged_followers > 300 and gp.num_groups < p.num_nodes // 2
@@ -316,12 +303,6 @@ def test_real_instance_groups_and_lagrangian_starts_agree_with_the_evaluator():
 
 
 def test_minsum_window_moves_keep_memory_and_never_worsen():
-    import random
-    import numpy as np
-    from solver.core import evaluate
-    from solver.core.bp import window_minsum
-    from solver.core.merge import group_problem
-    from solver.core.search import GroupState, least_peak_start, minsum_window_search
     for seed, (p, red) in enumerate(_feasible_instances(400, 4, n=60)):
         gp = group_problem(p, red)
         st = GroupState(gp, least_peak_start(gp))
@@ -341,11 +322,6 @@ def test_minsum_window_moves_keep_memory_and_never_worsen():
 
 def test_minsum_is_exact_on_a_tree():
     """On a tree without memory, min-sum's decode is the optimum (brute force)."""
-    import itertools
-    import numpy as np
-    from solver.core import StrategyProblem, evaluate, presolve
-    from solver.core.bp import MinSum
-    from solver.core.merge import group_problem
     rng = np.random.default_rng(7)
     for _ in range(5):
         n = 7
@@ -366,10 +342,6 @@ def test_optimize_finds_the_optimum_on_odd_small_instances():
     """Self-edges, duplicate edges, empty intervals, single-strategy nodes, no limit, no
     edges: optimize returns the brute-force optimum (the instances are small enough for the
     full grouped model to prove it)."""
-    import itertools
-    import numpy as np
-    from solver.core import FORBIDDEN_COST, StrategyProblem, evaluate
-    from solver.core.search import optimize
     rng = np.random.default_rng(11)
     cases = 0
     for case in range(8):

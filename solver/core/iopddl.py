@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from solver.core import Evaluation, StrategyProblem, evaluate
+from solver.core.problem import Evaluation, StrategyProblem, evaluate
 
 _MAX_NODES = 1_000_000
 

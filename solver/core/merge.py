@@ -24,7 +24,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from solver.core import FORBIDDEN_COST, Reduction, StrategyProblem, Timeline
+from solver.core.reduction import Reduction
+from solver.core.problem import FORBIDDEN_COST, StrategyProblem
+from solver.core.timeline import Timeline
 
 F = FORBIDDEN_COST
 

@@ -16,7 +16,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from solver.core import FORBIDDEN_COST
+from solver.core.problem import FORBIDDEN_COST
 from solver.core.merge import GroupedProblem
 
 BIG = 1e15  # forbidden entries in message passing (finite: no inf - inf)
