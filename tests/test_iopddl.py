@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
+import solver.core.iopddl as iopddl_module
 from solver.core import FORBIDDEN_COST, SolveOptions, StrategyProblem, Timeline, evaluate, presolve, solve
 from solver.core.group_state import GroupState, ball
 from solver.core.iopddl import evaluate_solution, load_best_known, load_instance, problem_from_dict
@@ -40,6 +41,49 @@ def test_example_round_trip(tmp_path):
     assert evaluate_solution(p, [0, 0, 2, 1, 0]).cost == 445
     assert solve(p, SolveOptions(time_limit_s=5)).cost == 445
 
+
+
+def _same_problem(a, b) -> bool:
+    return (a.name == b.name and a.usage_limit == b.usage_limit and a.intervals == b.intervals
+            and a.edges == b.edges
+            and all(np.array_equal(x, y) for x, y in zip(a.node_costs, b.node_costs))
+            and all(np.array_equal(x, y) for x, y in zip(a.node_usages, b.node_usages))
+            and all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a.edge_costs, b.edge_costs)))
+
+
+def test_fast_reader_reads_what_json_reads(tmp_path):
+    """The fast reader (structure from brackets, integers by numpy) gives the same problem as
+    json.load on plain documents, key order and whitespace aside, negatives and 1e18
+    included; anything else (floats, a malformed document) goes to the json path, which
+    names the field."""
+    rng = np.random.default_rng(0)
+    n = 60
+    k = rng.integers(1, 5, size=n)
+    doc = {"problem": {"usage_limit": 500, "name": "fast", "edges": {"costs": [], "nodes": []},
+                       "nodes": {"usages": [rng.integers(0, 50, size=x).tolist() for x in k],
+                                 "intervals": [[int(a), int(a) + int(b)] for a, b in
+                                               zip(rng.integers(0, 40, size=n), rng.integers(0, 9, size=n))],
+                                 "costs": [rng.integers(-5, 10**6, size=x).tolist() for x in k]}}}
+    for u in range(n):
+        for v in rng.choice(n, size=2, replace=False):
+            t = rng.integers(0, 100, size=int(k[u] * k[int(v)]))
+            t[rng.random(len(t)) < 0.2] = FORBIDDEN_COST
+            doc["problem"]["edges"]["nodes"].append([u, int(v)])
+            doc["problem"]["edges"]["costs"].append(t.tolist())
+    for i, text in enumerate([json.dumps(doc), json.dumps(doc, indent=1), json.dumps(EXAMPLE)]):
+        path = tmp_path / f"doc{i}.json"
+        path.write_text(text)
+        fast = iopddl_module._problem_from_bytes(text.encode())
+        assert _same_problem(fast, problem_from_dict(json.loads(text)))
+        assert _same_problem(load_instance(path), fast)
+    with pytest.raises(iopddl_module._NotPlain):
+        iopddl_module._problem_from_bytes(json.dumps(EXAMPLE).replace("[15]", "[15.0]").encode())
+    bad = json.loads(json.dumps(EXAMPLE))
+    bad["problem"]["edges"]["costs"][2] = [1, 2, 3]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"edges\.costs\[2\].*expected 4"):
+        load_instance(path)
 
 def test_no_usage_limit():
     d = json.loads(json.dumps(EXAMPLE))
