@@ -10,17 +10,25 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from solver.core.clock import check_deadline
 from solver.core.merge import GroupedProblem
 from solver.core.problem import FORBIDDEN_COST
 
 INF = float("inf")
 
 
-def _shared_tables(gp: GroupedProblem) -> tuple:
+def shared_tables(gp: GroupedProblem, deadline: Optional[float] = None) -> tuple:
+    """What every GroupState of `gp` shares (float tables, incidence, segment steps), built
+    once and cached on `gp`; OutOfTime past `deadline`."""
+    cached = getattr(gp, "_state_shared", None)
+    if cached is not None:
+        return cached
     G = gp.num_groups
     inc: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(G)]
     inc_e: list[list[int]] = [[] for _ in range(G)]
     for e, ((a, b), t) in enumerate(zip(gp.edges, gp.tables)):
+        if e % 256 == 0:
+            check_deadline(deadline)
         tf = t.astype(np.float64)
         tf[t >= FORBIDDEN_COST] = INF
         inc[a].append((b, tf))
@@ -47,7 +55,9 @@ def _shared_tables(gp: GroupedProblem) -> tuple:
     all_j = np.concatenate([np.arange(len(x)) for x in gp.seg_start] or [np.zeros(0, int)])
     all_s = np.concatenate(gp.seg_start or [np.zeros(0, int)])
     all_e = np.concatenate(gp.seg_end or [np.zeros(0, int)])
-    return inc, inc_e, {}, cost, steps, offs, wmin, all_g, all_j, all_s, all_e
+    shared = (inc, inc_e, {}, cost, steps, offs, wmin, all_g, all_j, all_s, all_e)
+    gp._state_shared = shared  # type: ignore[attr-defined]
+    return shared
 
 
 class GroupState:
@@ -59,10 +69,7 @@ class GroupState:
         self.gp = gp
         # what does not depend on the choice is built once per grouped problem and shared by
         # every state (on S the float tables alone are tens of MB per state)
-        shared = getattr(gp, "_state_shared", None)
-        if shared is None:
-            shared = _shared_tables(gp)
-            gp._state_shared = shared  # type: ignore[attr-defined]
+        shared = shared_tables(gp)
         self.inc, self.inc_e, self._reduced, self.cost, self.steps, self.offs, self.Wmin, \
             self.all_g, self.all_j, self.all_s, self.all_e = shared
         self.k = np.array([int(s) for s in choice], dtype=np.int64)
@@ -70,7 +77,10 @@ class GroupState:
         self.has_limit = gp.limit is not None and gp.tl.n_steps > 0
         self.prof = gp.profile(self.k) if self.has_limit else np.zeros(0, np.int64)
         self.journal: Optional[list[tuple[int, int]]] = None
-        self.cur = self.total()  # kept up to date by move()
+        # kept up to date by move(): the cost (inf while a forbidden entry is chosen) from
+        # the finite terms' sum and the count of forbidden ones
+        self.finite, self.n_forbidden = self._count()
+        self.cur = INF if self.n_forbidden else self.finite
 
     def reduced(self, e: int):
         """Edge e's table over its distinct rows and columns: (row class of each strategy of
@@ -88,10 +98,16 @@ class GroupState:
         return int((self.reduced(e)[2] < FORBIDDEN_COST).sum())
 
     def copy_choice(self):
-        return self.k.copy(), self.prof.copy(), self.cur
+        return self.k.copy(), self.prof.copy(), self.cur, self.finite, self.n_forbidden
 
     def restore(self, saved) -> None:
-        self.k, self.prof, self.cur = saved[0].copy(), saved[1].copy(), saved[2]
+        """Back to a `copy_choice` (or to a (choice, profile, cost) triple: recounted)."""
+        self.k, self.prof = saved[0].copy(), saved[1].copy()
+        if len(saved) == 5:
+            self.cur, self.finite, self.n_forbidden = saved[2], saved[3], saved[4]
+        else:
+            self.finite, self.n_forbidden = self._count()
+            self.cur = INF if self.n_forbidden else self.finite
 
     def local_cost(self, g: int) -> np.ndarray:
         c = self.cost[g].copy()
@@ -112,17 +128,36 @@ class GroupState:
             return np.ones(len(self.cost[g]), dtype=bool)
         return self.new_peaks(g) <= self.limit
 
+    def _terms(self, g: int, s: int) -> tuple[float, int]:
+        """What g on strategy s contributes against its neighbours' current strategies: the
+        sum of the finite terms and the number of forbidden ones."""
+        c = self.cost[g][s]
+        fin, bad = (0.0, 1) if c == INF else (float(c), 0)
+        for o, t in self.inc[g]:
+            x = t[s, self.k[o]]
+            if x == INF:
+                bad += 1
+            else:
+                fin += x
+        return fin, bad
+
     def move(self, g: int, s: int) -> None:
         if self.journal is not None:
             self.journal.append((g, int(self.k[g])))
-        exact = False
         if s != self.k[g]:
             lc = self.local_cost(g)
             delta = lc[s] - lc[self.k[g]]
-            if np.isfinite(delta):
+            if np.isfinite(delta) and not self.n_forbidden:
                 self.cur += delta
+                self.finite += delta
             else:
-                exact = True  # into or out of a forbidden state: recount below
+                # into or out of a forbidden state: count forbidden terms, sum finite ones
+                # (a recount of every edge cost O(edges) per move on 40k-node instances)
+                f0, b0 = self._terms(g, int(self.k[g]))
+                f1, b1 = self._terms(g, s)
+                self.finite += f1 - f0
+                self.n_forbidden += b1 - b0
+                self.cur = INF if self.n_forbidden else self.finite
         if self.has_limit:
             W = self.gp.W[g]
             if len(W):
@@ -130,8 +165,6 @@ class GroupState:
                 for j in np.flatnonzero(d):
                     self.prof[self.gp.seg_start[g][j]:self.gp.seg_end[g][j]] += d[j]
         self.k[g] = s
-        if exact:
-            self.cur = self.total()
 
     def undo(self, mark: int) -> None:
         """Take back the journal's moves after position `mark`."""
@@ -146,9 +179,25 @@ class GroupState:
 
     def total(self) -> float:
         """Cost of the current choice (inf when a forbidden entry is chosen)."""
-        c = float(sum(int(self.gp.cost[g][s]) for g, s in enumerate(self.k))
-                  + sum(int(t[self.k[a], self.k[b]]) for (a, b), t in zip(self.gp.edges, self.gp.tables)))
-        return INF if c >= FORBIDDEN_COST else c
+        return INF if self._count()[1] else self._count()[0]
+
+    def _count(self) -> tuple[float, int]:
+        """The finite terms' sum and the number of forbidden terms of the current choice."""
+        k = self.k
+        fin, bad = 0.0, 0
+        for g, s in enumerate(k):
+            c = int(self.gp.cost[g][s])
+            if c >= FORBIDDEN_COST:
+                bad += 1
+            else:
+                fin += c
+        for (a, b), t in zip(self.gp.edges, self.gp.tables):
+            c = int(t[k[a], k[b]])
+            if c >= FORBIDDEN_COST:
+                bad += 1
+            else:
+                fin += c
+        return fin, bad
 
     def descent(self, deadline: float, groups: Optional[Sequence[int]] = None, max_passes: int = 50) -> int:
         """Best-improvement single-group moves that keep memory feasible, until none
@@ -161,9 +210,11 @@ class GroupState:
                 break
             todo = [g for g in order if g in dirty]
             dirty = set()
-            for g in todo:
+            for i, g in enumerate(todo):
                 if len(self.cost[g]) < 2:
                     continue
+                if i % 64 == 0 and time.perf_counter() > deadline:
+                    return moves
                 lc = self.local_cost(g)
                 lc = np.where(self.memory_ok(g), lc, INF)
                 s = int(np.argmin(lc))

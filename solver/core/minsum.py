@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from solver.core.clock import OutOfTime, check_deadline
 from solver.core.problem import FORBIDDEN_COST
 from solver.core.merge import GroupedProblem
 
@@ -79,9 +80,12 @@ class MinSum:
             out.append(u)
         return out
 
-    def sweep(self, unary: list[np.ndarray], damping: float = 0.5) -> None:
+    def sweep(self, unary: list[np.ndarray], damping: float = 0.5, deadline: Optional[float] = None) -> None:
+        """One forward and one backward pass; OutOfTime past `deadline`."""
         for order in (self.order, self.order[::-1]):
-            for g in order:
+            for i, g in enumerate(order):
+                if i % 256 == 0:
+                    check_deadline(deadline)
                 belief = unary[g].copy()
                 for _, _, m_in, _ in self.nbrs[g]:
                     belief += self.msg[m_in]
@@ -134,8 +138,11 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
         if time.perf_counter() > deadline:
             return
         unary = ms.unary_with_penalty(penalty if has_limit else None)
-        for _ in range(sweeps):
-            ms.sweep(unary)
+        try:
+            for _ in range(sweeps):
+                ms.sweep(unary, deadline=deadline)
+        except OutOfTime:
+            return
         k = ms.decode(unary)
         prof = gp.profile(k) if has_limit else None
         out = new(k, prof)
@@ -156,8 +163,11 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
         if time.perf_counter() > deadline:
             return
         unary = [z + (b - z) * rho[g] for g, (z, b) in enumerate(zip(zero, base))]
-        for _ in range(sweeps):
-            ms.sweep(unary)
+        try:
+            for _ in range(sweeps):
+                ms.sweep(unary, deadline=deadline)
+        except OutOfTime:
+            return
         k = ms.decode(unary)
         prof = gp.profile(k)
         out = new(k, prof)

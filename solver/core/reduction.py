@@ -8,6 +8,7 @@ from typing import Optional
 
 import numpy as np
 
+from solver.core.clock import check_deadline
 from solver.core.problem import FORBIDDEN_COST, StrategyProblem
 from solver.core.timeline import Timeline, maximal_live_sets
 
@@ -44,7 +45,8 @@ class Reduction:
 
 
 def presolve(problem: StrategyProblem, prune_dominated: bool = True,
-             max_rounds: int = 6) -> Reduction:
+             max_rounds: int = 6, deadline: Optional[float] = None) -> Reduction:
+    """`deadline` (perf_counter seconds): raise OutOfTime once it has passed."""
     n_nodes = problem.num_nodes
     alive = [np.flatnonzero(c < FORBIDDEN_COST) for c in problem.node_costs]
     timeline = Timeline.build(problem.intervals)
@@ -72,13 +74,17 @@ def presolve(problem: StrategyProblem, prune_dominated: bool = True,
             return t[np.ix_(alive[n], alive[v])]
         return t[np.ix_(alive[u], alive[n])].T
 
+    # tables without a forbidden entry cannot forbid a row (most of them: skip their slicing)
+    forbids = [bool((t >= FORBIDDEN_COST).any()) for t in problem.edge_costs]
     for _ in range(max_rounds):
         changed = False
         for n in range(n_nodes):
+            check_deadline(deadline)
             # a strategy whose row on some edge is entirely forbidden can never be picked
             keep = np.ones(len(alive[n]), dtype=bool)
             for e, is_u in incident[n]:
-                keep &= (edge_rows(n, e, is_u) < FORBIDDEN_COST).any(axis=1)
+                if forbids[e]:
+                    keep &= (edge_rows(n, e, is_u) < FORBIDDEN_COST).any(axis=1)
             if not keep.all():
                 if not keep.any():
                     raise ValueError(f"node {n}: every strategy is forbidden by an edge")
@@ -116,11 +122,13 @@ def presolve(problem: StrategyProblem, prune_dominated: bool = True,
             break
     # strategies removed as forbidden map to the cheapest kept one (only hints use this)
     for n in range(n_nodes):
-        kept = set(alive[n].tolist())
-        cheapest = alive[n][np.argmin(problem.node_costs[n][alive[n]])]
-        for s in range(len(replaced_by[n])):
-            if int(replaced_by[n][s]) not in kept:
-                replaced_by[n][s] = cheapest
+        if len(alive[n]) == len(replaced_by[n]):
+            continue  # nothing removed: every strategy maps to itself
+        kept = np.zeros(len(replaced_by[n]), dtype=bool)
+        kept[alive[n]] = True
+        gone = ~kept[replaced_by[n]]
+        if gone.any():
+            replaced_by[n][gone] = alive[n][np.argmin(problem.node_costs[n][alive[n]])]
     # memory: the compressed steps where even the worst choices could exceed the limit
     limit = problem.usage_limit
     binding = np.zeros(timeline.n_steps, dtype=bool)

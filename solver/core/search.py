@@ -32,12 +32,13 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from ortools.sat.python import cp_model
 
-from solver.core.group_state import INF, GroupState, ball, costly_group
+from solver.core.clock import OutOfTime, PhaseClock
+from solver.core.group_state import INF, GroupState, ball, costly_group, shared_tables
 from solver.core.kicks import kick_search
 from solver.core.merge import GroupedProblem, group_problem
 from solver.core.minsum import bfs_order, lagrangian_starts
@@ -90,13 +91,62 @@ class SearchResult:
     stats: dict = field(default_factory=dict)
 
 
-def trivial_bound(problem: StrategyProblem, red: Reduction) -> int:
-    """Sum of each node's and each edge's cheapest kept entry: a valid lower bound."""
+def trivial_bound(problem: StrategyProblem, red: Reduction, deadline: Optional[float] = None) -> int:
+    """Sum of each node's and each edge's cheapest kept entry: a valid lower bound (past
+    `deadline`, the rest of the edges count their cheapest entry, kept or not: still valid)."""
     b = sum(int(problem.node_costs[x][a].min()) for x, a in enumerate(red.alive))
-    for (u, v), t in zip(problem.edges, problem.edge_costs):
-        sub = t[np.ix_(red.alive[u], red.alive[v])]
-        b += int(sub.min())
+    for e, ((u, v), t) in enumerate(zip(problem.edges, problem.edge_costs)):
+        full = len(red.alive[u]) == t.shape[0] and len(red.alive[v]) == t.shape[1]
+        if full or (deadline is not None and time.perf_counter() > deadline):
+            b += int(t.min())
+        else:
+            b += int(t[np.ix_(red.alive[u], red.alive[v])].min())
     return b
+
+
+def least_usage_choice(problem: StrategyProblem) -> list[int]:
+    """Greedy in node order (producers first in graph-derived instances): each node takes
+    its least-usage strategy (then the cheapest) among those no edge to an already placed
+    neighbour forbids. The answer the search holds before presolve; O(nodes + edges)."""
+    incident: list[list[tuple[int, bool]]] = [[] for _ in range(problem.num_nodes)]
+    for e, (u, v) in enumerate(problem.edges):
+        incident[u].append((e, True))
+        incident[v].append((e, False))
+    out = [-1] * problem.num_nodes
+    for n, (c, u) in enumerate(zip(problem.node_costs, problem.node_usages)):
+        ok = c < FORBIDDEN_COST
+        for e, is_u in incident[n]:
+            a, b = problem.edges[e]
+            other = out[b] if is_u else out[a]
+            if other >= 0:
+                t = problem.edge_costs[e]
+                allowed = (t[:, other] if is_u else t[other, :]) < FORBIDDEN_COST
+                if (ok & allowed).any():
+                    ok &= allowed
+        idx = np.flatnonzero(ok) if ok.any() else np.arange(len(c))
+        out[n] = int(idx[np.lexsort((c[idx], u[idx]))[0]])
+    return out
+
+
+class _Incumbent:
+    """The best feasible solution so far, as a group choice of a grouped problem or as an
+    original choice; what the search answers with when its time is up."""
+
+    def __init__(self) -> None:
+        self.cost: Optional[float] = None
+        self._gp: Optional[GroupedProblem] = None
+        self._choice: Optional[list[int]] = None
+
+    def offer(self, cost: float, choice: Sequence[int], gp: Optional[GroupedProblem] = None) -> bool:
+        if self.cost is not None and cost >= self.cost:
+            return False
+        self.cost, self._gp, self._choice = cost, gp, [int(x) for x in choice]
+        return True
+
+    def choice(self) -> Optional[list[int]]:
+        if self._choice is None:
+            return None
+        return self._gp.expand(self._choice) if self._gp is not None else list(self._choice)
 
 
 def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int = 2, seed: int = 1,
@@ -106,20 +156,84 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
              window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.6,
              kick_batch: float = 2.0, kick_slack: float = 0.01,
              lagrangian_share: float = 0.25, polish_starts: int = 3,
-             polish_share: float = 0.15, stagnation: float = 0.12) -> SearchResult:
-    """Best feasible choice found within `time_limit_s` (wall clock, all phases)."""
-    t_start = time.perf_counter()
-    deadline = t_start + time_limit_s
+             polish_share: float = 0.15, stagnation: float = 0.12,
+             started: Optional[float] = None, start: Optional[Sequence[int]] = None) -> SearchResult:
+    """Best feasible choice found within `time_limit_s` of wall clock counted from `started`
+    (perf_counter seconds; default now): a caller that read the instance passes the time it
+    started, so reading counts too. The answer is the best solution held when the time is
+    up, whichever phase was running; `stats["phases"]` says where the time went. `start`: a
+    complete choice to begin from; the answer is never worse than it when it is feasible."""
+    clock = PhaseClock(time_limit_s, started if started is not None else time.perf_counter())
+    if started is not None:
+        clock.record("before the search (start-up, reading)", time.perf_counter() - started)
     say = log or (lambda s: None)
+    incumbent = _Incumbent()
+    stats: dict = {}
+    # the answer held before anything else: every node on its least usage
+    with clock.phase("least-usage start"):
+        t_e = time.perf_counter()
+        safe = least_usage_choice(problem)
+        ev = evaluate(problem, safe)
+        t_eval = time.perf_counter() - t_e
+        if ev.feasible:
+            incumbent.offer(ev.cost, safe)
+        given = None
+        if start is not None:
+            ev = evaluate(problem, start)
+            if ev.feasible:
+                given = [int(x) for x in start]
+                incumbent.offer(ev.cost, given)
+    # kept free at the end: expanding and evaluating the answer, and the caller's own
+    # evaluation of it (about one evaluation each), plus 1% of the limit
+    clock.reserve_s = min(0.1 * time_limit_s, 0.01 * time_limit_s + 3 * t_eval + 0.05)
+    bound = None
+    try:
+        bound = _search(problem, clock, incumbent, stats, say, workers=workers, seed=seed,
+                        window=window, pair_limit=pair_limit, solve_cap=solve_cap,
+                        full_share=full_share, full_pair_limit=full_pair_limit,
+                        time_share=time_share, window_terms=window_terms, merge=merge,
+                        kick_batch=kick_batch, kick_slack=kick_slack,
+                        lagrangian_share=lagrangian_share, polish_starts=polish_starts,
+                        polish_share=polish_share, stagnation=stagnation, start=given)
+    except OutOfTime:
+        stats["out_of_time"] = True
+        say("out of time: answering with the best solution held")
+    with clock.phase("final check"):
+        choice = incumbent.choice()
+        ev = evaluate(problem, choice) if choice is not None else None
+    if ev is not None and not ev.feasible:  # never: every accepted state kept memory
+        raise AssertionError(f"the search's answer is infeasible: {ev.reason}")
+    if ev is not None and ev.cost != incumbent.cost:
+        stats["counted_cost"] = incumbent.cost  # running float sums drifted (never seen)
+    stats["phases"] = clock.table()
+    if ev is None:
+        return SearchResult(None, None, False, bound, clock.elapsed(), stats)
+    return SearchResult(choice, ev.cost, ev.feasible, bound, clock.elapsed(), stats)
+
+
+def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, stats: dict,
+            say: Callable[[str], None], *, workers: int, seed: int, window: int, pair_limit: int,
+            solve_cap: float, full_share: float, full_pair_limit: int, time_share: float,
+            window_terms: int, merge: bool, kick_batch: float, kick_slack: float,
+            lagrangian_share: float, polish_starts: int, polish_share: float,
+            stagnation: float, start: Optional[list[int]]) -> Optional[float]:
+    """The phases of `optimize`; every solution it accepts is offered to `incumbent`.
+    Returns the lower bound (None when the time ran out before it)."""
+    time_limit_s = clock.limit_s
+    deadline = clock.deadline
+    t_start = clock.started
     rng = random.Random(seed)
     big = problem.num_nodes > 5000
-    red = presolve(problem, prune_dominated=not big, max_rounds=6 if not big else 1)
-    gp = group_problem(problem, red, merge_followers=merge)
+    with clock.phase("presolve"):
+        red = presolve(problem, prune_dominated=not big, max_rounds=6 if not big else 1, deadline=deadline)
+    with clock.phase("merge"):
+        gp = group_problem(problem, red, merge_followers=merge, deadline=deadline)
     say(f"presolve {time.perf_counter() - t_start:.1f}s, {red.num_strategies} strategies kept, "
         f"{gp.num_groups} groups ({gp.merged_followers} followers merged, {gp.folded_single} edges folded)")
-    stats: dict = {"presolve_s": round(time.perf_counter() - t_start, 2),
-                   "strategies_kept": red.num_strategies, "groups": gp.num_groups,
-                   "group_edges": len(gp.edges)}
+    with clock.phase("state tables"):
+        shared_tables(gp, deadline)
+    stats.update(presolve_s=round(time.perf_counter() - t_start, 2), strategies_kept=red.num_strategies,
+                 groups=gp.num_groups, group_edges=len(gp.edges))
     best_state, best_cost = None, None
     best_penalty: Optional[np.ndarray] = None  # the Lagrangian penalties of the best start
     n_starts = 0
@@ -135,11 +249,13 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         n_starts += 1
         if best_cost is not None and st.cur >= best_cost:
             return False
-        ev = evaluate(problem, gp.expand(st.k))
-        say(f"start {name}: {ev.cost if ev.feasible else 'infeasible ' + ev.reason} "
-            f"({time.perf_counter() - t_s:.1f}s)")
-        if ev.feasible and (best_cost is None or ev.cost < best_cost):
-            best_state, best_cost = st, ev.cost
+        # the state's running cost is the evaluator's (merging keeps costs exact); the final
+        # answer is evaluated once (a full evaluation per start is O(nodes + edges))
+        feasible = st.feasible_memory() and st.cur < INF
+        say(f"start {name}: {int(st.cur) if feasible else 'infeasible'} ({time.perf_counter() - t_s:.1f}s)")
+        if feasible:
+            best_state, best_cost = st, int(st.cur)
+            incumbent.offer(best_cost, st.k, gp)
             return True
         return False
 
@@ -158,11 +274,14 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         if consider(name, list(st.k), budget):
             best_penalty = pen
 
+    t_phase = time.perf_counter()
+    if start is not None:  # the caller's start (feasible: checked by optimize)
+        consider("given", gp.contract(start, red), 0.1 * time_limit_s)
     # the feasibility-first start (always memory-feasible when each node alone fits)
     consider("least-peak", least_peak_start(gp), 0.2 * time_limit_s)
     # min-sum message passing under Lagrangian usage penalties (three step sizes), each
     # decoded choice repaired and descended
-    lag_deadline = time.perf_counter() + lagrangian_share * time_limit_s
+    lag_deadline = min(deadline, time.perf_counter() + lagrangian_share * time_limit_s)
     # trajectories: step sizes, then sweep orders breadth-first from random groups (the
     # decoding order changes which local optimum min-sum lands in: V 2.24-2.36 M)
     configs = [(0.01, None), (0.003, None), (0.03, None)]
@@ -180,6 +299,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         ls = local_search(problem, red, start=tree_dp_start(problem, red))
         if ls is not None:
             consider("node DP + local_search", gp.contract(ls, red), 0.05 * time_limit_s)
+    clock.record("starts", time.perf_counter() - t_phase)
     stats["starts"] = n_starts
     stats["start_cost"] = best_cost
     # polish the best starts of the best few trajectories with kicks, go on from the best:
@@ -197,16 +317,18 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         polished.sort(key=lambda x: x[0])
         c, st_p, pen = polished[0]
         alternatives = [(x[1], x[2]) for x in polished[1:]]
-        ev = evaluate(problem, gp.expand(st_p.k))
-        if ev.feasible and ev.cost < best_cost:
-            best_state, best_cost, best_penalty = st_p, ev.cost, pen
+        if st_p.feasible_memory() and st_p.cur < best_cost:
+            best_state, best_cost, best_penalty = st_p, int(st_p.cur), pen
+            incumbent.offer(best_cost, st_p.k, gp)
         stats["polished"] = [int(x[0]) for x in polished]
         say(f"polished {len(top)} starts: {[int(x[0]) for x in polished]} "
             f"({time.perf_counter() - t_p:.1f}s)")
+        clock.record("polish", time.perf_counter() - t_p)
     stats["start_s"] = round(time.perf_counter() - t_start, 2)
-    bound = float(trivial_bound(problem, red))
+    with clock.phase("bound"):
+        bound = float(trivial_bound(problem, red, deadline))
     if best_state is None:
-        return SearchResult(None, None, False, bound, time.perf_counter() - t_start, stats)
+        return bound
     st = best_state
     cur_cost = best_cost
     G = gp.num_groups
@@ -214,8 +336,10 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     iters = accepted = 0
     status_counts: dict[str, int] = {}
     terms_cap = float(window_terms)
-    pair_terms = sum(st.reduced_terms(e) for e in range(len(gp.tables)))
-    use_full = full_share > 0 and pair_terms <= full_pair_limit
+    # the full grouped model only on small instances (counting its pair terms takes a
+    # np.unique per edge: 20 s on 40k nodes)
+    pair_terms = sum(st.reduced_terms(e) for e in range(len(gp.tables))) if not big else None
+    use_full = full_share > 0 and pair_terms is not None and pair_terms <= full_pair_limit
     lns_deadline = deadline - full_share * time_limit_s if use_full else deadline
     stats["pair_terms"] = pair_terms
     tl = gp.tl
@@ -241,7 +365,9 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     last_cost_seen = cur_cost
     last_gain = time.perf_counter()
     restarts = 0
+    t_phase = time.perf_counter()
     while time.perf_counter() < lns_deadline - 0.2:
+        incumbent.offer(cur_cost, st.k, gp)
         if cur_cost < kept_cost:
             kept_choice, kept_cost = list(st.k), cur_cost
         if cur_cost < last_cost_seen:
@@ -249,7 +375,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         last_cost_seen = cur_cost
         if alternatives and time.perf_counter() - last_gain > stagnation * time_limit_s:
             st, best_penalty = alternatives.pop(0)
-            cur_cost = evaluate(problem, gp.expand(st.k)).cost
+            cur_cost = int(st.cur)
             last_cost_seen = cur_cost
             last_gain = time.perf_counter()
             restarts += 1
@@ -274,10 +400,9 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             arm_stats[0] += tr
             arm_stats[1] += im
             arm_stats[2] += time.perf_counter() - t_it
-            ev = evaluate(problem, gp.expand(st.k))
-            if not ev.feasible or ev.cost > cur_cost:  # never: moves keep memory, cost exact
-                raise AssertionError(f"{choice_arm} search broke the incumbent: {ev.reason or ev.cost}")
-            cur_cost = ev.cost
+            if not st.feasible_memory() or st.cur > cur_cost:  # never: moves keep memory, cost exact
+                raise AssertionError(f"{choice_arm} search broke the incumbent: {st.cur} > {cur_cost}")
+            cur_cost = int(st.cur)
             credit(choice_arm, cost_it - cur_cost, time.perf_counter() - t_it)
             continue
         iters += 1
@@ -309,11 +434,10 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
                 if s != st.k[g]:
                     st.move(g, s)
             st.descent(deadline, groups=ball(st, win, min(G, 2 * size), rng), max_passes=3)
-            ev = evaluate(problem, gp.expand(st.k))
-            if ev.feasible and ev.cost <= cur_cost:
-                if ev.cost < cur_cost:
+            if st.feasible_memory() and st.cur <= cur_cost:
+                if st.cur < cur_cost:
                     accepted += 1
-                cur_cost = ev.cost
+                cur_cost = int(st.cur)
             else:
                 st.restore(saved)
             if status == cp_model.OPTIMAL and solver.WallTime() < solve_cap:
@@ -329,6 +453,8 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         if iters % 20 == 0:
             say(f"lns {iters}: cost {cur_cost}, window {size}, terms {int(terms_cap)}, "
                 f"{time.perf_counter() - t_start:.0f}s")
+    incumbent.offer(cur_cost, st.k, gp)
+    clock.record("improve", time.perf_counter() - t_phase)
     stats.update(kicks=kick_stats[0], kick_improvements=kick_stats[1], kick_s=round(kick_stats[2], 1),
                  minsum_windows=ms_stats[0], minsum_improvements=ms_stats[1], minsum_s=round(ms_stats[2], 1))
     stats.update(lns_status=status_counts, final_terms=int(terms_cap), lns_iterations=iters,
@@ -352,8 +478,8 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             if ev.feasible and ev.cost < cur_cost:
                 st = GroupState(gp, cand)
                 cur_cost = ev.cost
+                incumbent.offer(cur_cost, st.k, gp)
         stats.update(full_status=solver.StatusName(status), full_s=round(time.perf_counter() - t_full, 1))
+        clock.record("full model", time.perf_counter() - t_full)
         say(f"full grouped model: {solver.StatusName(status)}, cost {cur_cost}")
-    choice = gp.expand(st.k)
-    ev = evaluate(problem, choice)
-    return SearchResult(choice, ev.cost, ev.feasible, bound, time.perf_counter() - t_start, stats)
+    return bound
