@@ -204,7 +204,7 @@ def _load(store, key: str, what: str = "program"):
 
     from lowering.errors import GraphError
     from service.pipeline import load_hardware
-    from simulator.superdsc import Program
+    from target.superdsc import Program
     from simulator.timing import time_program
 
     record = store.get_program(key)

@@ -122,7 +122,7 @@ def default_planner() -> str:
 
 @lru_cache(maxsize=1)
 def _shipped_targets() -> tuple[str, ...]:
-    from simulator.hardware import list_targets
+    from target.hardware import list_targets
 
     return tuple(sorted(list_targets()))
 
@@ -136,7 +136,7 @@ def available_targets() -> list[str]:
 def load_hardware(target: str):
     """Targets are looked up by name among the shipped ones only: a client never
     names a file path."""
-    from simulator.hardware import load_target
+    from target.hardware import load_target
 
     if target not in available_targets():
         raise GraphError("unknown_target", f"unknown target {target!r}; known: {available_targets()}")
@@ -272,7 +272,7 @@ def _solution_of(program) -> Optional[str]:
 def _hint_from(hint: Optional[str]):
     if hint is None:
         return None
-    from simulator.superdsc import Program
+    from target.superdsc import Program
 
     return Program.from_json(hint)
 

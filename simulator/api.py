@@ -5,7 +5,7 @@
 2. times it with the timing model (simulator/timing.py) when that module is present;
 3. with `numerics=True` runs it functionally (simulator/run.py) on `inputs` (or seeded
    random inputs) and, given the graph it came from (PrimGraph or graph document), compares
-   every output with the reference interpreter (lowering.interpreter.interpret);
+   every output with the reference interpreter (target.interpreter.interpret);
 4. with `trace=PATH` writes a Chrome/Perfetto trace of the timing (simulator/trace.py);
    with `trace=True` returns it in `SimResult.trace`.
 
@@ -21,9 +21,9 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 
 from lowering.errors import GraphError
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 from simulator.run import RunError, run_program
-from simulator.superdsc import Program
+from target.superdsc import Program
 from simulator.validate import ProgramIssue, parse_program, validate_program
 
 
@@ -146,7 +146,7 @@ def simulate(program: Union[Program, dict, str, bytes], hw=None, inputs: Optiona
              graph=None, numerics: bool = False, trace: Union[bool, str, None] = None, seed: int = 0,
              timing: bool = True) -> SimResult:
     if hw is None:
-        from simulator.hardware import load_target
+        from target.hardware import load_target
         hw = load_target()
     prog, issues = parse_program(program)
     if prog is None:
@@ -183,7 +183,7 @@ def simulate(program: Union[Program, dict, str, bytes], hw=None, inputs: Optiona
             res.errors.append(ProgramIssue("run_error", str(e)))
             return res
         if pg is not None:
-            from lowering.interpreter import InterpreterError, interpret
+            from target.interpreter import InterpreterError, interpret
             try:
                 res.reference = interpret(pg, feed)
             except InterpreterError as e:

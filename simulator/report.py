@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from simulator.superdsc import LxMemory, Program
+from target.superdsc import LxMemory, Program
 from simulator.timing import TimingReport
 
 
@@ -127,7 +127,7 @@ def summary_lines(program: Program, timing: Optional[TimingReport]) -> list[str]
 import re as _re
 from dataclasses import asdict, dataclass, field
 
-from simulator.superdsc import OpDecl, TensorDecl
+from target.superdsc import OpDecl, TensorDecl
 
 _LAYER_RE = _re.compile(r"(?:layers?|blocks?|h)[._](\d+)")
 
@@ -232,7 +232,7 @@ def _operand_ids(op: OpDecl) -> list[tuple[str, str]]:
 def build_report(program: Program, timing: TimingReport, hw=None) -> Report:
     """The report model of `program` timed as `timing` (on `hw`, default the program's target)."""
     if hw is None:
-        from simulator.hardware import load_target
+        from target.hardware import load_target
         hw = load_target(program.hardware)
     tmap = program.tensor_map()
     total = timing.total_us
@@ -291,7 +291,7 @@ def build_report(program: Program, timing: TimingReport, hw=None) -> Report:
 def _lx_occupancy(program: Program, timing: TimingReport) -> list[tuple[float, int]]:
     """LX bytes reserved per core over time (every core reserves the same `size_per_core`
     at the same address): steps (time us, bytes) at each op start, and the end."""
-    from simulator.superdsc import lx_live_spans
+    from target.superdsc import lx_live_spans
     spans = lx_live_spans(program)
     sizes = {t.id: t.memory.size_per_core for t in program.tensors if isinstance(t.memory, LxMemory)}
     steps = []

@@ -57,7 +57,7 @@ class Partition:
 
 
 def kernel_key(kind: str, temporal_tiles: dict, cores: int, alias: bool = False) -> Optional[tuple]:
-    """The fused coarse-tiled run key of an op (simulator.superdsc.fused_group_key without
+    """The fused coarse-tiled run key of an op (target.superdsc.fused_group_key without
     the bundle): compute ops (not alias copies) with more than one temporal tile, by tile
     count and cores."""
     if kind != "compute" or alias:

@@ -21,17 +21,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-from lowering.op_rules import (
+from target.op_rules import (
     ANY, StickChoice, copy_is_alias, default_choice, ex_unit, opfunc, outermost_split,
     restickify_prim, stick_options,
 )
-from lowering.primitives import PrimGraph, PrimOp, op_to_json
+from target.primitives import PrimGraph, PrimOp, op_to_json
 from lowering.version import COMPILER_VERSION
-from simulator.geometry import (
+from target.geometry import (
     LRU, caches_enabled, core_ranges, default_core_slices, flat_key, largest_tile_lx_bytes, layout_nbytes,
     make_layout, op_granules, padded, prim_key, put_dict, put_layout, put_slices,
 )
-from simulator.superdsc import (
+from target.superdsc import (
     Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
 )
 from solver.bundles import OpSequence, kernel_key, partition

@@ -51,9 +51,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from lowering.op_rules import ANY, legal_core_splits, split_granules, stick_elems, stick_options
-from lowering.primitives import DTYPE_BYTES, PrimGraph, PrimOp
-from simulator.geometry import core_ranges, default_core_slices, operand_box
+from target.op_rules import ANY, legal_core_splits, split_granules, stick_elems, stick_options
+from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
+from target.geometry import core_ranges, default_core_slices, operand_box
 from simulator.timing import best_matmul_rate_kind
 
 _LAMBDAS = tuple(i / 20 for i in range(21))

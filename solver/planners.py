@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Union
 
 from lowering.errors import GraphError
-from lowering.primitives import PrimGraph
-from simulator.superdsc import Program
+from target.primitives import PrimGraph
+from target.superdsc import Program
 from simulator.validate import ProgramIssue, validate_program
 from solver.emit import emit_program
 from solver.events import EventSink, Failed, Fallback, Finished, Phase, emit
@@ -150,7 +150,7 @@ def _plan(pg: PrimGraph, hw, planner: str, time_limit_s: Optional[float], determ
           hint: Optional[Union[PlanDecisions, Program]], fallback: bool,
           events: Optional[EventSink] = None) -> Program:
     if hw is None:
-        from simulator.hardware import load_target
+        from target.hardware import load_target
         hw = load_target()
     ensure_registered(planner)
     if planner not in PLANNERS:

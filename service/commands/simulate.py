@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from simulator.api import simulate
-    from simulator.hardware import load_target
+    from target.hardware import load_target
 
     try:
         hw = load_target(args.hardware)

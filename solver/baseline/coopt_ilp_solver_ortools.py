@@ -50,9 +50,9 @@ from typing import Optional
 import numpy as np
 from ortools.sat.python import cp_model
 
-from lowering.op_rules import legal_core_splits
-from lowering.primitives import PrimGraph, PrimOp
-from simulator.geometry import (
+from target.op_rules import legal_core_splits
+from target.primitives import PrimGraph, PrimOp
+from target.geometry import (
     box_lx_bytes, core_ranges, default_core_slices, first_slice_spans, layout_nbytes, make_layout, operand_box,
     padded, reduction_split,
 )

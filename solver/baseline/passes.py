@@ -30,15 +30,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from lowering.op_rules import (
+from target.op_rules import (
     ANY, check_split, copy_is_alias, restickify_prim, split_granules,
 )
-from lowering.primitives import PrimGraph, PrimOp
-from simulator.geometry import (
+from target.primitives import PrimGraph, PrimOp
+from target.geometry import (
     box_contains, box_lx_bytes, core_ranges, default_core_slices, make_layout, operand_box, padded,
     reduction_split,
 )
-from simulator.superdsc import CoreSlice
+from target.superdsc import CoreSlice
 from solver.baseline.propagate_layouts import BEAM_WIDTH, beam_search_layouts
 from solver.baseline.scratchpad import LxBuffer, greedy_place, lx_eligible_op
 from solver.baseline.work_division import divide_work
@@ -65,7 +65,7 @@ def linear_weight_sticks(pg: PrimGraph) -> dict[str, int]:
     (`dim_order=[1, 0]`), the stick `x @ Wᵀ` needs; every other input keeps the default
     (last dim). A Linear weight is recognized by its use: a 2-D parameter read by a matmul as
     its y operand with the stick rule on tensor dim 0 (W read transposed)."""
-    from lowering.op_rules import stick_options
+    from target.op_rules import stick_options
 
     out: dict[str, int] = {}
     for op in pg.ops:
@@ -88,7 +88,7 @@ def _grouped_span_split(op: PrimOp, split: dict[str, int], gran, sticks, ch, sha
     """A grouped matmul's split brought under the per-core span limit the way torch-spyre's
     span-reduction pass does (solver/naive.py: span_reduced_split): its expert weights
     exceed the limit unless the experts (or their rows) are divided among the cores."""
-    from simulator.geometry import make_layout
+    from target.geometry import make_layout
     from solver.naive import span_reduced_split
 
     names = [a.tensor for a in op.inputs] + [op.output.tensor]
