@@ -109,7 +109,8 @@ class MinSum:
 def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, rounds: int = 25,
                       step: float = 0.01, decay: float = 0.9,
                       order: Optional[list[int]] = None, node_rounds: int = 100,
-                      beta: float = 0.3) -> Iterator[tuple[list[int], float, np.ndarray]]:
+                      beta: float = 0.3, switch_at: Optional[float] = None,
+                      ) -> Iterator[tuple[list[int], float, np.ndarray]]:
     """Decoded choices of min-sum runs under usage penalties raised by subgradient steps:
     penalty[t] += step * decay^r * (usage[t] - limit) / limit (kept >= 0), in cost units per
     unit of usage; messages stay warm between rounds. Then `node_rounds` rounds of per-group
@@ -119,7 +120,8 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
     so the pressure lands on the groups that cause the overflow (V: starts of 1.77-1.81 M
     against 2.27 M from the per-step penalties alone). Yields (choice, share of compressed
     steps over the limit, the per-step penalties) for each new choice; the first round has no
-    penalty. `order`: the sweep and decoding order (default: group index)."""
+    penalty. `order`: the sweep and decoding order (default: group index). `switch_at`
+    (perf_counter seconds): go on to the per-group factors then, after at least two rounds."""
     ms = MinSum(gp)
     if order is not None:
         ms.order = list(order)
@@ -137,6 +139,8 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
     for r in range(rounds):
         if time.perf_counter() > deadline:
             return
+        if r >= 2 and switch_at is not None and time.perf_counter() > switch_at:
+            break  # on to the per-group factors
         unary = ms.unary_with_penalty(penalty if has_limit else None)
         try:
             for _ in range(sweeps):
