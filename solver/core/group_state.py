@@ -26,11 +26,13 @@ def shared_tables(gp: GroupedProblem, deadline: Optional[float] = None) -> tuple
     G = gp.num_groups
     inc: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(G)]
     inc_e: list[list[int]] = [[] for _ in range(G)]
+    ftables: list[np.ndarray] = []
     for e, ((a, b), t) in enumerate(zip(gp.edges, gp.tables)):
         if e % 256 == 0:
             check_deadline(deadline)
         tf = t.astype(np.float64)
         tf[t >= FORBIDDEN_COST] = INF
+        ftables.append(tf)
         inc[a].append((b, tf))
         inc[b].append((a, tf.T))
         inc_e[a].append(e)
@@ -55,7 +57,8 @@ def shared_tables(gp: GroupedProblem, deadline: Optional[float] = None) -> tuple
     all_j = np.concatenate([np.arange(len(x)) for x in gp.seg_start] or [np.zeros(0, int)])
     all_s = np.concatenate(gp.seg_start or [np.zeros(0, int)])
     all_e = np.concatenate(gp.seg_end or [np.zeros(0, int)])
-    shared = (inc, inc_e, {}, cost, steps, offs, wmin, all_g, all_j, all_s, all_e)
+    # ftables[e]: edge e's float table (inf forbidden), the one copy min-sum uses too
+    shared = (inc, inc_e, {}, cost, steps, offs, wmin, all_g, all_j, all_s, all_e, ftables)
     gp._state_shared = shared  # type: ignore[attr-defined]
     return shared
 
@@ -71,7 +74,7 @@ class GroupState:
         # every state (on S the float tables alone are tens of MB per state)
         shared = shared_tables(gp)
         self.inc, self.inc_e, self._reduced, self.cost, self.steps, self.offs, self.Wmin, \
-            self.all_g, self.all_j, self.all_s, self.all_e = shared
+            self.all_g, self.all_j, self.all_s, self.all_e = shared[:11]
         self.k = np.array([int(s) for s in choice], dtype=np.int64)
         self.limit = gp.limit
         self.has_limit = gp.limit is not None and gp.tl.n_steps > 0

@@ -17,8 +17,9 @@ from typing import Iterator, Optional
 import numpy as np
 
 from solver.core.clock import OutOfTime, check_deadline
-from solver.core.problem import FORBIDDEN_COST
+from solver.core.group_state import shared_tables
 from solver.core.merge import GroupedProblem
+from solver.core.problem import FORBIDDEN_COST
 
 BIG = 1e15  # forbidden entries in message passing (finite: no inf - inf)
 
@@ -56,8 +57,10 @@ class MinSum:
         # directed edges: for group g, list of (neighbour, table oriented [g, nb], message id in, id out)
         self.nbrs: list[list[tuple[int, np.ndarray, int, int]]] = [[] for _ in range(G)]
         self.msg: list[np.ndarray] = []
-        for (a, b), t in zip(gp.edges, gp.tables):
-            tf = np.where(t >= FORBIDDEN_COST, BIG, t.astype(np.float64))
+        # the group states' float tables (inf forbidden; messages are capped at BIG below):
+        # a second float copy of every table was a third of the peak memory at 65k nodes
+        ftables = shared_tables(gp)[11]
+        for (a, b), t, tf in zip(gp.edges, gp.tables, ftables):
             ab = len(self.msg)
             self.msg.append(np.zeros(t.shape[1]))  # a -> b, over b's strategies
             ba = len(self.msg)
@@ -91,7 +94,7 @@ class MinSum:
                     belief += self.msg[m_in]
                 for nb, t, m_in, m_out in self.nbrs[g]:
                     h = belief - self.msg[m_in]
-                    new = (h[:, None] + t).min(axis=0)
+                    new = np.minimum((h[:, None] + t).min(axis=0), BIG)
                     new -= new.min()
                     self.msg[m_out] = damping * self.msg[m_out] + (1 - damping) * new
 
@@ -101,7 +104,7 @@ class MinSum:
         for g in self.order:
             c = unary[g].copy()
             for nb, t, m_in, _ in self.nbrs[g]:
-                c += t[:, k[nb]] if k[nb] >= 0 else self.msg[m_in]
+                c += np.minimum(t[:, k[nb]], BIG) if k[nb] >= 0 else self.msg[m_in]
             k[g] = int(np.argmin(c))
         return k
 
