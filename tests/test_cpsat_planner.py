@@ -91,12 +91,13 @@ def test_a_hint_whose_residencies_do_not_validate_loses_those_not_its_decisions(
     ones the validator names), not the whole hint for the naive plan."""
     from dataclasses import replace
 
-    from solver.spyre.cpsat_planner import _hint_repaired, _program_or_none
+    from solver.oracle import checked_program
+    from solver.spyre.cpsat_planner import _hint_repaired
 
     pg, _ = primgraphs.softmax(M=64, N=256)
     d = decisions_from_program(pg, plan(pg, HW, "heuristic"))
     bad = replace(d, resident={t: replace(r, lx_address=0) for t, r in d.resident.items()})
-    prog, issues = _program_or_none(pg, HW, bad)
+    prog, issues = checked_program(pg, HW, bad)
     assert prog is None and {i.code for i in issues} == {"lx_overlap"}
     fixed, prog = _hint_repaired(pg, HW, bad, issues)
     assert prog is not None and fixed.ops == bad.ops

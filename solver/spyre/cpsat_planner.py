@@ -69,11 +69,11 @@ from lowering.primitives import PrimGraph
 from simulator.geometry import parsed_prim
 from simulator.superdsc import LxMemory, Program, fused_group_key
 from simulator.timing import time_program
-from simulator.validate import validate_program
 from solver.core import SolveOptions, gap_of, solver_parameters
 from solver.events import EventSink, Incumbent, PhaseFinished, PhaseStarted, emit
 from solver.spyre.cost_model import OpView, op_time, predict_program_ns, to_units
 from solver.emit import emit_program
+from solver.oracle import checked_program
 from solver.spyre.fusion import FUSION_TRIALS, fuse_tiled_groups, resplit_for_tiling
 from solver.spyre.fusion.hold import hold_in_lx
 from solver.spyre.fusion.retile import fewer_tiles
@@ -191,11 +191,11 @@ def _hint_repaired(pg: PrimGraph, hw, d: PlanDecisions, issues: list) -> tuple[P
         if not named:
             break
         d = replace(d, resident={t: r for t, r in d.resident.items() if t not in named})
-        prog, issues = _program_or_none(pg, hw, d)
+        prog, issues = checked_program(pg, hw, d)
         if prog is not None:
             return d, prog
     d = replace(d, resident={})
-    return d, _program_or_none(pg, hw, d)[0]
+    return d, checked_program(pg, hw, d)[0]
 
 
 def _hint_decisions(pg: PrimGraph, hw, hint) -> tuple[PlanDecisions, str]:
@@ -220,7 +220,7 @@ def _starting_plan(pg: PrimGraph, hw, hint) -> tuple[PlanDecisions, Optional[Pro
     hint_d, hint_name = _hint_decisions(pg, hw, hint)
     hint_d = replace(hint_d, op_order=[])  # the hint runs in this planner's order
     t_emit = time.perf_counter()
-    hint_prog, hint_issues = _program_or_none(pg, hw, hint_d)
+    hint_prog, hint_issues = checked_program(pg, hw, hint_d)
     emit_s = time.perf_counter() - t_emit
     if hint_prog is None and hint_d.resident:
         hint_d, hint_prog = _hint_repaired(pg, hw, hint_d, hint_issues)
@@ -232,7 +232,7 @@ def _starting_plan(pg: PrimGraph, hw, hint) -> tuple[PlanDecisions, Optional[Pro
         # its tiles (llama prefill, deterministic: from the stored plan's decisions 3990.8
         # us, from the default start 3843.0)
         default_d, default_name = _hint_decisions(pg, hw, None)
-        default_prog, _ = _program_or_none(pg, hw, default_d)
+        default_prog, _ = checked_program(pg, hw, default_d)
         if default_prog is not None and hint_prog is None:
             return default_d, default_prog, f"{default_name} (the {hint_name} did not validate)", emit_s
         if default_prog is not None and predict_program_ns(default_prog, hw) < predict_program_ns(hint_prog, hw):
@@ -241,17 +241,8 @@ def _starting_plan(pg: PrimGraph, hw, hint) -> tuple[PlanDecisions, Optional[Pro
         # an invalid hint is not a starting point: fall back to the naive plan
         from solver.naive import plan_naive
         hint_d, hint_name = plan_naive(pg, hw), f"naive (the {hint_name} hint was invalid)"
-        hint_prog, _ = _program_or_none(pg, hw, hint_d)
+        hint_prog, _ = checked_program(pg, hw, hint_d)
     return hint_d, hint_prog, hint_name, emit_s
-
-
-def _program_or_none(pg: PrimGraph, hw, d: PlanDecisions) -> tuple[Optional[Program], list]:
-    try:
-        program = emit_program(pg, hw, d)
-    except ValueError as exc:
-        return None, [str(exc)]
-    issues = validate_program(program, hw)
-    return (program if not issues else None), issues
 
 
 # -- the model ----------------------------------------------------------------------------------
@@ -827,7 +818,7 @@ def _repair_bundles(pg: PrimGraph, hw, sm: "SpyreModel", d: PlanDecisions, max_s
     groups: list[list[str]] = []
     issues: list = []
     for _ in range(max_steps):
-        prog, issues = _program_or_none(pg, hw, d)
+        prog, issues = checked_program(pg, hw, d)
         if prog is not None:
             return d, prog, groups, []
         bundle_issues = [i for i in issues if getattr(i, "code", "") in _BUNDLE_CODES]
@@ -915,7 +906,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
         notes.append(f"fusion kept the start with {len(res_moved)} matmuls re-split for tiling "
                      f"({', '.join(res_moved[:4])}{', ...' if len(res_moved) > 4 else ''})")
         if base_us is None:   # the plan as solved was not searched: timed here
-            prog, _ = _program_or_none(pg, hw, d)
+            prog, _ = checked_program(pg, hw, d)
             base_us = time_program(prog, hw).total_us if prog is not None else res.base_us
         res.base_us = base_us   # the gain is counted from the plan as solved
     fused_d, fused_us = res.decisions, res.fused_us
@@ -929,7 +920,7 @@ def _fuse(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional[f
     runner_up: list = []   # the split-K step's fastest variant when none was faster
     if deadline is None or time.perf_counter() < deadline:
         t_emit = time.perf_counter()
-        prog, _ = _program_or_none(pg, hw, fused_d)
+        prog, _ = checked_program(pg, hw, fused_d)
         emit_s = time.perf_counter() - t_emit
         held = hold_for_split_k(pg, hw, fused_d, prog, fused_us, deadline, notes,
                                 runner_up) if prog is not None else None
@@ -982,7 +973,7 @@ def _finish(pg: PrimGraph, hw, d: PlanDecisions, notes: list, deadline: Optional
     d, gain_ns = _fuse(pg, hw, d, notes, deadline, strategies, fuse)
     if deadline is not None and time.perf_counter() > deadline:
         return d, gain_ns
-    prog, _ = _program_or_none(pg, hw, d)
+    prog, _ = checked_program(pg, hw, d)
     if prog is not None and relayout_candidates(pg, prog):
         d, _, more, gain_us = add_lx_relayouts(pg, hw, d, prog, deadline)
         notes.extend(more)
@@ -1023,7 +1014,7 @@ def _resplit_unfused(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
     if not changed:
         return None
     out = replace(d, ops=ops)
-    prog, _ = _program_or_none(pg, hw, out)
+    prog, _ = checked_program(pg, hw, out)
     if prog is None:
         return None
     return out, time_program(prog, hw).total_us, changed
@@ -1070,7 +1061,7 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
         else:
             own, name = hint, hint.planner
     if own is not None:
-        prog, _ = _program_or_none(pg, hw, own)
+        prog, _ = checked_program(pg, hw, own)
         own_us = predict_program_ns(prog, hw) / 1000.0 if prog is not None else None
     d = _plan_chain_ordered(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, hint=hint,
                             num_workers=num_workers, keep=keep, keep_resident=keep_resident,
@@ -1134,7 +1125,7 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
         start_d = sm.local_search(hint_d, t0 + elapsed + LOCAL_SEARCH_SHARE * max(0.0, limit_s - elapsed),
                                   chains=START_CHAIN_MOVES)
     t_emit = time.perf_counter()
-    start_prog, _ = _program_or_none(pg, hw, start_d)
+    start_prog, _ = checked_program(pg, hw, start_d)
     # the first emission above paid for warming caches: the faster of the two is the one
     # the phases after the solve will see
     emit_s = min(emit_s, time.perf_counter() - t_emit)
@@ -1236,7 +1227,7 @@ def _plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], det
         t_pol = time.perf_counter()
         pol_d = sm.local_search(best_d, None if deterministic else t_pol + LOCAL_SEARCH_SHARE * max(
             0.0, t0 + limit_s - reserve_s - t_pol), max_passes=3 if deterministic else 50)
-        pol_prog, _ = _program_or_none(pg, hw, pol_d)
+        pol_prog, _ = checked_program(pg, hw, pol_d)
         pol_ns = predict_program_ns(pol_prog, hw) if pol_prog is not None else float("inf")
         if pol_ns < best_pred:
             notes.append(f"local search after the solve: predicted {best_pred / 1000:.1f} -> {pol_ns / 1000:.1f} us")

@@ -25,8 +25,8 @@ from typing import Optional
 from lowering.primitives import PrimGraph
 from simulator.superdsc import LxMemory, Program, lx_live_spans
 from simulator.timing import time_program
-from simulator.validate import validate_program
 from solver.emit import emit_program
+from solver.oracle import valid_program
 from solver.plan import PlanDecisions, Residency
 from solver.spyre.tile_buffers import LxRequest, place_first_fit
 
@@ -78,8 +78,8 @@ def add_lx_relayouts(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
         started = time.perf_counter()
         trial = _placed(pg, hw, d, (src, copy))
         if trial is not None:
-            prog = emit_program(pg, hw, trial)
-            if not validate_program(prog, hw):
+            prog = valid_program(pg, hw, trial)
+            if prog is not None:
                 us = time_program(prog, hw).total_us
                 if us < best_us:
                     notes.append(f"lx relayout: {src} -> {copy} on chip, simulated {best_us:.1f} -> {us:.1f} us")

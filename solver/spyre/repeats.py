@@ -40,6 +40,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from lowering.primitives import PrimGraph, PrimTensor, body_to_json
+from solver.oracle import checked_program
 from solver.plan import OpPlan, PlanDecisions
 
 # A block shorter than this is not worth a representative solve (the seams would dominate).
@@ -424,7 +425,6 @@ def _hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hin
     op) take the hint's decisions; the result is emitted, validated and simulated once and
     returned when faster than `us`, else None."""
     from simulator.timing import time_program
-    from solver.spyre.cpsat_planner import _program_or_none
     from solver.spyre.windows import keep_part
 
     mine = {o.op_id: o.end_us - o.start_us for o in report.ops}
@@ -443,7 +443,7 @@ def _hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hin
     if not swapped or gain < HYBRID_MIN_GAIN * us:
         return None   # not worth another emit, validation and simulation of the whole graph
     cand = compose(out)
-    prog, _ = _program_or_none(pg, hw, cand)
+    prog, _ = checked_program(pg, hw, cand)
     if prog is None:
         notes.append(f"hybrid with the hint on {swapped} segments: invalid, not taken")
         return None
@@ -460,15 +460,14 @@ def _checked_hint(pg: PrimGraph, hw, hint_d: PlanDecisions, hint_us: float,
     plan takes its place."""
     from simulator.timing import time_program
     from solver.naive import plan_naive
-    from solver.spyre.cpsat_planner import _program_or_none
 
-    prog, issues = _program_or_none(pg, hw, replace(hint_d, op_order=[]))
+    prog, issues = checked_program(pg, hw, replace(hint_d, op_order=[]))
     if prog is not None:
         return hint_d, hint_us
     notes.append("the hint is invalid (" + "; ".join(f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}"
                                                       for i in issues[:2]) + "): the naive plan stands in")
     naive = plan_naive(pg, hw)
-    prog, _ = _program_or_none(pg, hw, naive)
+    prog, _ = checked_program(pg, hw, naive)
     return naive, (time_program(prog, hw).total_us if prog is not None else float("inf"))
 
 
@@ -504,7 +503,6 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     `planners.plan()`'s own emit, validation and bound included). `hint_d`: the whole
     graph's starting plan (the heuristic's when None)."""
     from simulator.timing import time_program
-    from solver.spyre.cpsat_planner import _program_or_none
     from solver.spyre.windows import out_stick, plan_windows, reader_index, solve_segment
 
     n = len(pg.ops)
@@ -693,7 +691,7 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     # reused decisions do not validate, the edges are planned as the rest is (heuristic)
     t_check = time.perf_counter()
     composed = compose(pre + head + copies + tail + post)
-    prog, issues = _program_or_none(pg, hw, composed)
+    prog, issues = checked_program(pg, hw, composed)
     for _ in range(3):
         # a seam can put a restickify inside a reused fused kernel: such tile buffers go
         # to device memory (the kernel stays); a restickify a seam adds whose default split
@@ -713,7 +711,7 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         composed = replace(composed, resident={t: r for t, r in composed.resident.items()
                                                if t not in bad and t not in sources},
                            restick_ops={**composed.restick_ops, **{k: OpPlan() for k in resticks}})
-        prog, issues = _program_or_none(pg, hw, composed)
+        prog, issues = checked_program(pg, hw, composed)
     if prog is None and (head or tail):
         notes.append("composed plan invalid (" + "; ".join(
             f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) +
@@ -724,12 +722,12 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
                 (keep_part(pg, valid_hint, list(range(rep.stop, n)), readers), None)]
         composed = compose([(p_, p_.op_order) for p_, _ in edge[:1] if p_.ops] + copies +
                            [(p_, p_.op_order) for p_, _ in edge[1:] if p_.ops])
-        prog, issues = _program_or_none(pg, hw, composed)
+        prog, issues = checked_program(pg, hw, composed)
     if prog is None and composed.resident:
         notes.append("composed plan invalid (" + "; ".join(
             f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) + "): LX residencies dropped")
         composed = replace(composed, resident={}, restick_ops={})
-        prog, issues = _program_or_none(pg, hw, composed)
+        prog, issues = checked_program(pg, hw, composed)
     seam = ""
     if prog is None:
         notes.append("composed plan failed validation: " + "; ".join(
@@ -792,7 +790,6 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
     neighbourhood search over the whole plan (`solver.spyre.windows`), never slower
     (simulated) than the whole graph's hint."""
     from simulator.timing import time_program
-    from solver.spyre.cpsat_planner import _program_or_none
     from solver.spyre.windows import WINDOW_OPS, improve_windows, plan_windows
 
     n = len(pg.ops)
@@ -811,7 +808,7 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
 
     def evaluate(cand: PlanDecisions) -> Optional[float]:
         cand.input_sticks = {t: s for t, s in cand.input_sticks.items() if t in set(pg.inputs)}
-        prog, _ = _program_or_none(pg, hw, cand)
+        prog, _ = checked_program(pg, hw, cand)
         return None if prog is None else time_program(prog, hw).total_us
     us = evaluate(d)
     if us is None:

@@ -31,9 +31,10 @@ from typing import Optional
 
 from lowering.primitives import PrimGraph, PrimOp
 from simulator.superdsc import HbmMemory, Program
+from solver.oracle import valid_program
 from solver.plan import PlanDecisions
 from solver.spyre.fusion.split_maps import factored_split, nearby_factors, result_split, split_through
-from solver.spyre.fusion.trial import issues_of, trial, valid_program
+from solver.spyre.fusion.trial import issues_of, trial
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers
 
 _READER_TILES = (64, 32, 16, 8)     # tried along the reader's N, most first (double buffering)

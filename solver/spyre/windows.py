@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 from lowering.op_rules import default_choice
 from lowering.primitives import PrimGraph
+from solver.oracle import checked_program
 from solver.plan import OpPlan, PlanDecisions
 
 WINDOW_OPS = 120
@@ -53,7 +54,7 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
     its boundary inputs (tensors produced before it). Keys are `pg`'s ids. In wall-clock
     mode the pipeline is given `limit_share` of `time_limit_s`; `seed`: CP-SAT's."""
     from solver.baseline.passes import plan_heuristic
-    from solver.spyre.cpsat_planner import _program_or_none, plan_cpsat
+    from solver.spyre.cpsat_planner import plan_cpsat
     from solver.spyre.repeats import subgraph
 
     sub = subgraph(pg, idx, f"{pg.name}#{name}")
@@ -62,7 +63,7 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
     # under the layout it gets)
     hint = plan_heuristic(sub, hw, input_sticks=fixed)
     if fixed:
-        if _program_or_none(sub, hw, hint)[0] is None:
+        if checked_program(sub, hw, hint)[0] is None:
             from solver.naive import plan_naive
 
             hint = plan_naive(sub, hw, input_sticks=fixed)
