@@ -50,6 +50,7 @@ from solver.spyre.depth.segments import keep_part, merge, out_stick, reader_inde
 from solver.spyre.depth.windows import plan_windows
 
 
+@dataclass
 class Repeats:
     """`copies` blocks of `period` consecutive ops starting at op index `start` (of the
     graph as given, in its op order) are isomorphic: op `start + c * period + j` of copy c
