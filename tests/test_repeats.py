@@ -13,6 +13,7 @@ from lowering.primitives import Access, Call, IterDim, In, PointwiseBody, PrimGr
 from simulator.hardware import load_target
 from simulator.timing import time_program
 from solver.plan import OpPlan, PlanDecisions, Residency
+from solver.spyre import budget
 from solver.spyre.depth import repeats, segments, windows
 from solver.spyre.depth.repeats import copy_decisions, copy_map, find_repeats, op_signatures
 from solver.spyre.schedule import chain_order
@@ -184,9 +185,9 @@ def test_irregular_graph_is_planned_in_windows(monkeypatch):
     from solver.planners import plan
 
     pg = _tiny_llama(1)
-    monkeypatch.setattr(repeats, "WINDOWS_ABOVE_OPS", 30)
-    monkeypatch.setattr(windows, "WINDOW_OPS", 40)
-    monkeypatch.setattr(windows, "MIN_WINDOW_S", 0.2)
+    monkeypatch.setattr(budget, "WINDOWS_ABOVE_OPS", 30)
+    monkeypatch.setattr(budget, "WINDOW_OPS", 40)
+    monkeypatch.setattr(budget, "MIN_WINDOW_S", 0.2)
     program = plan(pg, HW, "cpsat", time_limit_s=6, deterministic=True, fallback=False)
     notes = program.stats.notes
     assert notes[0].startswith(f"windows: {len(pg.ops)} ops"), notes
