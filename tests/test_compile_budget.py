@@ -5,7 +5,7 @@ asks CP-SAT for and what it reports."""
 import pytest
 
 import tests.primgraphs as primgraphs
-from simulator.hardware import load_target
+from target.hardware import load_target
 from solver.core import SolveOptions, solver_parameters
 from solver.spyre import budget as knobs
 from solver.spyre import single, solve

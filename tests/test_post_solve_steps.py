@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 import tests.primgraphs as primgraphs
-from simulator.hardware import load_target
+from target.hardware import load_target
 from solver.baseline.passes import plan_heuristic
 from solver.naive import plan_naive
 from solver.oracle import checked_program, simulated_us

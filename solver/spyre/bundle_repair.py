@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 from solver.emit import emit_program
 from solver.oracle import checked_program
 from solver.plan import PlanDecisions

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from lowering.primitives import PrimGraph
-from simulator.superdsc import Program
+from target.primitives import PrimGraph
+from target.superdsc import Program
 from solver.events import EventSink
 from solver.plan import PlanDecisions
 from solver.planners import register

@@ -42,8 +42,8 @@ from typing import Optional
 
 from ortools.sat.python import cp_model
 
-from lowering.op_rules import default_choice, outermost_split, restickify_prim, split_granules
-from lowering.primitives import PrimGraph
+from target.op_rules import default_choice, outermost_split, restickify_prim, split_granules
+from target.primitives import PrimGraph
 from solver.naive import plan_naive
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre.cost_model import OpView, op_time, to_units

@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
-from lowering.primitives import PrimGraph
-from simulator.superdsc import Program
+from target.primitives import PrimGraph
+from target.superdsc import Program
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.oracle import checked_program

@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 from solver.core import gap_of
 from solver.events import EventSink
 from solver.oracle import checked_program

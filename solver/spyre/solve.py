@@ -15,8 +15,8 @@ from typing import Optional
 
 from ortools.sat.python import cp_model
 
-from lowering.primitives import PrimGraph
-from simulator.superdsc import Program
+from target.primitives import PrimGraph
+from target.superdsc import Program
 from solver.core import SolveOptions, gap_of, solver_parameters
 from solver.events import EventSink
 from solver.plan import PlanDecisions

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph, PrimOp
-from simulator.superdsc import HbmMemory, Program
+from target.primitives import PrimGraph, PrimOp
+from target.superdsc import HbmMemory, Program
 from solver.oracle import valid_program
 from solver.plan import PlanDecisions
 from solver.spyre.fusion.split_maps import factored_split, nearby_factors, result_split, split_through

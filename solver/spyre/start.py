@@ -17,9 +17,9 @@ import time
 from dataclasses import replace
 from typing import Optional, Union
 
-from lowering.op_rules import matching_choice
-from lowering.primitives import PrimGraph
-from simulator.superdsc import LxMemory, Program
+from target.op_rules import matching_choice
+from target.primitives import PrimGraph
+from target.superdsc import LxMemory, Program
 from solver.baseline.passes import plan_heuristic
 from solver.naive import plan_naive
 from solver.oracle import checked_program

@@ -22,10 +22,10 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from lowering.op_rules import default_choice
-from lowering.primitives import PrimGraph
-from simulator.geometry import parsed_prim
-from simulator.superdsc import LxMemory, fused_group_key
+from target.op_rules import default_choice
+from target.primitives import PrimGraph
+from target.geometry import parsed_prim
+from target.superdsc import LxMemory, fused_group_key
 from simulator.timing import time_program
 from solver.oracle import checked_program, simulated_us
 from solver.plan import OpPlan, PlanDecisions

@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 from simulator.timing import time_program
 from solver.oracle import emitted_report, issue_text
 from solver.plan import PlanDecisions

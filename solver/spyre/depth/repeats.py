@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from lowering.primitives import PrimGraph, body_to_json
+from target.primitives import PrimGraph, body_to_json
 from simulator.timing import time_program
 from solver.oracle import checked_program
 from solver.plan import OpPlan, PlanDecisions

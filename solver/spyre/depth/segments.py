@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from lowering.op_rules import default_choice
-from lowering.primitives import PrimGraph, PrimTensor
+from target.op_rules import default_choice
+from target.primitives import PrimGraph, PrimTensor
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre import budget
 from solver.spyre.single import plan_graph

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 from solver.plan import PlanDecisions
 from solver.spyre import budget
 from solver.spyre.depth.repeats import plan_depth

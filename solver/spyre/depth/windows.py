@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Optional
 
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 from simulator.timing import time_program
 from solver.oracle import checked_program
 from solver.plan import PlanDecisions
