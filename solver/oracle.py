@@ -2,6 +2,8 @@
 validator and timed by its timing model. Every place that asks "is this plan valid, and how
 fast is it?" asks here, so the answer is the same question everywhere.
 
+- `program_and_issues(pg, hw, d)`: the emitted program (valid or not) and the validator's
+  issues, or (None, [the emitter's error]) when it does not emit;
 - `checked_program(pg, hw, d)`: (the program, []) when `d` emits and validates, else (None,
   the validator's issues, or the emitter's error as a one-string list);
 - `valid_program(pg, hw, d)`: the program or None;
@@ -24,13 +26,19 @@ from solver.emit import emit_program
 from solver.plan import PlanDecisions
 
 
-def checked_program(pg: PrimGraph, hw, d: PlanDecisions) -> tuple[Optional[Program], list]:
-    """(program, []) when `d` emits and validates; (None, issues) otherwise (module docstring)."""
+def program_and_issues(pg: PrimGraph, hw, d: PlanDecisions) -> tuple[Optional[Program], list]:
+    """`d`'s program and the validator's issues with it ([]: valid); (None, [the emitter's
+    error]) when `d` does not emit."""
     try:
         program = emit_program(pg, hw, d)
     except ValueError as exc:
         return None, [str(exc)]
-    issues = validate_program(program, hw)
+    return program, validate_program(program, hw)
+
+
+def checked_program(pg: PrimGraph, hw, d: PlanDecisions) -> tuple[Optional[Program], list]:
+    """(program, []) when `d` emits and validates; (None, issues) otherwise (module docstring)."""
+    program, issues = program_and_issues(pg, hw, d)
     return (program if not issues else None), issues
 
 
