@@ -9,6 +9,7 @@ import pytest
 import tests.primgraphs as primgraphs
 from target.hardware import load_target
 from solver.baseline.passes import plan_heuristic
+from solver.events import StepFinished
 from solver.naive import plan_naive
 from solver.oracle import checked_program, simulated_us
 from solver.plan import Residency
@@ -60,14 +61,19 @@ def test_the_runner_keeps_a_valid_faster_plan_and_records_its_gain():
     naive = plan_naive(pg, HW)
     naive_us, heur_us = simulated_us(pg, HW, naive), simulated_us(pg, HW, plan_heuristic(pg, HW))
     assert heur_us < naive_us
+    events = []
     state = steps.post_solve(pg, HW, naive, deadline=None, strategies={}, fuse=False,
-                             steps=(TryHeuristicPlan(),))
+                             steps=(TryHeuristicPlan(),), events=events.append)
     (record,) = state.records
     assert record.name == "try the heuristic plan" and record.status == "accepted"
     assert record.before_us == naive_us and record.after_us == heur_us
     assert record.gain_us == pytest.approx(naive_us - heur_us) and record.seconds > 0
     assert state.us == heur_us and state.gain_ns() == pytest.approx((naive_us - heur_us) * 1000.0)
     assert state.decisions.planner == "heuristic" and f"heuristic plan: simulated {heur_us:.1f} us" in state.notes
+    # and a progress event per step that ran, from the runner
+    (event,) = events
+    assert isinstance(event, StepFinished) and (event.step, event.status) == ("try the heuristic plan", "accepted")
+    assert event.gain_us == record.gain_us and event.seconds == record.seconds
 
 
 def test_the_runner_rejects_a_plan_that_is_not_faster_or_not_valid():

@@ -14,7 +14,7 @@ The runner, not the step, decides and records:
 - its candidate is accepted only when it is valid (the validator's verdict on its program,
   `solver.oracle`) and simulates faster than the plan as it stands (`state.us`);
 - each step's seconds, simulated time before and after, and whether it was accepted go to
-  a `StepRecord` (`state.records`); the step's `log` lines always, its `notes` only when
+  a `StepRecord` (`state.records`) and, with a progress sink, a `solver.events.StepFinished`; the step's `log` lines always, its `notes` only when
   accepted, go to the plan's notes; its `facts` (what later steps may use: a runner-up
   variant, the number of fused kernels) go to `state.facts`.
 A step never edits the state: it reads it and returns an `Outcome`.
@@ -29,6 +29,7 @@ from target.primitives import PrimGraph
 from target.superdsc import Program
 from simulator.timing import time_program
 from simulator.validate import validate_program
+from solver.events import EventSink, StepFinished, emit
 from solver.oracle import checked_program
 from solver.plan import PlanDecisions
 from solver.spyre.fusion.trial import issues_of, trial
@@ -91,6 +92,7 @@ class PostSolveState:
     notes: list[str] = field(default_factory=list)
     facts: dict = field(default_factory=dict)
     records: list[StepRecord] = field(default_factory=list)
+    events: Optional[EventSink] = None
     _trial: Optional[tuple] = None
     _checked: Optional[tuple] = None
 
@@ -166,23 +168,29 @@ def _valid(outcome: Outcome, state: PostSolveState) -> bool:
     return checked_program(state.pg, state.hw, outcome.decisions)[0] is not None
 
 
+def _record(state: PostSolveState, record: StepRecord) -> None:
+    state.records.append(record)
+    if record.status not in ("not applicable", "no time"):
+        emit(state.events, lambda: StepFinished("cpsat", record.name, record.status, record.seconds, record.gain_us))
+
+
 def run_steps(steps, state: PostSolveState) -> PostSolveState:
     """Run `steps` in order on `state` (module docstring); returns the state."""
     steps = list(steps)
     for i, step in enumerate(steps):
         if not step.applies(state):
-            state.records.append(StepRecord(step.name, "not applicable"))
+            _record(state, StepRecord(step.name, "not applicable"))
             continue
         now = time.perf_counter()
         if state.plan_deadline is not None and now + step.min_trials * state.trial_s >= state.plan_deadline:
-            state.records.append(StepRecord(step.name, "no time"))
+            _record(state, StepRecord(step.name, "no time"))
             continue
         state.deadline = _step_deadline(steps, i, state, now)
         out = step.run(state)
         seconds = time.perf_counter() - now
         state.deadline = None
         if out is None:
-            state.records.append(StepRecord(step.name, "no candidate", seconds, state.us))
+            _record(state, StepRecord(step.name, "no candidate", seconds, state.us))
             continue
         state.facts.update(out.facts)
         state.notes.extend(out.log)
@@ -191,7 +199,7 @@ def run_steps(steps, state: PostSolveState) -> PostSolveState:
         if state.start_us is None:
             state.start_us = state.us
         if out.decisions is None:
-            state.records.append(StepRecord(step.name, "no candidate", seconds, state.us))
+            _record(state, StepRecord(step.name, "no candidate", seconds, state.us))
             continue
         if state.us is None:
             # nothing has timed the plan yet: the runner does, to judge the candidate
@@ -199,17 +207,17 @@ def run_steps(steps, state: PostSolveState) -> PostSolveState:
             state.us = state.start_us = time_program(prog, state.hw).total_us if prog is not None else None
         before = state.us
         if before is not None and not out.us < before:
-            state.records.append(StepRecord(step.name, "not faster", seconds, before, out.us))
+            _record(state, StepRecord(step.name, "not faster", seconds, before, out.us))
             continue
         if not _valid(out, state):
-            state.records.append(StepRecord(step.name, "invalid", seconds, before, out.us))
+            _record(state, StepRecord(step.name, "invalid", seconds, before, out.us))
             continue
         state.decisions, state.us = out.decisions, out.us
         state.program = out.program if out.trial is None else out.trial[1]
         if out.trial is not None:
             state._trial = (out.decisions, out.trial)
         state.notes.extend(out.notes)
-        state.records.append(StepRecord(step.name, "accepted", seconds, before, out.us))
+        _record(state, StepRecord(step.name, "accepted", seconds, before, out.us))
     return state
 
 

@@ -183,7 +183,8 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
         chosen = replace(hint_d, planner="cpsat", stats={})
     t_finish = time.perf_counter()
     phase(events, "fusion", True, "fused kernels and LX relayouts")
-    after = steps.post_solve(pg, hw, chosen, deadline=deadline, strategies=strategies, fuse=fuse, trial_s=emit_s)
+    after = steps.post_solve(pg, hw, chosen, deadline=deadline, strategies=strategies, fuse=fuse, trial_s=emit_s,
+                             events=events)
     chosen, gain_ns = after.decisions, after.gain_ns()
     notes.extend(after.notes)
     seconds["fusion and relayouts"] = time.perf_counter() - t_finish

@@ -27,6 +27,7 @@ from target.primitives import PrimGraph
 from target.geometry import parsed_prim
 from target.superdsc import LxMemory, fused_group_key
 from simulator.timing import time_program
+from solver.events import EventSink
 from solver.oracle import checked_program, simulated_us
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre import budget
@@ -279,10 +280,12 @@ POST_SOLVE_STEPS = (
 
 def post_solve(pg: PrimGraph, hw, d: PlanDecisions, *, deadline: Optional[float],
                strategies: dict[str, list[Strategy]], fuse: bool = True, trial_s: float = 0.0,
-               steps=None) -> PostSolveState:
+               steps=None, events: Optional[EventSink] = None) -> PostSolveState:
     """Run the post-solve steps (`POST_SOLVE_STEPS` unless `steps` is given) on the solved
     plan `d`; the state they leave has the plan (`decisions`), its simulated gain
     (`gain_ns()`), the notes and a record per step. `trial_s`: the seconds one emit +
-    validation of the plan took (the time gates' unit until a step measures one)."""
-    state = PostSolveState(pg, hw, d, strategies, plan_deadline=deadline, fuse=fuse, trial_s=trial_s)
+    validation of the plan took (the time gates' unit until a step measures one). `events`:
+    an optional progress sink (a `StepFinished` per step that ran)."""
+    state = PostSolveState(pg, hw, d, strategies, plan_deadline=deadline, fuse=fuse, trial_s=trial_s,
+                           events=events)
     return run_steps(POST_SOLVE_STEPS if steps is None else steps, state)
