@@ -101,3 +101,43 @@ def test_a_step_added_to_the_list_runs_in_the_planner(monkeypatch):
     assert "try the heuristic plan" in line and "fusion search" in line
     # CP-SAT's plan already beats the heuristic's here: the runner did not take it
     assert "try the heuristic plan not faster" in line
+
+
+class _SeesItsDeadline:
+    """A step that only reports the deadline the runner gave it."""
+
+    min_trials = 0
+
+    def __init__(self, name: str, share: float = 1.0, reserve: float = 0.0):
+        self.name, self.share, self.reserve, self.seen = name, share, reserve, []
+
+    def applies(self, state: PostSolveState) -> bool:
+        return True
+
+    def run(self, state: PostSolveState):
+        self.seen.append(state.deadline)
+        return None
+
+
+def test_a_later_steps_reserve_and_a_steps_share_set_its_deadline():
+    import time
+
+    pg, _ = primgraphs.mlp()
+    first, later, half = _SeesItsDeadline("first"), _SeesItsDeadline("later", reserve=0.25), \
+        _SeesItsDeadline("half", share=0.5)
+    t0 = time.perf_counter()
+    end = t0 + 1000.0
+    steps.post_solve(pg, HW, plan_naive(pg, HW), deadline=end, strategies={}, fuse=False,
+                     steps=(first, later, half))
+    # the first step leaves a quarter of the time left for the later one; the later one may
+    # use everything; the last one half of what is left
+    assert first.seen[0] == pytest.approx(end - 0.25 * (end - t0), abs=1.0)
+    assert later.seen[0] == end
+    assert half.seen[0] == pytest.approx(t0 + 0.5 * (end - t0), abs=1.0)
+    # past the deadline nothing starts; without one (deterministic) every step gets None
+    late = _SeesItsDeadline("late")
+    state = steps.post_solve(pg, HW, plan_naive(pg, HW), deadline=t0 - 1.0, strategies={}, fuse=False,
+                             steps=(late,))
+    assert [r.status for r in state.records] == ["no time"] and late.seen == []
+    steps.post_solve(pg, HW, plan_naive(pg, HW), deadline=None, strategies={}, fuse=False, steps=(late,))
+    assert late.seen == [None]
