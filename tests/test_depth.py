@@ -83,7 +83,7 @@ def test_the_returned_plan_is_the_hint_when_the_composed_one_is_slower(llama6, h
 
             d = plan_naive(subgraph(pg, idx, "naive"), hw)
             d.stats = {"predicted_us": None, "solver_status": "NAIVE"}
-            return d
+            return d, "representative: naive plan (test)"
         return real(pg, idx, hw, **kw)
     monkeypatch.setattr(repeats, "solve_segment", naive_segment)
     program = plan(llama6, HW, "cpsat", time_limit_s=4, deterministic=True, fallback=False)

@@ -25,16 +25,16 @@ def hint_report(pg: PrimGraph, hw, hint_d: PlanDecisions):
     return report.total_us, report
 
 
-def checked_hint(pg: PrimGraph, hw, hint_d: PlanDecisions, hint_us: float,
-                 notes: list) -> tuple[PlanDecisions, float]:
-    """The hint, validated before it is returned; when the validator rejects it (the
-    heuristic fails on some graphs, e.g. a cumsum split on GPT-2's position ids), the naive
-    plan takes its place."""
+def checked_hint(pg: PrimGraph, hw, hint_d: PlanDecisions,
+                 hint_us: float) -> tuple[PlanDecisions, float, Optional[str]]:
+    """The hint, validated before it is returned, its simulated time, and a note when it was
+    replaced: when the validator rejects it (the heuristic fails on some graphs, e.g. a
+    cumsum split on GPT-2's position ids), the naive plan takes its place."""
     naive, prog, issues = valid_or_naive(pg, hw, replace(hint_d, op_order=[]))
     if not issues:
-        return hint_d, hint_us
-    notes.append(f"the hint is invalid ({issue_text(issues, 2)}): the naive plan stands in")
-    return naive, (time_program(prog, hw).total_us if prog is not None else float("inf"))
+        return hint_d, hint_us, None
+    return (naive, (time_program(prog, hw).total_us if prog is not None else float("inf")),
+            f"the hint is invalid ({issue_text(issues, 2)}): the naive plan stands in")
 
 
 def reserve_s(n_ops: int, post_s: Optional[float] = None) -> float:
@@ -46,15 +46,11 @@ def reserve_s(n_ops: int, post_s: Optional[float] = None) -> float:
     return budget.RESERVE_BASE_S + max(budget.RESERVE_FLOOR_S_PER_OP * n_ops, budget.RESERVE_POST_FACTOR * post_s)
 
 
-
-
 def timed_hint_report(pg: PrimGraph, hw, hint_d: PlanDecisions):
     """`hint_report` and the seconds it took."""
     t = time.perf_counter()
     us, report = hint_report(pg, hw, hint_d)
     return us, report, time.perf_counter() - t
-
-
 
 
 def whole_hint(pg: PrimGraph, hw, hint_d: Optional[PlanDecisions]) -> PlanDecisions:

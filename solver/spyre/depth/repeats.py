@@ -55,7 +55,6 @@ class Repeats:
     """`copies` blocks of `period` consecutive ops starting at op index `start` (of the
     graph as given, in its op order) are isomorphic: op `start + c * period + j` of copy c
     corresponds to op j of every other copy."""
-
     start: int
     period: int
     copies: int
@@ -207,13 +206,10 @@ def _verified(pg: PrimGraph, rep: Repeats, min_copies: int) -> Optional[Repeats]
     return Repeats(rep.start + best_a * rep.period, rep.period, best_len)
 
 
-
-
 # -- copying a plan ---------------------------------------------------------------------------
 @dataclass
 class CopyMap:
     """Op and tensor renaming from the representative copy to another copy."""
-
     ops: dict[str, str] = field(default_factory=dict)
     tensors: dict[str, str] = field(default_factory=dict)
 
@@ -303,21 +299,17 @@ def partial_copy(pg: PrimGraph, rep_d: PlanDecisions, src: list[int], dst: list[
     return d
 
 
-
-
 def repeats_note(rep: Repeats, n_ops: int) -> str:
     return (f"repeats: {rep.copies} copies of a {rep.period}-op block from op {rep.start} "
             f"({rep.copies * rep.period} of {n_ops} ops); one copy solved, decisions reused")
 
 
-
-
 def hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hint_d: PlanDecisions, hint_report,
-            readers: dict, us: float, notes: list, compose) -> Optional[tuple[PlanDecisions, float]]:
+           readers: dict, us: float, compose) -> tuple[Optional[tuple[PlanDecisions, float]], Optional[str]]:
     """Segments (a copy, an edge, a window) whose ops the hint runs faster (simulated, op by
     op) take the hint's decisions; the result is emitted, validated and simulated once and
-    returned when faster than `us`, else None."""
-
+    returned (with its simulated us) when faster than `us`, else None; and a note when it
+    was tried."""
     mine = {o.op_id: o.end_us - o.start_us for o in report.ops}
     theirs = {o.op_id: o.end_us - o.start_us for o in hint_report.ops}
     pos = {op.id: i for i, op in enumerate(pg.ops)}
@@ -332,18 +324,15 @@ def hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hint
         else:
             out.append((part, ids))
     if not swapped or gain < budget.HYBRID_MIN_GAIN * us:
-        return None   # not worth another emit, validation and simulation of the whole graph
+        return None, None   # not worth another emit, validation and simulation of the whole graph
     cand = compose(out)
     prog, _ = checked_program(pg, hw, cand)
     if prog is None:
-        notes.append(f"hybrid with the hint on {swapped} segments: invalid, not taken")
-        return None
+        return None, f"hybrid with the hint on {swapped} segments: invalid, not taken"
     cand_us = time_program(prog, hw).total_us
-    notes.append(f"hybrid with the hint on {swapped} of {len(parts)} segments: simulated {cand_us:.1f} us "
-                 f"({'taken' if cand_us < us else 'not taken'}, was {us:.1f})")
-    return (cand, cand_us) if cand_us < us else None
-
-
+    note = (f"hybrid with the hint on {swapped} of {len(parts)} segments: simulated {cand_us:.1f} us "
+            f"({'taken' if cand_us < us else 'not taken'}, was {us:.1f})")
+    return ((cand, cand_us) if cand_us < us else None), note
 
 
 def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
@@ -353,7 +342,6 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     `t0` is when the whole compile started (the time limit covers everything from there,
     `planners.plan()`'s own emit, validation and bound included). `hint_d`: the whole
     graph's starting plan (the heuristic's when None)."""
-
     n = len(pg.ops)
     rep = rep or find_repeats(pg, min_copies=budget.MIN_COPIES)
     if rep is None or rep.copies * rep.period < budget.MIN_COVERAGE * n:
@@ -407,9 +395,10 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     draws = max(1, min(budget.REPRESENTATIVE_MAX_DRAWS, int(rep_s // budget.REPRESENTATIVE_DRAW_S))) if deterministic else 1
     draw_s = rep_s / draws
     rep_inputs = shared_in
-    rep_d = solve_segment(pg, block, hw, time_limit_s=draw_s, deterministic=deterministic,
-                          input_sticks=rep_inputs, name="representative", notes=rep_notes,
-                          limit_share=budget.REPRESENTATIVE_LIMIT_SHARE)
+    rep_d, note = solve_segment(pg, block, hw, time_limit_s=draw_s, deterministic=deterministic,
+                                input_sticks=rep_inputs, name="representative",
+                                limit_share=budget.REPRESENTATIVE_LIMIT_SHARE)
+    rep_notes.append(note)
 
     def mismatched(d: PlanDecisions) -> dict:
         out = {}
@@ -429,9 +418,10 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         # solve left of its share
         left = 0.5 * draw_s if deterministic else rep_s - (time.perf_counter() - t_rep)
         if left >= 1.0:
-            again = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
-                                  input_sticks={**shared_in, **fix}, name="representative (periodic inputs)",
-                                  notes=rep_notes, limit_share=budget.REPRESENTATIVE_LIMIT_SHARE)
+            again, note = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
+                                        input_sticks={**shared_in, **fix}, name="representative (periodic inputs)",
+                                        limit_share=budget.REPRESENTATIVE_LIMIT_SHARE)
+            rep_notes.append(note)
             if not mismatched(again) and pred_us(again) <= pred_us(rep_d) * 1.05:
                 rep_d, rep_inputs = again, {**shared_in, **fix}
         else:
@@ -448,9 +438,10 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         if not deterministic and left < max(budget.MIN_WINDOW_S, budget.REPRESENTATIVE_DRAW_FACTOR * (t_draw - t_rep) / seed):
             break
         seed += 1
-        again = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
-                              input_sticks=rep_inputs, name=f"representative (seed {seed})", notes=rep_notes,
-                              limit_share=budget.REPRESENTATIVE_LIMIT_SHARE, seed=seed)
+        again, note = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
+                                    input_sticks=rep_inputs, name=f"representative (seed {seed})",
+                                    limit_share=budget.REPRESENTATIVE_LIMIT_SHARE, seed=seed)
+        rep_notes.append(note)
         if not mismatched(again) and pred_us(again) < pred_us(rep_d):
             rep_d = again
     if seed > 1:
@@ -506,9 +497,10 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         if not deterministic:
             share = min(share, max(0.0, t0 + limit - reserve - time.perf_counter()) * (
                 1.0 if k == 1 or not rest_idx[1] else len(idx) / rest_ops))
-        got = plan_windows(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
-                           budget_s=share, deterministic=deterministic, input_sticks=sticks, notes=notes,
-                           name="prologue" if k == 0 else "epilogue", readers=readers)
+        got, window_notes = plan_windows(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
+                                         budget_s=share, deterministic=deterministic, input_sticks=sticks,
+                                         name="prologue" if k == 0 else "epilogue", readers=readers)
+        notes += window_notes
         (pre if k == 0 else post).extend(got)
         for part, ids in got:
             idset = set(ids)
@@ -564,7 +556,8 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         notes.append("composed plan invalid (" + "; ".join(
             f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) +
             "): edges planned by the hint")
-        valid_hint, _ = checked_hint(pg, hw, hint_d, 0.0, notes)
+        valid_hint, _, hint_note = checked_hint(pg, hw, hint_d, 0.0)
+        notes += [hint_note] if hint_note else []
         edge = [(keep_part(pg, valid_hint, list(range(0, rep.start)), readers), None),
                 (keep_part(pg, valid_hint, list(range(rep.stop, n)), readers), None)]
         composed = compose([(p_, p_.op_order) for p_, _ in edge[:1] if p_.ops] + copies +
@@ -586,13 +579,15 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         per_copy = rep_d.stats.get("predicted_us")
         seam = f", representative predicted {per_copy:.1f} us x {rep.copies}" if per_copy else ""
         if hint_report is not None and (deterministic or time.perf_counter() < t0 + limit - 0.6 * reserve):
-            better = hybrid(pg, hw, composed, pre + head + copies + tail + post, report, hint_d, hint_report,
-                             readers, us, notes, compose)
+            better, hybrid_note = hybrid(pg, hw, composed, pre + head + copies + tail + post, report, hint_d,
+                                         hint_report, readers, us, compose)
+            notes += [hybrid_note] if hybrid_note else []
             if better is not None:
                 composed, us = better
     phase["compose and check"] = time.perf_counter() - t_check
     if us > hint_us:
-        hint_d, hint_us = checked_hint(pg, hw, hint_d, hint_us, notes)
+        hint_d, hint_us, hint_note = checked_hint(pg, hw, hint_d, hint_us)
+        notes += [hint_note] if hint_note else []
     if us <= hint_us:
         out = composed
         notes.append(f"repeated-structure plan simulated {us:.1f} us (hint {hint_us:.1f} us{seam})")

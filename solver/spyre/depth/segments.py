@@ -26,8 +26,6 @@ def out_stick(op, plan: Optional[OpPlan]):
     return ch.output
 
 
-
-
 def subgraph(pg: PrimGraph, idx: range | list[int], name: str,
              consumers_after: Optional[set[str]] = None) -> PrimGraph:
     """The ops `idx` of `pg` as a graph of their own: tensors they read but do not produce
@@ -59,17 +57,14 @@ def subgraph(pg: PrimGraph, idx: range | list[int], name: str,
     return PrimGraph(name, tensors, ops, inputs, outputs, source_hash="", meta=dict(pg.meta))
 
 
-
-
 def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, deterministic: bool,
                   input_sticks: Optional[dict] = None, name: str = "segment",
-                  notes: Optional[list] = None, limit_share: float = budget.SEGMENT_LIMIT_SHARE,
-                  seed: int = 1) -> PlanDecisions:
+                  limit_share: float = budget.SEGMENT_LIMIT_SHARE, seed: int = 1) -> tuple[PlanDecisions, str]:
     """The ops `idx` of `pg` planned as a graph of their own by the CP-SAT pipeline (or the
     heuristic when the time is below `budget.MIN_WINDOW_S`); `input_sticks` fixes the layouts of
     its boundary inputs (tensors produced before it). Keys are `pg`'s ids. In wall-clock
-    mode the pipeline is given `limit_share` of `time_limit_s`; `seed`: CP-SAT's."""
-
+    mode the pipeline is given `limit_share` of `time_limit_s`; `seed`: CP-SAT's. Returns the
+    plan and a note on how it was made."""
     sub = subgraph(pg, idx, f"{pg.name}#{name}")
     fixed = {t: s for t, s in (input_sticks or {}).items() if t in sub.tensors and t in sub.inputs}
     # the heuristic plans around the boundary's layouts (an op reading ANY layout splits
@@ -79,20 +74,15 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
     if fixed:
         hint, _, _ = valid_or_naive(sub, hw, hint, fixed)
     if time_limit_s < budget.MIN_WINDOW_S or len(idx) < 2:
-        if notes is not None:
-            notes.append(f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)")
-        return replace(hint, planner="cpsat", op_order=[])
+        return replace(hint, planner="cpsat", op_order=[]), \
+            f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)"
     limit = time_limit_s if deterministic else limit_share * time_limit_s
     d = plan_graph(sub, hw, time_limit_s=limit, deterministic=deterministic, hint=hint, seed=seed)
-    if notes is not None:
-        st = d.stats
-        model = next((n.split()[1] for n in st.get("notes", []) if n.startswith("strategies:")), "?")
-        notes.append(f"{name}: {len(idx)} ops, {st.get('solver_status')} in {st.get('solve_seconds', 0):.1f} s "
-                     f"of {time_limit_s:.1f}, predicted {st.get('predicted_us', float('nan')):.1f} us "
-                     f"(CP-SAT model: {model} strategies)")
-    return d
-
-
+    st = d.stats
+    model = next((n.split()[1] for n in st.get("notes", []) if n.startswith("strategies:")), "?")
+    return d, (f"{name}: {len(idx)} ops, {st.get('solver_status')} in {st.get('solve_seconds', 0):.1f} s "
+               f"of {time_limit_s:.1f}, predicted {st.get('predicted_us', float('nan')):.1f} us "
+               f"(CP-SAT model: {model} strategies)")
 
 
 def keep_part(pg: PrimGraph, d: PlanDecisions, kept: list[int], readers: dict[str, list[int]]) -> PlanDecisions:
@@ -127,8 +117,6 @@ def reader_index(pg: PrimGraph) -> dict[str, list[int]]:
         for a in op.inputs:
             readers.setdefault(a.tensor, []).append(i)
     return readers
-
-
 
 
 def merge(parts: list[tuple[PlanDecisions, list[str]]], planner: str = "cpsat") -> PlanDecisions:

@@ -19,7 +19,6 @@ def plan_whole(pg: PrimGraph, hw, *, time_limit_s: Optional[float], deterministi
     structure plan (`plan_depth`) when `pg` repeats, else the windowed plan
     (`plan_windowed`) when it has more than `budget.WINDOWS_ABOVE_OPS` ops, else None (one CP-SAT
     model for the whole graph). The result's op order is set."""
-
     limit = float(time_limit_s) if time_limit_s else budget.DEFAULT_TIME_LIMIT_S
     pg = chain_order(pg)
     d = plan_depth(pg, hw, time_limit_s=limit, deterministic=deterministic, t0=t0, hint_d=hint_d)

@@ -107,25 +107,23 @@ def crossings(pg: PrimGraph, idx: list[int]) -> list[int]:
     return out
 
 
-
-
 def _stick_map(pg: PrimGraph, d: PlanDecisions, ids: list[int]) -> dict:
     return {pg.ops[i].output.tensor: out_stick(pg.ops[i], d.ops.get(pg.ops[i].id)) for i in ids}
 
 
-
-
 def plan_windows(pg: PrimGraph, idx: list[int], hw, *, deadline: Optional[float], budget_s: float,
-                 deterministic: bool, input_sticks: Optional[dict] = None, notes: Optional[list] = None,
-                 name: str = "window", readers: Optional[dict] = None,
-                 window: Optional[int] = None, overlap: Optional[int] = None) -> list[tuple[PlanDecisions, list[str]]]:
+                 deterministic: bool, input_sticks: Optional[dict] = None,
+                 name: str = "window", readers: Optional[dict] = None, window: Optional[int] = None,
+                 overlap: Optional[int] = None) -> tuple[list[tuple[PlanDecisions, list[str]]], list[str]]:
     """Plan the consecutive ops `idx` of `pg` window by window (module docstring) within
     `budget_s` (each window its share by ops; in wall-clock mode also never past
     `deadline`). Returns (decisions, op ids) per kept part, in op order, for
-    `segments.merge`. `input_sticks`: layouts of tensors produced before idx."""
+    `segments.merge`, and a note per window. `input_sticks`: layouts of tensors produced
+    before idx."""
     readers = readers if readers is not None else reader_index(pg)
     sticks = dict(input_sticks or {})
     parts: list[tuple[PlanDecisions, list[str]]] = []
+    notes: list[str] = []
     wins = aligned_windows(crossings(pg, idx), window, overlap)
     total = sum(b - a for a, b, _, _ in wins)
     for k, (a, b, kf, kt) in enumerate(wins):
@@ -134,25 +132,25 @@ def plan_windows(pg: PrimGraph, idx: list[int], hw, *, deadline: Optional[float]
             share = min(share, max(0.0, deadline - time.perf_counter()) * (b - a) /
                         max(1, sum(y - x for x, y, _, _ in wins[k:])))
         ids = idx[a:b]
-        d = solve_segment(pg, ids, hw, time_limit_s=share, deterministic=deterministic, input_sticks=sticks,
-                          name=f"{name} {k}" if len(wins) > 1 else name, notes=notes)
+        d, note = solve_segment(pg, ids, hw, time_limit_s=share, deterministic=deterministic, input_sticks=sticks,
+                                name=f"{name} {k}" if len(wins) > 1 else name)
+        notes.append(note)
         kept = idx[kf:kt]
         part = keep_part(pg, d, kept, readers)
         parts.append((part, part.op_order))
         sticks.update(_stick_map(pg, part, kept))
-    return parts
+    return parts, notes
 
 
 def improve_windows(pg: PrimGraph, hw, d: PlanDecisions, evaluate: Callable[[PlanDecisions], Optional[float]],
                     current_us: float, *, deadline: Optional[float], deterministic: bool,
-                    rounds_budget_s: float, notes: list, window: Optional[int] = None,
-                    max_windows: Optional[int] = None) -> tuple[PlanDecisions, float]:
+                    rounds_budget_s: float, window: Optional[int] = None,
+                    max_windows: Optional[int] = None) -> tuple[PlanDecisions, float, str]:
     """Large-neighbourhood search over the whole plan `d` (ops of `pg` in `d.op_order`):
     windows of `window` ops centred on the boundaries of the first pass are planned again
     with their boundary inputs in the layouts `d` gives them, and a window's plan replaces
     the old one only when `evaluate` (the whole program's simulated time, None when
     invalid) says it is faster. Stops at `deadline` or after `max_windows`."""
-
     window = window or budget.WINDOW_OPS
     pos = {op.id: i for i, op in enumerate(pg.ops)}
     order = [pos[o] for o in d.op_order] if len(d.op_order) == len(pg.ops) else list(range(len(pg.ops)))
@@ -174,8 +172,8 @@ def improve_windows(pg: PrimGraph, hw, d: PlanDecisions, evaluate: Callable[[Pla
         if deadline is not None and not deterministic:
             share = min(share, max(0.0, deadline - time.perf_counter()))
         tried += 1
-        trial = solve_segment(pg, ids, hw, time_limit_s=share, deterministic=deterministic, input_sticks=before,
-                              name=f"lns window {tried}")
+        trial, _ = solve_segment(pg, ids, hw, time_limit_s=share, deterministic=deterministic, input_sticks=before,
+                                 name=f"lns window {tried}")
         part = keep_part(pg, trial, ids, readers)
         head = keep_part(pg, d, order[:a], readers) if a else None
         tail = keep_part(pg, d, order[b:], readers) if b < n else None
@@ -187,9 +185,7 @@ def improve_windows(pg: PrimGraph, hw, d: PlanDecisions, evaluate: Callable[[Pla
         if us is not None and us < current_us:
             d, current_us = cand, us
             accepted += 1
-    notes.append(f"windows LNS: {accepted} of {tried} windows improved the whole plan")
-    return d, current_us
-
+    return d, current_us, f"windows LNS: {accepted} of {tried} windows improved the whole plan"
 
 
 def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
@@ -197,7 +193,6 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
     """A graph with nothing repeated, planned in windows then improved by a large-
     neighbourhood search over the whole plan (`plan_windows`, `improve_windows`), never slower
     (simulated) than the whole graph's hint."""
-
     n = len(pg.ops)
     limit = float(time_limit_s)
     hint_d = whole_hint(pg, hw, hint_d)
@@ -207,8 +202,10 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
     deadline = None if deterministic else t0 + limit - reserve
     notes = [f"windows: {n} ops, no repeated block; windows of at most {budget.WINDOW_OPS} ops"]
     first_s = budget.WINDOWED_FIRST_SHARE * avail
-    parts = plan_windows(pg, list(range(n)), hw, deadline=None if deterministic else t0 + limit - reserve - budget.WINDOWED_LNS_SHARE * avail,
-                         budget_s=first_s, deterministic=deterministic, notes=notes)
+    parts, window_notes = plan_windows(
+        pg, list(range(n)), hw, deadline=None if deterministic else t0 + limit - reserve - budget.WINDOWED_LNS_SHARE * avail,
+        budget_s=first_s, deterministic=deterministic)
+    notes += window_notes
     d = merge(parts)
     d.input_sticks = {t: s for t, s in d.input_sticks.items() if t in set(pg.inputs)}
 
@@ -223,11 +220,13 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
         notes.append("windowed plan invalid with its LX residencies: dropped")
     us = float("inf") if us is None else us
     if us < float("inf"):
-        d, us = improve_windows(pg, hw, d, evaluate, us, deadline=deadline, deterministic=deterministic,
-                                rounds_budget_s=budget.WINDOWED_LNS_SHARE * avail, notes=notes)
+        d, us, lns_note = improve_windows(pg, hw, d, evaluate, us, deadline=deadline, deterministic=deterministic,
+                                          rounds_budget_s=budget.WINDOWED_LNS_SHARE * avail)
+        notes.append(lns_note)
     status = "FEASIBLE"
     if us > hint_us:
-        hint_d, hint_us = checked_hint(pg, hw, hint_d, hint_us, notes)
+        hint_d, hint_us, hint_note = checked_hint(pg, hw, hint_d, hint_us)
+        notes += [hint_note] if hint_note else []
     if us > hint_us:
         notes.append(f"windowed plan simulated {us:.1f} us > hint {hint_us:.1f} us: returning the hint")
         d, us, status = replace(hint_d, planner="cpsat", stats={}, op_order=[]), hint_us, "HINT"
