@@ -446,7 +446,9 @@ class ProgramStore:
         self._damage: Optional[str] = None
         self._full: Optional[str] = None
         self.quarantined = 0
-        self.journal = AckJournal(Path(str(self.path) + ".acks")) if self.path is not None else None
+        # No journal for a database that is not a file (":memory:", used by tests): nothing outlives it.
+        on_disk = self.path is not None and str(self.path) != ":memory:"
+        self.journal = AckJournal(Path(str(self.path) + ".acks")) if on_disk else None
         self.lost_writes: list[Ack] = []
         self._guarded(self._migrate)
         if self.journal is not None:

@@ -270,3 +270,24 @@ def test_store_check_command(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["quarantined"][0]["key"] == "k2" and result["programs"] == 1
     assert main(["store", "check", "--store", str(path), "--quick"]) == 0   # quarantined: sound again
+
+
+def test_a_served_store_is_one_file_after_sigterm(tmp_path):
+    """The issue's case on a real `sticksat serve`: compile, stop it with SIGTERM, copy
+    only store.sqlite3: the copy holds the program (it used to be an empty store)."""
+    import httpx
+
+    from service_helpers import ServiceProcess
+
+    path = tmp_path / "store.sqlite3"
+    server = ServiceProcess(path, tmp_path / "server.log", ["--workers", "1"]).start()
+    try:
+        document = json.loads((TINY / "linear_tiny_m16_k64_n128.json").read_text())
+        reply = httpx.post(server.url + "/compile", json={"graph": document, "options": {"planner": "heuristic"}},
+                           timeout=120)
+        assert reply.status_code == 200, reply.text
+    finally:
+        server.stop()
+    shutil.copy(path, tmp_path / "copy.sqlite3")
+    copy = ProgramStore(tmp_path / "copy.sqlite3")
+    assert copy.get_program(reply.json()["key"]) is not None and copy.check().ok
