@@ -206,6 +206,7 @@ def test_acknowledged_writes_a_garbled_wal_dropped_are_reported(tmp_path):
     raw.close()
     missing = set(acknowledged) - present
     assert missing and len(present) < 60, (len(missing), len(present))
+    print(f"garbled WAL: {len(missing)} of 60 acknowledged programs lost")
 
     store = ProgramStore(path)
     assert {a.ident for a in store.lost_writes if a.kind == "program"} == missing
