@@ -526,8 +526,7 @@ class ProgramStore:
                 conn.execute("COMMIT")
                 acks, self._local.acks = self._local.acks, []
                 if acks and self.journal is not None:
-                    if self.journal.append(acks) > AckJournal.COMPACT_BYTES:
-                        self._compact_journal(passive=True)
+                    self._journal(acks)
             else:
                 with conn.transaction():
                     if lock_key is not None:
@@ -535,6 +534,17 @@ class ProgramStore:
                     yield
             if self._full is not None:
                 self._full = None  # a write went through: the disk has room again
+
+    def _journal(self, acks: list[Ack]) -> None:
+        """Append a committed transaction's lines. The write is done: a journal that cannot
+        be written (a read-only directory, a full disk) only loses the naming of a later
+        loss, so it is logged, not raised."""
+        try:
+            if self.journal.append(acks) > AckJournal.COMPACT_BYTES:
+                self._compact_journal(passive=True)
+        except (OSError, sqlite3.Error) as exc:
+            _log("store_journal_failed", logging.WARNING, store=describe_location(self.location),
+                 error=f"{type(exc).__name__}: {exc}")
 
     def _acknowledge(self, kind: str, ident: str) -> None:
         """Inside a write transaction: take the next write number for this write; the
@@ -826,15 +836,14 @@ class ProgramStore:
     # -- batch re-optimization ---------------------------------------------------------
     def get_reoptimization(self, program_key: str, compiler_version: str, hardware_digest: str,
                            budget_s: float) -> Optional[Reoptimization]:
-        row = self._execute(
+        row = self._fetch(
             f"SELECT {_REOPT_COLUMNS} FROM reoptimizations WHERE program_key = ? AND compiler_version = ? "
             "AND hardware_digest = ? AND budget_s = ?",
-            (program_key, compiler_version, hardware_digest, float(budget_s)),
-        ).fetchone()
+            (program_key, compiler_version, hardware_digest, float(budget_s)), one=True)
         return Reoptimization(*row) if row else None
 
     def reoptimizations(self) -> list[Reoptimization]:
-        rows = self._execute(f"SELECT {_REOPT_COLUMNS} FROM reoptimizations ORDER BY finished_at").fetchall()
+        rows = self._fetch(f"SELECT {_REOPT_COLUMNS} FROM reoptimizations ORDER BY finished_at")
         return [Reoptimization(*r) for r in rows]
 
     def finish_reoptimization(self, entry: Reoptimization, record: Optional[ProgramRecord]) -> tuple[bool, bool]:

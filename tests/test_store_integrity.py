@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -245,13 +246,17 @@ def test_a_damaged_page_makes_the_store_unhealthy(tmp_path, capsys):
     store = ProgramStore(path)
     health = store.health()
     assert not health.ok and health.problems[0].startswith("integrity:")
-    errors = 0
+    from service.problems import store_problem
+
+    errors = []
     for i in range(200):
         try:
             store.get_program(f"k{i:03d}")
-        except StoreDamaged:
-            errors += 1
-    assert errors > 0   # the damaged keys raise StoreDamaged (the service's 503 store_damaged)
+        except StoreDamaged as exc:
+            errors.append(exc)
+    assert errors   # the damaged keys raise StoreDamaged, not a generic error
+    problem = store_problem(errors[0])
+    assert (problem.status, problem.code, problem.headers["Retry-After"]) == (503, "store_damaged", "60")
     assert main(["store", "check", "--store", str(path)]) == 1
     out = capsys.readouterr().out
     assert "problems found" in out and "integrity (integrity_check):" in out
@@ -292,3 +297,27 @@ def test_a_served_store_is_one_file_after_sigterm(tmp_path):
     shutil.copy(path, tmp_path / "copy.sqlite3")
     copy = ProgramStore(tmp_path / "copy.sqlite3")
     assert copy.get_program(reply.json()["key"]) is not None and copy.check().ok
+
+
+def test_a_full_disk_is_store_full_until_a_write_succeeds(tmp_path):
+    """SQLite's SQLITE_FULL (here from max_page_count, what a full disk returns too) is
+    StoreFull (the service's 507 store_full), and health() says so until a write works."""
+    from service.problems import store_problem
+    from service.store import StoreFull
+
+    store = ProgramStore(tmp_path / "store.sqlite3")
+    store.put_program(_record("k0"))
+    conn = store._conn()
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages}")
+    big = replace(_record("k1"), program=json.dumps({"pad": "x" * 200_000}))
+    with pytest.raises(StoreFull) as info:
+        store.put_program(big)
+    health = store.health()
+    assert not health.ok and health.problems[0].startswith("full:")
+    problem = store_problem(info.value)
+    assert (problem.status, problem.code, problem.headers["Retry-After"]) == (507, "store_full", "30")
+    assert store.get_program("k0") is not None  # reads go on
+    conn.execute("PRAGMA max_page_count = 1073741823")
+    assert store.put_program(big)
+    assert store.health().ok
