@@ -296,7 +296,7 @@ def _classify(exc: BaseException) -> Optional[type[StoreError]]:
             return StoreFull
         return None
     kind = type(exc).__name__
-    if kind in ("DiskFull", "OutOfMemory"):  # psycopg.errors, by SQLSTATE class 53
+    if kind == "DiskFull":  # psycopg.errors, SQLSTATE 53100
         return StoreFull
     if kind in ("DataCorrupted", "IndexCorrupted"):  # psycopg.errors, SQLSTATE XX001 / XX002
         return StoreDamaged

@@ -144,8 +144,14 @@ def test_a_tensor_the_device_cannot_hold_is_refused_before_planning(monkeypatch,
 
 
 def test_what_just_fits_is_not_refused():
-    # 8 GiB written by one op: exactly 32 x 256 MiB; 2^31 - 1 rows sticked on dim 0 for an intermediate
+    # 8 GiB written by one op: exactly 32 x 256 MiB
     check_fits(lower_document(parse_document(relu_document([2**15, 2**16], "float32"))), HW)
+    # a [2^31 - 1, 1] intermediate may be sticked on dim 0 (4 GiB); only the user input is padded 64x
+    from solver.capacity import min_device_bytes
+
+    pg = lower_document(parse_document(relu_document([2**31 - 1, 1])))
+    assert min_device_bytes(pg.tensors["relu"], HW) == 2**31 * 2
+    assert min_device_bytes(pg.tensors["x"], HW, stick_dim=1) == (2**31 - 1) * 64 * 2
 
 
 def test_the_service_answers_does_not_fit_as_a_graph_error():
