@@ -83,14 +83,14 @@ def test_every_problem_is_listed():
     assert codes == [("unexpected_argument", "mm"), ("unexpected_argument", "relu")]
 
 
-def test_the_service_answers_422():
+def test_the_service_answers_422(tmp_path):
     from fastapi.testclient import TestClient
 
     from service.app import ServiceConfig, create_app
 
     doc = good_doc()
     doc["nodes"][1]["kwargs"] = {"inplace": {"kind": "bool", "value": True}}
-    with TestClient(create_app(ServiceConfig(store_path=":memory:", workers=1))) as client:
+    with TestClient(create_app(ServiceConfig(store_path=str(tmp_path / "store.sqlite"), workers=1))) as client:
         reply = client.post("/compile", json={"graph": doc})
     assert reply.status_code == 422 and reply.json()["code"] == "unexpected_argument"
     assert reply.json()["node"] == "relu"

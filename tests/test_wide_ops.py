@@ -169,3 +169,22 @@ def test_numerics_of_a_split_cat_are_the_inputs_in_order():
     result = simulate(program, HW, inputs=feed)
     want = np.concatenate([feed[f"x{i}"] for i in range(7)], axis=1)
     np.testing.assert_array_equal(np.asarray(result.outputs[0], dtype=np.float16), want)
+
+
+def test_over_http_a_wide_cat_is_200_and_a_too_big_tensor_422(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.app import ServiceConfig, create_app
+
+    with TestClient(create_app(ServiceConfig(store_path=str(tmp_path / "store.sqlite"), workers=1))) as client:
+        import time
+
+        deadline = time.time() + 120
+        while client.get("/readyz").status_code != 200 and time.time() < deadline:
+            time.sleep(0.1)
+        wide = client.post("/compile", json={"graph": cat_document(7), "options": {"planner": "heuristic"}})
+        assert wide.status_code == 200, wide.text
+        big = client.post("/compile", json={"graph": relu_document([2**31 - 1, 1]),
+                                            "options": {"planner": "heuristic"}})
+    assert big.status_code == 422 and big.json()["code"] == "does_not_fit" and big.json()["node"] == "x"
+    assert "274877906816 bytes" in big.json()["detail"]
