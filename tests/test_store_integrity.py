@@ -111,13 +111,13 @@ def test_rows_from_before_checksums_are_verified_then_given_one(tmp_path):
     store.put_program(_record("bad"))
     store.close()
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("UPDATE programs SET program_sha256 = NULL")  # as migration 3 leaves older rows
+    conn.execute("UPDATE programs SET program_crc32 = NULL")  # as migration 3 leaves older rows
     conn.execute("UPDATE programs SET program = 'not json' WHERE key = 'bad'")
     conn.close()
     store = ProgramStore(path)
     assert store.get_program("good") is not None and store.get_program("bad") is None
-    sha = sqlite3.connect(path).execute("SELECT program_sha256 FROM programs WHERE key = 'good'").fetchone()[0]
-    assert sha is not None and len(sha) == 64
+    sha = sqlite3.connect(path).execute("SELECT program_crc32 FROM programs WHERE key = 'good'").fetchone()[0]
+    assert sha is not None and len(sha) == 8
 
 
 def test_a_clean_close_leaves_the_whole_store_in_the_main_file(tmp_path):
