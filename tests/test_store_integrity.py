@@ -321,3 +321,30 @@ def test_a_full_disk_is_store_full_until_a_write_succeeds(tmp_path):
     conn.execute("PRAGMA max_page_count = 1073741823")
     assert store.put_program(big)
     assert store.health().ok
+
+
+_CONCURRENT = """
+import json, sys
+from service.store import ProgramRecord, ProgramStore
+store = ProgramStore(sys.argv[1])
+for i in range(60):
+    key = f"{sys.argv[2]}{i:02d}"
+    store.put_graph(key.ljust(64, "0"), "{}", key)
+    store.put_program(ProgramRecord(key=key, graph_hash=key.ljust(64, "0"), compiler_version="1.0",
+        options_hash="o" * 64, options={}, hardware="spyre", hardware_digest="d" * 64,
+        program=json.dumps({"i": i}), stats={"predicted_us": 1.0}, solution=None, complete=True,
+        created_at=1.0, updated_at=1.0))
+    if i % 20 == 19:
+        store.close()   # checkpoints and compacts the journal while the other process writes
+store.close()
+"""
+
+
+def test_processes_sharing_a_store_raise_no_false_alarm(tmp_path):
+    path = tmp_path / "store.sqlite3"
+    ProgramStore(path).close()
+    procs = [subprocess.Popen([sys.executable, "-c", _CONCURRENT, str(path), tag], cwd=REPO) for tag in "ab"]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    store = ProgramStore(path)
+    assert store.lost_writes == [] and store.counts() == {"graphs": 120, "programs": 120}
+    assert store.write_seq() == 240 and store.check().lost_writes == []
