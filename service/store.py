@@ -939,6 +939,13 @@ class ProgramStore:
         result.seconds = time.time() - started
         return result
 
+    def clear_events(self, kind: str) -> int:
+        """Forget the recorded `store_events` of `kind` (an operator has seen them)."""
+        def run() -> int:
+            with self._transaction():
+                return self._execute("DELETE FROM store_events WHERE kind = ?", (kind,)).rowcount
+        return self._guarded(run)
+
     def integrity_errors(self) -> list[str]:
         """What is wrong with the store (`check()`'s findings as text; [] when sound)."""
         c = self.check()

@@ -28,6 +28,8 @@ def register(sub) -> None:
     _store_arg(chk)
     chk.add_argument("--quick", action="store_true", help="SQLite's quick_check instead of the full integrity check")
     chk.add_argument("--json", action="store_true", help="the result as JSON")
+    chk.add_argument("--clear-lost-writes", action="store_true",
+                     help="after reporting them, forget the recorded lost-write events (later checks pass again)")
     chk.set_defaults(func=run_check)
     bak = ssub.add_parser("backup", help="copy a SQLite store while it is in use (online backup API)")
     bak.add_argument("dest", help="the backup file to create (must not exist)")
@@ -112,6 +114,8 @@ def run_check(args) -> int:
         return 2
     try:
         result = store.check(quick=args.quick)
+        if args.clear_lost_writes and result.lost_writes:
+            store.clear_events("lost_writes")
     finally:
         store.close()
     if args.json:
