@@ -45,6 +45,7 @@ The store checks itself (docs/reliability.md, "The store"):
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -377,8 +378,6 @@ class AckJournal:
 
     @contextmanager
     def _locked(self, mode: int = os.O_RDWR) -> Iterator[int]:
-        import fcntl
-
         fd = os.open(self.path, mode | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -404,11 +403,8 @@ class AckJournal:
     def keep_after(self, seq: int) -> None:
         """Drop the entries up to `seq` (the caller made sure they are in the main file)."""
         with self._locked() as fd:
-            data = b""
-            size = os.fstat(fd).st_size
-            if size:
-                os.lseek(fd, 0, os.SEEK_SET)
-                data = os.read(fd, size)
+            with open(fd, "rb", closefd=False) as f:
+                data = f.read()
             keep = [a for a in self._parse(data.decode(errors="replace")) if a.seq > seq]
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
