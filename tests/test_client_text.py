@@ -134,3 +134,9 @@ def test_gzipped_graphs_still_read(tmp_path):
     plain.write_bytes(src.read_bytes())
     with pytest.raises(GraphError, match="not a gzip") as info:
         read_graph_file(plain)
+
+
+def test_a_file_without_an_end_is_read_only_to_the_limit():
+    with pytest.raises(GraphError) as info:
+        read_limited("/dev/zero", 1 << 20)   # used to read until memory ran out
+    assert info.value.code == "graph_too_large"

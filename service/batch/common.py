@@ -72,10 +72,12 @@ def read_limited(path: str | os.PathLike[str], max_bytes: int) -> bytes:
 
     p = Path(path)
     if not str(path).endswith(".gz"):
-        size = p.stat().st_size
-        if size > max_bytes:
-            raise GraphError("graph_too_large", f"{p.name} is {size} bytes; the limit is {max_bytes}")
-        return p.read_bytes()
+        # read, not stat: a device or a pipe (/dev/zero) has no size and no end
+        with open(p, "rb") as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise GraphError("graph_too_large", f"{p.name} holds more than {max_bytes} bytes (the limit)")
+        return data
     out = bytearray()
     # wbits 16 + MAX_WBITS: a gzip member; a file of several members is inflated member by member.
     inflater, mid_member = zlib.decompressobj(16 + zlib.MAX_WBITS), False
