@@ -1,5 +1,5 @@
 """Layout rules of the primitive ops: where each operand's stick may sit, and which core
-splits are legal. They live here, beside the op definitions (lowering/primitives.py), and
+splits are legal. They live here, beside the op definitions (target/primitives.py), and
 nowhere else: the planners enumerate them, the emitter follows them, the validator checks
 programs against them.
 
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from math import gcd
 from typing import Iterable, Optional, Sequence
 
-from lowering.primitives import (
+from target.primitives import (
     DTYPE_BYTES, Access, IterDim, PointwiseBody, PrimOp, In,
 )
 
