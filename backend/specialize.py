@@ -347,8 +347,9 @@ class ShapeSpecializer:
             label += f" (padded {', '.join(padded)})"
         tensors = [a for i, a in enumerate(args) if i not in self.symbol_names]
         started = time.perf_counter()
-        compiled = self._compile_static(bound, tensors, self.tensor_names,
-                                        specialization={**self.frame, "sizes": label})
+        # Dynamo's recompile flag belongs to the frame's first program, not to every shape
+        frame = {**self.frame, "recompile": self.frame.get("recompile", False) and not self.specializations}
+        compiled = self._compile_static(bound, tensors, self.tensor_names, specialization={**frame, "sizes": label})
         spec = Specialization(sizes, compiled, time.perf_counter() - started)
         self.specializations[key] = spec
         return spec
