@@ -2,6 +2,7 @@
 options={...})`, with environment variables as defaults (documented in docs/backend.md)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Mapping, Optional
@@ -43,8 +44,9 @@ class BackendOptions:
     # a ladder of sizes (list); the input is named as the model's forward receives it
     # ("input_ids.1", "mask.3", "past_key_value_states.2" for every layer's K and V).
     buckets: Optional[Mapping[str, Any]] = None
-    # The value each input with a padded dim is padded with ("input.prefix" -> number;
-    # "-inf" for an additive attention mask). Padding is refused for inputs without one.
+    # The value each input with a padded dim is padded with ("input" -> finite number;
+    # torch.finfo(dtype).min for an additive attention mask). Padding is refused for
+    # inputs without one.
     pad_values: Optional[Mapping[str, Any]] = None
 
     @classmethod
@@ -109,5 +111,12 @@ def _pad_values(raw: Any) -> Optional[dict[str, Any]]:
                 raise BackendOptionError(f"pad_values[{key!r}] must be a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BackendOptionError(f"pad_values[{key!r}] must be a number, got {value!r}")
+        if not math.isfinite(value):
+            # an additive mask padded with -inf hides every key from a padded query row:
+            # its softmax is NaN, and the next layer's attention multiplies that row's
+            # values by 0 for the real rows, which is NaN again
+            raise BackendOptionError(f"pad_values[{key!r}] must be finite, got {value!r}: pad an additive "
+                                     f"attention mask with the dtype's lowest finite value "
+                                     f"(torch.finfo(dtype).min), not -inf")
         out[str(key)] = value
     return out

@@ -130,7 +130,9 @@ def input_path(source_name: str) -> str:
 
 
 def _matches(path: str, name: str) -> bool:
-    return path == name or path.startswith(name + ".")
+    """`name`'s components appear in `path`, whole and in a row: `past_key_value_states`
+    names `past_key_value_states.0.1`, `mask` names `attn_kwargs.mask` (a `**kwargs` argument)."""
+    return f".{name}." in f".{path}."
 
 
 def round_up(size: int, rule: Any) -> int:

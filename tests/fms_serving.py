@@ -37,6 +37,7 @@ class ServingRun:
     programs: int = 0                    # static programs compiled (one per graph or per specialized shape)
     compile_seconds: float = 0.0         # sum of the programs' compile times
     logits: list = field(default_factory=list)  # each step's last-position logits (batch, vocab), float32
+    step_latency_us: list = field(default_factory=list)  # each step's simulated time (compiled runs)
 
 
 @contextlib.contextmanager
@@ -87,10 +88,15 @@ def static_batching(model: Any, prompts: list[torch.Tensor], new_tokens: int, dy
     kwargs = {**padding, "attn_name": "sdpa_causal", "last_n_tokens": 1}
     run_model = model
     mode = dynamo or "static"
+    from backend.region import last_run_info
+
     logits: list = []
+    latencies: list = []
 
     def keep_logits(position, step_logits, next_val, step_kwargs):
         logits.append(step_logits.detach().float().clone())
+        info = last_run_info()  # the step's graph is one region: its simulated time
+        latencies.append(info.latency_us if info is not None else None)
         return next_val, step_kwargs
 
     with dynamo_settings(mode), torch.no_grad(), backend.track_coverage() as cov:
@@ -103,7 +109,7 @@ def static_batching(model: Any, prompts: list[torch.Tensor], new_tokens: int, dy
         return ServingRun(tokens, seconds, cov, logits=logits)
     frames = {(g.code, g.compile_id) for g in cov.graphs}
     return ServingRun(tokens, seconds, cov, dynamo_graphs=len(frames), programs=len(cov.graphs),
-                      compile_seconds=cov.compile_seconds, logits=logits)
+                      compile_seconds=cov.compile_seconds, logits=logits, step_latency_us=latencies)
 
 
 def max_logit_error(run: ServingRun, reference: ServingRun) -> float:

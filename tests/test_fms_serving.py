@@ -52,3 +52,35 @@ def test_static_batching_with_static_dynamo_settings():
     assert torch.equal(run.tokens, reference.tokens) and max_logit_error(run, reference) <= 1e-4
     assert run.coverage.device_fraction == 1.0 and run.programs == run.dynamo_graphs == 4
     assert not any(g.sizes for g in run.coverage.graphs)
+
+
+def test_prefill_buckets_pad_the_fms_mask_and_cut_the_cache_back():
+    """A symbolic FMS prefill padded by the backend: prompts of 5, 9, 12 and 17 tokens run as
+    two programs (buckets 16 and 32); logits and the returned KV cache are cut back to the
+    real length and equal eager's. The additive mask is padded with the lowest finite
+    float (a -inf pad is refused: it would make the padded rows NaN)."""
+    from fms.utils.generation import pad_input_ids
+
+    torch._dynamo.reset()
+    forget_compiled_regions()
+    model, _ = build("granite")
+    options = {**OPTIONS, "buckets": {"x.1": 16, "mask.2": 16, "mask.3": 16, "position_ids.1": 16},
+               "pad_values": {"x": 0, "mask": torch.finfo(torch.float32).min, "position_ids": 0}}
+    compiled = torch.compile(model, backend="sticksat", dynamic=True, options=options)
+    g = torch.Generator().manual_seed(0)
+    import backend
+
+    with torch.no_grad(), backend.track_coverage() as cov:
+        for n in (5, 9, 12, 17):
+            ids, padding = pad_input_ids([torch.randint(1, 128, (k,), generator=g) for k in (n - 2, n)])
+            kwargs = {**padding, "attn_name": "sdpa_causal", "use_cache": True}
+            kwargs["mask"] = kwargs["mask"].unsqueeze(1)
+            want, want_cache = model(ids, **kwargs)
+            got, got_cache = compiled(ids, **kwargs)
+            assert got.shape == want.shape == (2, n, 128)
+            assert ((got - want).abs().max() / want.abs().max()).item() <= 1e-5
+            for got_kv, want_kv in zip(got_cache, want_cache):
+                assert got_kv[0].shape == want_kv[0].shape == (2, 2, n, 16)
+                assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got_kv, want_kv))
+    assert len(cov.graphs) == 2 and cov.device_fraction == 1.0
+    assert "5->16" in cov.graphs[0].sizes and "17->32" in cov.graphs[1].sizes

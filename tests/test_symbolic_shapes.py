@@ -177,9 +177,10 @@ def test_padding_refused_without_a_pad_value(caplog):
 
 def test_bucket_options_are_validated():
     assert BackendOptions.from_mapping({"buckets": {"x.1": [64, 16]}}, {}).buckets == {"x.1": (16, 64)}
-    assert BackendOptions.from_mapping({"pad_values": {"mask": "-inf"}}, {}).pad_values == {"mask": float("-inf")}
+    assert BackendOptions.from_mapping({"pad_values": {"mask": "-1e30"}}, {}).pad_values == {"mask": -1e30}
     for bad in ({"buckets": {"x": 64}}, {"buckets": {"x.1": 0}}, {"buckets": {"x.1": [8, True]}},
-                {"buckets": [64]}, {"pad_values": {"x": "zero"}}, {"pad_values": {"x": None}}):
+                {"buckets": [64]}, {"pad_values": {"x": "zero"}}, {"pad_values": {"x": None}},
+                {"pad_values": {"mask": "-inf"}}, {"pad_values": {"mask": float("nan")}}):
         with pytest.raises(BackendOptionError):
             BackendOptions.from_mapping(bad, {})
 
@@ -190,3 +191,7 @@ def test_bucket_helpers():
     assert input_path("L['past_key_value_states'][0][1]") == "past_key_value_states.0.1"
     assert input_path("L['kwargs']['mask']") == "mask"
     assert input_path("L['args'][1]") == "args.1"
+    from backend.specialize import _matches
+
+    assert _matches("past_key_value_states.0.1", "past_key_value_states") and _matches("attn_kwargs.mask", "mask")
+    assert not _matches("attn_kwargs.mask", "mas") and not _matches("x", "x.1")
