@@ -195,3 +195,28 @@ def test_bucket_helpers():
 
     assert _matches("past_key_value_states.0.1", "past_key_value_states") and _matches("attn_kwargs.mask", "mask")
     assert not _matches("attn_kwargs.mask", "mas") and not _matches("x", "x.1")
+
+
+def test_specialized_shapes_are_store_hits_through_the_service(tmp_path, monkeypatch):
+    """Through the compile service, each specialized shape is an ordinary document: a new
+    process (Dynamo reset, no in-process programs) compiling the same shapes is answered
+    from the store."""
+    from tests.service_helpers import ServiceProcess
+
+    server = ServiceProcess(tmp_path / "store.sqlite", tmp_path / "server.log", ["--workers", "1"])
+    server.start()
+    try:
+        monkeypatch.setenv("STICKSAT_URL", server.url)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8)).eval()
+        inputs = [torch.randn(rows, 8) for rows in (3, 5)]
+        for attempt in range(2):
+            _fresh()
+            compiled = torch.compile(model, backend="sticksat", dynamic=True, options={"planner": "naive"})
+            hits = server.metric("sticksat_cache_hits_total")
+            with torch.no_grad():
+                for x in inputs:
+                    assert _rel_error(compiled(x), model(x)) <= 1e-5
+            assert server.metric("sticksat_cache_hits_total") - hits == (0 if attempt == 0 else 2)
+    finally:
+        server.stop()
