@@ -16,6 +16,7 @@ then each mode generates again with the same compiled model (every program a hit
 
     python benchmarks/bench_fms_serving.py                       # cpsat planner, 32 decode steps
     python benchmarks/bench_fms_serving.py --planner heuristic --steps 8 --json
+    python benchmarks/bench_fms_serving.py --write      # also rewrite the table in docs/fms-vllm.md
 """
 from __future__ import annotations
 
@@ -104,10 +105,23 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--time-limit", type=float, default=None, help="per-program planner budget (s)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="rewrite the results table in docs/fms-vllm.md")
     args = ap.parse_args(argv)
     r = run(args.planner, args.steps, args.time_limit)
     print(json.dumps(r, indent=2) if args.json else table(r))
+    if args.write:
+        write_doc(table(r))
     return 0
+
+
+BEGIN, END = "<!-- fms-serving:begin -->", "<!-- fms-serving:end -->"
+
+
+def write_doc(text: str, path: Path = ROOT / "docs" / "fms-vllm.md") -> None:
+    doc = path.read_text()
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
 
 
 if __name__ == "__main__":
