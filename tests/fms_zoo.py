@@ -3,12 +3,14 @@
 Each family is built from a small config of its own FMS config class (2 layers, width 64,
 4 heads, vocabulary 128; nothing downloaded), initialized the way FMS's `get_model`
 initializes a model without a checkpoint (`reset_parameters()`), except that parameters
-`reset_parameters()` leaves untouched (FMS allocates some with `torch.empty` and never
-initializes them, e.g. Bamba's mamba `A_log`, `D` and `dt_bias`) get a seeded normal
+`reset_parameters()` leaves untouched (in ibm-fms 1.13.1: Bamba's mamba layer `A_log`,
+`D`, `dt_bias`, `conv1d` and `in_proj`; GptOss's layer norms and expert and router biases;
+RoBERTa's classification head; GPTBigCode's tied head) get a seeded normal
 initialization instead of whatever memory held.
 
-`FMS_FAMILIES` maps a family to a builder returning (model, inputs(generator) -> (args,
-kwargs), what the output to compare is).
+`FMS_FAMILIES` maps a family to its `FmsCase` (the model builder, inputs(generator) ->
+(args, kwargs), a note); `build(family, dtype)` returns the initialized model in `dtype`
+and its inputs function.
 """
 from __future__ import annotations
 
