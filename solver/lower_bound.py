@@ -13,7 +13,7 @@ Per primitive op:
   Logical bytes (no stick padding), at the one-way bus rate with no read/write turnaround.
 
 Two totals:
-- `per_op_us` = sum over ops of max(compute, bytes / bandwidth) (DESIGN.md's form): a bound
+- `per_op_us` = sum over ops of max(compute, bytes / bandwidth) (a roofline per op): a bound
   for plans that run each op's loads and compute without overlapping other ops';
 - `lower_bound_us` = max(sum of compute, sum of bytes / bandwidth): also a bound when the
   simulator fuses consecutive ops into one coarse-tiled kernel whose loads overlap another
