@@ -118,6 +118,11 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
     # per table: does it forbid anything (tables that do not cannot prune a strategy;
     # most do not, and checking them on every prune dominated merging on 40k nodes)
     forbids: dict[tuple[int, int], bool] = {}
+    # dirty[a]: neighbours whose table with a changed since a's rows were last checked
+    # against it (a created or summed table, or strategies of the neighbour removed); a
+    # prune checks only those (a hub of S with 830 neighbours was re-checked against all of
+    # them after every follower merged into it: 12 of 16 s of merging)
+    dirty: dict[int, set[int]] = {}
 
     def add_edge(a: int, b: int, t: np.ndarray) -> None:
         if a > b:
@@ -130,6 +135,8 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
         forbids[key] = bool((E[key] >= F).any())
         adj[a].add(b)
         adj[b].add(a)
+        dirty.setdefault(a, set()).add(b)
+        dirty.setdefault(b, set()).add(a)
 
     def oriented(a: int, b: int) -> np.ndarray:
         return E[(a, b)] if a < b else E[(b, a)].T
@@ -166,6 +173,7 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
             key = (min(a, c), max(a, c))
             forbids[key] = forbids[key] and bool((E[key] >= F).any())
             queue.append((min(a, c), max(a, c)))
+            dirty.setdefault(c, set()).add(a)  # c's rows lost entries of this table
 
     def prune(start: int) -> None:
         todo = [start]
@@ -174,8 +182,8 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
             if a not in cost:
                 continue
             keep = cost[a] < F
-            for c in adj[a]:
-                if forbids[(min(a, c), max(a, c))]:
+            for c in dirty.pop(a, ()):
+                if c in adj[a] and forbids[(min(a, c), max(a, c))]:
                     keep &= (oriented(a, c) < F).any(axis=1)
             if not keep.all():
                 if not keep.any():
@@ -222,6 +230,7 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
             add_edge(leader, c, tc)
             queue.append((min(leader, c), max(leader, c)))
         del members[follower], maps[follower], cost[follower], adj[follower]
+        dirty.pop(follower, None)
         merged += 1
         prune(leader)
     # renumber the live groups
