@@ -19,14 +19,14 @@ import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from lowering.errors import GraphError
 from lowering.graph_format import GraphDocument, SymSize
-from service.store import ProgramRecord
 
-# Planners in the order the service prefers them when a request names none.
-PLANNER_PREFERENCE = ("cpsat", "heuristic", "naive")
+if TYPE_CHECKING:  # the store is the service's: the embedded path never imports it
+    from service.store import ProgramRecord
+
 DEFAULT_TIME_LIMIT_S = 10.0
 MAX_TIME_LIMIT_S = 3600.0
 
@@ -101,10 +101,11 @@ def document_from_export(raw: dict) -> GraphDocument:
 def _registered_planners() -> tuple[str, ...]:
     from solver import planners
 
-    # cpsat and heuristic register themselves when their modules are imported.
-    for name in PLANNER_PREFERENCE:
+    # The online planners of the registry (solver.planners.KNOWN_PLANNERS) that register
+    # in this process (their modules import).
+    for name in planners.planner_names(online=True):
         planners.ensure_registered(name)
-    return tuple(sorted(planners.PLANNERS))
+    return tuple(sorted(name for name in planners.planner_names(online=True) if name in planners.PLANNERS))
 
 
 def available_planners() -> list[str]:
@@ -113,8 +114,11 @@ def available_planners() -> list[str]:
 
 
 def default_planner() -> str:
+    """solver.planners.DEFAULT_PLANNER, else the first of its fallback chain available."""
+    from solver.planners import DEFAULT_PLANNER, FALLBACK_CHAIN
+
     names = set(available_planners())
-    for name in PLANNER_PREFERENCE:
+    for name in (DEFAULT_PLANNER,) + FALLBACK_CHAIN:
         if name in names:
             return name
     raise RuntimeError("no planner is registered")
@@ -238,16 +242,18 @@ class CompileOutcome:
         return asdict(self)
 
 
-# Planners that answer in well under a second on any graph the limits admit; the others
-# (cpsat) are anytime solvers whose model building alone may outlast a tight deadline.
-FAST_PLANNERS = ("heuristic", "naive")
-
-
 def fallback_planner(requested: str) -> Optional[str]:
-    if requested in FAST_PLANNERS:
+    """The planner whose plan is stored first while `requested` solves: the first fast
+    one of the fallback chain (solver.planners: fast planners answer in well under a
+    second; the others are anytime solvers whose model building alone may outlast a
+    tight deadline). None when `requested` is fast itself."""
+    from solver.planners import FALLBACK_CHAIN, PLANNER_INFO
+
+    info = PLANNER_INFO.get(requested)
+    if info is not None and info.fast:
         return None
     names = available_planners()
-    return next((name for name in FAST_PLANNERS if name in names), None)
+    return next((name for name in FALLBACK_CHAIN if PLANNER_INFO[name].fast and name in names), None)
 
 
 # Seconds kept back from a deadline for emitting, validating and returning the program.

@@ -119,7 +119,9 @@ def run(args) -> int:
 
     import uvicorn
 
-    from service.app import DEFAULT_MAX_BODY_BYTES, ServiceConfig, create_app, default_store_path
+    from service.http.app import create_app
+    from service.http.config import DEFAULT_MAX_BODY_BYTES, ServiceConfig
+    from service.locations import default_store_path
     from service.logging import configure
     from service.pipeline import GraphLimits
 
