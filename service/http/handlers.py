@@ -294,26 +294,39 @@ async def compile_document(state: ServiceState, request: Request, prepared: Prep
 async def simulate(state: ServiceState, request: Request, job: pipeline.SimulateJob) -> dict[str, Any]:
     key = "simulate:" + hashlib.sha256(json.dumps(
         [job.program, job.graph, job.target, job.numerics, job.trace]).encode()).hexdigest()
+    result = await run_pool_job(state, request, key, pipeline.simulate_job, job)
+    if result.get("graph_error"):
+        err = result["errors"][0]
+        raise ProblemError(422, err.get("code", "invalid_graph"), err.get("message", ""), node=err.get("node"))
+    return result
+
+
+def submit(state: ServiceState, key: str, fn, *args, **kwargs) -> tuple[asyncio.Future, bool]:
+    """`state.pool.submit`, with a full or starting pool as a 503 with Retry-After."""
     try:
-        future, _ = state.pool.submit(key, pipeline.simulate_job, job)
+        return state.pool.submit(key, fn, *args, **kwargs)
     except PoolFull as exc:
         state.metrics.rejected.labels("pool_full").inc()
         raise ProblemError(503, "pool_full", str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
     except PoolNotReady as exc:
+        state.metrics.rejected.labels("not_ready").inc()
         raise ProblemError(503, "not_ready", str(exc), headers={"Retry-After": "1"}) from None
+
+
+async def run_pool_job(state: ServiceState, request: Request, key: str, fn, *args) -> Any:
+    """Run `fn(*args)` in the pool under its queue limit (joining an identical job in
+    flight) and return its result: 503 when the pool is full, 504 past the service's
+    deadline or when the client left, 500 worker_crashed when the worker died running it."""
+    future, _ = submit(state, key, fn, *args)
     how, fate = await _await_job(state, request, key, future, state.config.default_deadline_s)
     if how != "done":
         if how == "gone":
             state.metrics.client_gone.labels(str(fate)).inc()
         raise ProblemError(504, "client_gone" if how == "gone" else "deadline_exceeded",
-                           f"simulation did not finish within {state.config.default_deadline_s:g} s"
+                           f"the job did not finish within {state.config.default_deadline_s:g} s"
                            if how == "timeout" else "the client disconnected")
     try:
-        result = future.result()
+        return future.result()
     except WorkerCrashed as exc:
         state.metrics.worker_crashes.inc()
         raise ProblemError(500, "worker_crashed", str(exc)) from None
-    if result.get("graph_error"):
-        err = result["errors"][0]
-        raise ProblemError(422, err.get("code", "invalid_graph"), err.get("message", ""), node=err.get("node"))
-    return result

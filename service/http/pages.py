@@ -1,5 +1,6 @@
 """Human-facing HTML pages of the service: the store's index and each stored program's
-report. Kept apart from the JSON API in app.py; included by `create_app`.
+report. Kept apart from the JSON API; included by `create_app`. The pages are built in a pool
+worker (service/page_jobs.py), never on the server's own process.
 
 - `GET /`: the store index: every graph (by name, at most `INDEX_GRAPH_LIMIT`) with
   its best program's simulated time, planner, gaps and when it was solved, then every
@@ -19,24 +20,16 @@ client or proxy; docs/report.md), without it the pages answer 401 problem+json.
 """
 from __future__ import annotations
 
-import asyncio
-import json
-import math
-from datetime import datetime, timezone
-from html import escape
-from typing import Any, Literal, Optional
+import hashlib
+from typing import Literal, Optional
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import HTMLResponse
 from starlette.responses import Response
 
-from lowering.version import COMPILER_VERSION
+from service import page_jobs
 from service.problems import ProblemError, openapi_responses
 
 router = APIRouter()
-
-# The index lists at most this many graphs (the first by name); the page says when it cut.
-INDEX_GRAPH_LIMIT = 200
 
 # Self-contained pages: inline styles and data: images only; no script, no connection.
 PAGE_HEADERS = {
@@ -50,252 +43,42 @@ PAGE_HEADERS = {
 _KEY = r"^[0-9a-f]{64}$"
 
 
-def _store(request: Request):
-    return request.app.state.service.store
+async def _page(request: Request, what: str, fn, *args) -> Response:
+    """Run a page job in the pool (coalesced by `what`) and answer its text."""
+    from service.http.handlers import run_pool_job
 
-
-# -- the store index ------------------------------------------------------------------
-
-def _when(ts: Optional[float]) -> str:
-    if not ts:
-        return "-"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _num(stats: dict[str, Any], name: str) -> Optional[float]:
-    v = stats.get(name)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
-
-
-def _time_of(stats: dict[str, Any]) -> Optional[float]:
-    """The simulated time when the service measured it, else the planner's prediction."""
-    sim = _num(stats, "simulated_us")
-    return sim if sim is not None else _num(stats, "predicted_us")
-
-
-def _bound_ratio(stats: dict[str, Any]) -> Optional[float]:
-    """How many times the graph's lower bound the program takes."""
-    t, lb = _time_of(stats), _num(stats, "lower_bound_us")
-    return (t / lb) if (t is not None and lb) else None
-
-
-def _ratio(x: Optional[float]) -> str:
-    from simulator.report import _sig
-    return "-" if x is None else f"{_sig(x, 3)}×"
-
-
-def _index_model(store) -> dict[str, Any]:
-    """What the index shows, as plain data (rendered by `_index_html`)."""
-    counts = store.counts()
-    graphs = []
-    for graph_hash, name in store.graph_hashes()[:INDEX_GRAPH_LIMIT]:
-        programs = []
-        for rec in store.programs_for_graph(graph_hash):
-            stats = rec.stats
-            programs.append({
-                "key": rec.key, "planner": stats.get("planner") or rec.options.get("planner") or "",
-                "requested": rec.options.get("planner") or "", "time_limit_s": rec.options.get("time_limit_s"),
-                "status": stats.get("solver_status") or "", "time_us": _time_of(stats),
-                "simulated": _num(stats, "simulated_us") is not None,
-                "predicted_us": _num(stats, "predicted_us"), "lower_bound_us": _num(stats, "lower_bound_us"),
-                "bound_ratio": _bound_ratio(stats), "solver_gap": _num(stats, "gap"),
-                "solve_seconds": _num(stats, "solve_seconds"), "complete": rec.complete,
-                "current": rec.compiler_version == COMPILER_VERSION, "compiler_version": rec.compiler_version,
-                "hardware": rec.hardware, "solved_at": rec.updated_at or rec.created_at,
-            })
-        timed = [p for p in programs if p["time_us"] is not None]
-        best = min(timed, key=lambda p: (not p["current"], p["time_us"])) if timed else None
-        graphs.append({"graph_hash": graph_hash, "name": name,
-                       "programs": programs, "best": best})
-    return {"counts": counts, "graphs": graphs, "limit": INDEX_GRAPH_LIMIT}
-
-
-_INDEX_CSS = """
-body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
-h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:12px} th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:left}
-th{background:#f5f5f5} td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.muted{color:#888} code{font-size:12px} .notes{font-size:12px;color:#555}
-"""
-
-
-def _index_html(model: dict[str, Any]) -> str:
-    from simulator.report import fmt_pct, fmt_s, fmt_us
-
-    def report_link(key: str, label: str) -> str:
-        return f'<a href="programs/{escape(key)}/report">{escape(label)}</a>'
-
-    def time_text(p: dict[str, Any]) -> str:
-        if p["time_us"] is None:
-            return "-"
-        return escape(fmt_us(p["time_us"])) + ("" if p["simulated"] else ' <span class="muted">(predicted)</span>')
-
-    g_rows, p_rows = [], []
-    for g in model["graphs"]:
-        name = escape(g["name"] or "(unnamed)")
-        b = g["best"]
-        g_rows.append(
-            f'<tr data-graph="{escape(g["graph_hash"])}"><td>{name}</td><td><code>{escape(g["graph_hash"][:12])}</code>'
-            f'</td><td class="n">{len(g["programs"])}</td>'
-            + (f'<td class="n">{time_text(b)}</td><td>{escape(b["planner"])}</td>'
-               f'<td class="n">{escape(_ratio(b["bound_ratio"]))}</td><td class="n">{escape(fmt_pct(b["solver_gap"]))}</td>'
-               f'<td>{escape(_when(b["solved_at"]))}</td><td>{report_link(b["key"], "report")}</td>'
-               if b else '<td class="n">-</td><td>-</td><td class="n">-</td><td class="n">-</td><td>-</td><td>-</td>')
-            + "</tr>")
-        for p in g["programs"]:
-            flags = [] if p["complete"] else ["cut short by a deadline"]
-            if not p["current"]:
-                flags.append(f"compiler {p['compiler_version']}")
-            p_rows.append(
-                f'<tr data-key="{escape(p["key"])}"><td>{name}</td><td>{escape(p["planner"])}'
-                + (f' <span class="muted">(asked {escape(p["requested"])})</span>'
-                   if p["requested"] and p["requested"] != p["planner"] else "")
-                + f'</td><td class="n">{escape(fmt_s(p["time_limit_s"]) if p["time_limit_s"] else "-")}</td>'
-                f'<td>{escape(p["status"] or "-")}</td><td class="n">{time_text(p)}</td>'
-                f'<td class="n">{escape(fmt_us(p["predicted_us"]))}</td><td class="n">{escape(fmt_us(p["lower_bound_us"]))}</td>'
-                f'<td class="n">{escape(_ratio(p["bound_ratio"]))}</td><td class="n">{escape(fmt_pct(p["solver_gap"]))}</td>'
-                f'<td class="n">{escape(fmt_s(p["solve_seconds"]))}</td><td>{escape(p["hardware"])}</td>'
-                f'<td>{escape(_when(p["solved_at"]))}</td><td>{escape(", ".join(flags) or "-")}</td>'
-                f'<td>{report_link(p["key"], "report")}</td></tr>')
-
-    def table(tid: str, headers: list[str], rows: list[str]) -> str:
-        head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-        return f'<table id="{tid}"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-
-    counts = model["counts"]
-    shown = len(model["graphs"])
-    cut = (f" (the first {shown} by name shown)" if counts["graphs"] > shown else "")
-    body = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>sticksat store</title><style>{_INDEX_CSS}</style></head><body>",
-            "<h1>sticksat store</h1>",
-            f'<p id="counts">{counts["graphs"]} graphs{cut}, {counts["programs"]} programs; compiler '
-            f"{escape(COMPILER_VERSION)}</p>",
-            "<p class='notes'>time: the simulator's time of the validated program (predicted where the service "
-            "could not time it); vs bound: that time over the graph's lower bound (solver.lower_bound); solver gap: CP-SAT's "
-            "objective against its proven bound. The best program of a graph is the fastest of the current "
-            "compiler.</p>",
-            "<h2>Graphs</h2>",
-            table("graphs", ["graph", "hash", "programs", "best time", "planner", "vs bound", "solver gap",
-                             "solved", ""], g_rows) if g_rows else "<p id='empty'>The store is empty: POST /compile "
-                                                                 "a graph and it appears here.</p>",
-            "<h2>Programs</h2>" if p_rows else "",
-            table("programs", ["graph", "planner", "limit", "status", "time", "predicted", "lower bound",
-                               "vs bound", "solver gap", "solve", "hardware", "solved", "note", ""], p_rows)
-            if p_rows else "",
-            "<p class='notes'>JSON: <code>GET /programs/{key}</code>, <code>GET /graphs/{hash}</code>, "
-            "<code>GET /programs/{key}/report?format=json</code>.</p>",
-            "</body></html>"]
-    return "".join(body)
+    state = request.app.state.service
+    key = "page:" + hashlib.sha256(what.encode()).hexdigest()
+    answer: page_jobs.PageAnswer = await run_pool_job(state, request, key, fn, *args)
+    if answer.problem is not None:
+        status, code, detail = answer.problem
+        raise ProblemError(status, code, detail)
+    headers = PAGE_HEADERS if answer.media_type.startswith("text/html") else {"Cache-Control": "no-store"}
+    return Response(answer.body, media_type=answer.media_type, headers=headers)
 
 
 @router.get("/", summary="the store index (HTML): graphs, best times, gaps, planners, links to reports",
-            response_class=HTMLResponse, responses=openapi_responses(401))
+            response_class=Response, responses={**openapi_responses(401, 503, 504),
+                                                200: {"content": {"text/html": {"schema": {"type": "string"}}}}})
 async def index(request: Request) -> Response:
-    store = _store(request)
-    model = await asyncio.to_thread(_index_model, store)
-    return HTMLResponse(_index_html(model), headers=PAGE_HEADERS)
-
-
-# -- a program's report ---------------------------------------------------------------
-
-def _load(store, key: str, what: str = "program"):
-    """(record, Program, TimingReport, hardware) of a stored program, timed on its target."""
-    from pydantic import ValidationError
-
-    from lowering.errors import GraphError
-    from service.pipeline import load_hardware
-    from simulator.superdsc import Program
-    from simulator.timing import time_program
-
-    record = store.get_program(key)
-    if record is None:
-        raise ProblemError(404, "not_found", f"no {what} with key {key}")
-    try:
-        hw = load_hardware(record.hardware)
-        program = Program.from_json(record.program)
-        return record, program, time_program(program, hw), hw
-    except (GraphError, ValidationError, ValueError, KeyError) as exc:
-        # e.g. a row written by another compiler version this build cannot read
-        raise ProblemError(422, "unreadable_program",
-                           f"{what} {key} (compiler {record.compiler_version}) cannot be reported by this "
-                           f"build: {type(exc).__name__}: {str(exc)[:500]}") from exc
-
-
-def _report_of(store, key: str, against: Optional[str] = None):
-    """(record, graph record or None, Report, diff or None, the graph's programs) of a
-    stored program; the diff is against the program stored under `against`, which must
-    be of the same graph (422 different_graphs otherwise)."""
-    from simulator.report import build_report, diff_programs
-
-    record, program, timing, hw = _load(store, key)
-    graph = store.get_graph(record.graph_hash)
-    if not program.graph_name and graph is not None:
-        program.graph_name = graph.name
-    report = build_report(program, timing, hw)
-    diff = None
-    if against is not None:
-        other, other_program, other_timing, _ = _load(store, against, "program to compare with")
-        if other.graph_hash != record.graph_hash:
-            raise ProblemError(422, "different_graphs",
-                               f"program {against} is of graph {other.graph_hash[:16]}, not of this program's "
-                               f"graph {record.graph_hash[:16]}: only programs of one graph can be compared")
-        try:
-            diff = diff_programs(program, timing, other_program, other_timing)
-        except ValueError as exc:
-            raise ProblemError(422, "different_graphs", str(exc)) from exc
-    siblings = [p for p in store.programs_for_graph(record.graph_hash) if p.key != record.key]
-    return record, graph, report, diff, siblings
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+    state = request.app.state.service
+    return await _page(request, "index", page_jobs.index_page, str(state.config.store_path))
 
 
 @router.get("/programs/{key}/report",
             summary="a stored program's report: HTML page (default) or the JSON model it is rendered from; "
                     "with against=KEY, the diff against another stored program of the same graph",
-            response_class=HTMLResponse, responses=openapi_responses(401, 404, 422))
+            response_class=Response,
+            responses={**openapi_responses(401, 404, 422, 503, 504),
+                       200: {"description": "text/html by default; application/json with format=json",
+                             "content": {"text/html": {"schema": {"type": "string"}},
+                                         "application/json": {"schema": {"type": "object"}}}}})
 async def program_report(request: Request, key: str = Path(pattern=_KEY),
                          format: Literal["html", "json"] = Query("html", description="html or json"),
                          against: Optional[str] = Query(None, pattern=_KEY,
                                                         description="key of another program of the same graph: "
                                                                     "which decisions differ and what each costs")
                          ) -> Response:
-    from simulator.report import fmt_s, fmt_us
-    from simulator.report_html import render_html
-
-    record, graph, report, diff, siblings = await asyncio.to_thread(_report_of, _store(request), key, against)
-    if format == "json":
-        out = {"key": record.key, "graph_hash": record.graph_hash, "compiler_version": record.compiler_version,
-               "options": record.options, "complete": record.complete, "solved_at": record.updated_at,
-               "report": report.to_dict()}
-        if diff is not None:
-            out["against"] = against
-            out["diff"] = diff
-        return Response(json.dumps(_finite(out), allow_nan=False), media_type="application/json")
-    limit = record.options.get("time_limit_s")
-    facts = [("key", record.key[:16]), ("graph", record.graph_hash[:16]),
-             ("asked", f"{record.options.get('planner', '?')}" + (f", {fmt_s(limit)} limit" if limit else "")),
-             ("solved", _when(record.updated_at or record.created_at)),
-             ("compiler", record.compiler_version + ("" if record.compiler_version == COMPILER_VERSION
-                                                     else " (not current)"))]
-    if not record.complete:
-        facts.append(("complete", "no, cut short by a deadline"))
-    if against is not None:
-        facts.append(("compared with", against[:16]))
-    nav = [("../../", "← store index"), ("?format=json", "report JSON"), (f"../{record.key}", "program JSON")]
-    if graph is not None:
-        nav.append((f"../../graphs/{record.graph_hash}", "graph JSON"))
-    # the graph's other programs: open each, or compare this one with it
-    for p in siblings:
-        label = f"{p.stats.get('planner') or p.options.get('planner') or '?'} {fmt_us(_time_of(p.stats))}"
-        nav.append((f"../{p.key}/report", label))
-        nav.append((f"?against={p.key}", f"diff vs {label}"))
-    html = await asyncio.to_thread(render_html, report, diff, None, nav, facts)
-    return HTMLResponse(html, headers=PAGE_HEADERS)
+    state = request.app.state.service
+    return await _page(request, f"report:{key}:{format}:{against}", page_jobs.report_page,
+                       str(state.config.store_path), key, format, against)

@@ -1,0 +1,98 @@
+"""Issue 31: every request's cost is bounded before it is spent. Each test reproduces a
+failure the probes found, against the app with its real solver pool (one worker).
+
+- Reports ran on the server's own process outside the queue limit (twelve concurrent
+  reports of a 5,000-op program grew the server past 2 GB): now a report is a pool job,
+  so a full pool answers 503 with Retry-After instead of building one more.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.http import ServiceConfig, create_app
+from service_helpers import chain_graph
+
+
+def _wait_ready(client: TestClient, timeout_s: float = 120.0) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if client.get("/readyz").status_code == 200:
+            return
+        time.sleep(0.1)
+    raise AssertionError("pool not ready")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    store = tmp_path_factory.mktemp("costs") / "store.sqlite"
+    app = create_app(ServiceConfig(store_path=str(store), workers=1, queue_limit=1))
+    with TestClient(app) as client:
+        _wait_ready(client)
+        yield client, app.state.service
+
+
+def _compile(client, rows=64, name="chain"):
+    resp = client.post("/compile", json={"graph": chain_graph(rows=rows, name=name),
+                                         "options": {"planner": "naive"}})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["key"]
+
+
+def _occupy(client, state, seconds: float, n: int) -> list[str]:
+    """Fill the pool with `n` sleeping jobs (submitted on the app's event loop)."""
+    keys = [f"busy-{time.monotonic_ns()}-{i}" for i in range(n)]
+
+    async def fill():
+        for key in keys:
+            state.pool.submit(key, time.sleep, seconds)
+
+    client.portal.call(fill)
+    return keys
+
+
+def _drain(client, state, timeout_s: float = 60.0) -> None:
+    deadline = time.time() + timeout_s
+    while state.pool.inflight and time.time() < deadline:
+        time.sleep(0.05)
+    assert state.pool.inflight == 0
+
+
+def test_reports_are_pool_jobs_under_the_queue_limit(service):
+    client, state = service
+    key = _compile(client)
+    _drain(client, state)
+    _occupy(client, state, 2.0, state.pool.capacity)
+    for path in (f"/programs/{key}/report", f"/programs/{key}/report?format=json", "/"):
+        resp = client.get(path)
+        assert resp.status_code == 503, (path, resp.status_code)
+        assert resp.json()["code"] == "pool_full"
+        assert int(resp.headers["retry-after"]) >= 1
+    _drain(client, state)
+    # With room in the pool the same reports are served (built by the worker).
+    html = client.get(f"/programs/{key}/report")
+    assert html.status_code == 200 and html.headers["content-type"].startswith("text/html")
+    assert "content-security-policy" in html.headers and key[:16] in html.text
+    data = client.get(f"/programs/{key}/report?format=json")
+    assert data.status_code == 200 and data.headers["content-type"] == "application/json"
+    assert data.json()["key"] == key and data.json()["report"]
+    assert client.get(f"/programs/{'0' * 64}/report").status_code == 404
+    assert client.get("/").status_code == 200
+
+
+def test_report_of_a_program_the_server_never_builds(service, monkeypatch):
+    """The server process does not build reports: replacing the builder in this process
+    changes nothing, because the worker process runs its own copy."""
+    client, state = service
+    key = _compile(client, rows=128, name="other")
+    from service import page_jobs
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a report was built on the server's process")
+
+    monkeypatch.setattr(page_jobs, "_report_of", boom)
+    monkeypatch.setattr(page_jobs, "_index_model", boom)
+    assert client.get(f"/programs/{key}/report").status_code == 200
+    assert client.get("/").status_code == 200
