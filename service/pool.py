@@ -283,10 +283,23 @@ class SolverPool:
         gone with the event loop)."""
         self._ready.clear()
         self._closed = True
+        processes = []
         for slot in self._slots:
+            processes += list((getattr(slot.executor, "_processes", None) or {}).values())
             self._stop_executor(slot.executor)
             slot.executor = None
         self._queue.clear()
+        # SIGTERM first; a worker deep in native code (a CP-SAT solve) may not stop at once:
+        # whatever still runs after a moment is killed, so no solve outlives the pool.
+        deadline = time.monotonic() + 2.0
+        for process in processes:
+            try:
+                process.join(max(0.0, deadline - time.monotonic()))
+                if process.is_alive():
+                    process.kill()
+                    process.join(1.0)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
     @staticmethod
     def _stop_executor(executor: Optional[ProcessPoolExecutor]) -> None:
