@@ -28,6 +28,7 @@ _TITLES = {
     500: "Internal error",
     503: "Service unavailable",
     504: "Deadline exceeded",
+    507: "Insufficient storage",
 }
 
 

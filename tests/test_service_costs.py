@@ -96,3 +96,83 @@ def test_report_of_a_program_the_server_never_builds(service, monkeypatch):
     monkeypatch.setattr(page_jobs, "_index_model", boom)
     assert client.get(f"/programs/{key}/report").status_code == 200
     assert client.get("/").status_code == 200
+
+
+# -- a full disk: 507 with Retry-After, /readyz not ready ---------------------------------
+
+def test_disk_full_is_507_with_retry_after_and_readyz_says_so(tmp_path, monkeypatch):
+    """Simulated ENOSPC (runs anywhere): the store's write fails for lack of space."""
+    import errno
+
+    app = create_app(ServiceConfig(store_path=str(tmp_path / "store.sqlite"), workers=1, queue_limit=1,
+                                   min_free_bytes=0))
+    with TestClient(app) as client:
+        _wait_ready(client)
+        state = app.state.service
+        real_put = state.store.put_graph
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(state.store, "put_graph", full)
+        monkeypatch.setattr(state.storage, "free_bytes", lambda: 10 * 2**30)  # the real disk is not full
+        resp = client.post("/compile", json={"graph": chain_graph(rows=64, name="full"),
+                                             "options": {"planner": "naive"}})
+        assert resp.status_code == 507, resp.text
+        assert resp.json()["code"] == "insufficient_storage" and int(resp.headers["retry-after"]) >= 1
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["code"] == "insufficient_storage"
+        # a further miss is refused before any solve is spent on it
+        resp = client.post("/compile", json={"graph": chain_graph(rows=32, name="full2"),
+                                             "options": {"planner": "naive"}})
+        assert resp.status_code == 507
+        monkeypatch.setattr(state.store, "put_graph", real_put)
+        state.storage.write_succeeded()  # what a successful write (or freed space) records
+        assert client.get("/readyz").status_code == 200
+        assert _compile(client, rows=64, name="full")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 3 MiB tmpfs (root only; skipped where mounting is not allowed)."""
+    import subprocess
+
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode()[:200]}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_disk_full_on_a_small_tmpfs(small_tmpfs):
+    app = create_app(ServiceConfig(store_path=str(small_tmpfs / "store.sqlite"), workers=1, queue_limit=1,
+                                   min_free_bytes=64 * 1024))
+    with TestClient(app) as client:
+        _wait_ready(client)
+        key = _compile(client, rows=64, name="before")
+        junk = small_tmpfs / "junk"
+        with open(junk, "wb") as f:  # fill the disk
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["code"] == "insufficient_storage"
+        statuses = set()
+        for i in range(3):  # misses: refused (or failing on write) as 507, never 500
+            resp = client.post("/compile", json={"graph": chain_graph(rows=128, n_ops=4 + i, name=f"big{i}"),
+                                                 "options": {"planner": "naive"}})
+            statuses.add(resp.status_code)
+            assert resp.status_code == 507, resp.text
+            assert int(resp.headers["retry-after"]) >= 1
+        # what is stored is still served
+        assert client.get(f"/programs/{key}").status_code == 200
+        junk.unlink()
+        assert client.get("/readyz").status_code == 200
+        _compile(client, rows=128, name="after")

@@ -37,6 +37,9 @@ def register(sub) -> None:
     p.add_argument("--max-numerics-elements", type=int, default=None,
                    help="/simulate numerics: most elements the reference and functional run may materialize "
                         "(422 numerics_too_large beyond; default 2^26)")
+    p.add_argument("--min-free-bytes", type=int, default=None,
+                   help="/readyz reports not ready while the SQLite store's disk has less free space "
+                        "(default 64 MiB); a write that fails for lack of space is a 507 either way")
     p.add_argument("--token-file", default=None,
                    help="require 'Authorization: Bearer <token>' on every route but /healthz and /readyz; "
                         "the token is this file's content (default: $STICKSAT_TOKEN; neither: no auth)")
@@ -147,6 +150,8 @@ def run(args) -> int:
         config = dataclasses.replace(config, max_time_limit_s=args.max_time_limit)
     if args.body_timeout is not None:
         config = dataclasses.replace(config, body_read_timeout_s=args.body_timeout)
+    if args.min_free_bytes is not None:
+        config = dataclasses.replace(config, min_free_bytes=args.min_free_bytes)
     if args.max_numerics_elements is not None:
         config = dataclasses.replace(config, max_numerics_elements=args.max_numerics_elements)
     header_timeout = args.header_timeout if args.header_timeout is not None else 10.0

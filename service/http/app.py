@@ -33,6 +33,7 @@ from service.http import handlers, pages
 from service.http.config import ServiceConfig, config_from_env, limits_of
 from service.http.middleware import ServiceMiddleware
 from service.http.openapi import service_openapi
+from service.http.storage import FULL_RETRY_AFTER_S, StorageWatch, is_disk_full
 from service.logging import log_event
 from service.metrics import ServiceMetrics
 from service.pool import SolverPool
@@ -47,6 +48,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.store = ProgramStore(config.store_path)
+        state.storage = StorageWatch(str(config.store_path), config.min_free_bytes)
         state.pool = SolverPool(config.workers, config.queue_limit, on_inflight_change=metrics.inflight.set,
                                 on_event=log_event)
         metrics.pool_workers.set(config.workers)
@@ -99,8 +101,32 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
+        if is_disk_full(exc):
+            return from_problem_error(_storage_full(exc, request.url.path), instance=request.url.path)
         log_event("internal_error", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
         return problem_response(500, "internal_error", f"{type(exc).__name__}: {exc}", instance=request.url.path)
+
+    def _storage_full(exc: BaseException, path: str) -> ProblemError:
+        if state.storage is not None:
+            state.storage.write_failed()
+        metrics.rejected.labels("insufficient_storage").inc()
+        log_event("insufficient_storage", path=path, error=f"{type(exc).__name__}: {exc}")
+        return ProblemError(507, "insufficient_storage", f"the program store has no space left "
+                                                         f"({type(exc).__name__}: {exc}); retry once space is freed",
+                            headers={"Retry-After": str(FULL_RETRY_AFTER_S)}, title="Insufficient storage")
+
+    @asynccontextmanager
+    async def disk_full_as_507(path: str):
+        """A store write that fails for lack of space is a 507, raised as a ProblemError so
+        it is answered like any 4xx/5xx of ours (the catch-all handler would log it as a crash)."""
+        try:
+            yield
+        except ProblemError:
+            raise
+        except Exception as exc:
+            if is_disk_full(exc):
+                raise _storage_full(exc, path) from None
+            raise
 
     # -- health --------------------------------------------------------------------
     @app.get("/healthz", summary="liveness")
@@ -112,6 +138,9 @@ def create_app(config: ServiceConfig) -> FastAPI:
         if state.pool is None or not state.pool.ready:
             detail = state.warm_error or "solver pool is starting"
             raise ProblemError(503, "not_ready", detail, headers={"Retry-After": "1"})
+        full = state.storage.problem() if state.storage is not None else None
+        if full is not None:
+            raise ProblemError(503, "insufficient_storage", full, headers={"Retry-After": str(FULL_RETRY_AFTER_S)})
         return {"status": "ready", "workers": state.pool.workers, "queue_limit": state.pool.queue_limit}
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response,
@@ -137,7 +166,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     # pydantic-core) rather than by FastAPI (json.loads, then validation of the Python
     # objects): a cache hit is mostly parsing. The OpenAPI body schema is declared below.
     @app.post("/compile", summary="graph document → validated SuperDSC program + stats",
-              response_model=CompileResponse, responses=openapi_responses(401, 408, 413, 415, 422, 500, 503, 504),
+              response_model=CompileResponse, responses=openapi_responses(401, 408, 413, 415, 422, 500, 503, 504, 507),
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"$ref": "#/components/schemas/CompileRequest"}}}}})
     async def compile_route(request: Request) -> Response:
@@ -146,7 +175,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
         prepared = await handlers.prepare_off_loop(state, raw, prepare_compile, raw, limits_of(config))
         if isinstance(prepared, dict):
             return handlers.problem_of(state, prepared, request.url.path)
-        return await handlers.compile_document(state, request, prepared, received_at)
+        async with disk_full_as_507(request.url.path):
+            return await handlers.compile_document(state, request, prepared, received_at)
 
     # -- simulate ------------------------------------------------------------------
     # Parsed here like /compile (FastAPI's own parsing answers an undocumented 400 for a

@@ -18,6 +18,7 @@ from lowering.errors import GraphError
 from lowering.version import COMPILER_VERSION
 from service import pipeline
 from service.http.config import ServiceConfig
+from service.http.storage import FULL_RETRY_AFTER_S
 from service.logging import log_event
 from service.metrics import ServiceMetrics
 from service.pool import JobDropped, PoolFull, PoolNotReady, SolverPool, WorkerCrashed, wait
@@ -33,6 +34,7 @@ class ServiceState:
         self.pool: Optional[SolverPool] = None
         self.warm_task: Optional[asyncio.Task] = None
         self.warm_error: Optional[str] = None
+        self.storage = None  # service.http.storage.StorageWatch, set in the lifespan
 
 
 def graph_error_problem(exc: GraphError, errors: Optional[list[GraphError]] = None) -> ProblemError:
@@ -178,7 +180,15 @@ async def compile_document(state: ServiceState, request: Request, prepared: Prep
             metrics.rejected.labels(problems[0].code).inc()
             raise graph_error_problem(problems[0], problems)
         document_json = prepared.doc.to_json()
+    if state.storage is not None:
+        full = state.storage.problem()
+        if full is not None:  # a solve whose program cannot be stored: refused before it is spent
+            metrics.rejected.labels("insufficient_storage").inc()
+            raise ProblemError(507, "insufficient_storage", f"{full}; stored programs are still served",
+                               headers={"Retry-After": str(FULL_RETRY_AFTER_S)}, title="Insufficient storage")
     await asyncio.to_thread(store.put_graph, graph_hash, document_json, prepared.name)
+    if state.storage is not None:
+        state.storage.write_succeeded()
 
     deadline_s = prepared.deadline_s if prepared.deadline_s is not None else max(
         config.default_deadline_s, options.time_limit_s + 60.0)
