@@ -217,7 +217,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     app.include_router(pages.router)
     app.openapi = lambda: service_openapi(app)  # type: ignore[method-assign]
-    app.add_middleware(ServiceMiddleware, max_body_bytes=config.max_body_bytes, metrics=metrics,
+    app.add_middleware(ServiceMiddleware, max_body_bytes=config.max_body_bytes, metrics=metrics, bodies=state.bodies,
                        token=config.token, body_read_timeout_s=config.body_read_timeout_s)
     return app
 

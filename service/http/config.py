@@ -41,6 +41,10 @@ class ServiceConfig:
     # Bodies at least this large are parsed and validated in a pool worker, not on the
     # event loop (pydantic holds the GIL for the whole parse: seconds for a 20 MB body).
     offload_parse_bytes: int = 1024 * 1024
+    # ... and any body while the bodies of all requests in flight together pass this
+    # many bytes: eight 986 KiB bodies parsed one after another on the loop stalled
+    # every other request (/healthz) for seconds.
+    loop_parse_budget_bytes: int = 1024 * 1024
     # /readyz reports not ready while the SQLite store's directory has less free space
     # (a write that fails for lack of space is a 507 whatever this says).
     min_free_bytes: int = 64 * 1024 * 1024

@@ -18,6 +18,7 @@ from lowering.errors import GraphError
 from lowering.version import COMPILER_VERSION
 from service import pipeline
 from service.http.config import ServiceConfig
+from service.http.middleware import BodyBytes
 from service.http.storage import FULL_RETRY_AFTER_S
 from service.logging import log_event
 from service.metrics import ServiceMetrics
@@ -35,6 +36,7 @@ class ServiceState:
         self.warm_task: Optional[asyncio.Task] = None
         self.warm_error: Optional[str] = None
         self.storage = None  # service.http.storage.StorageWatch, set in the lifespan
+        self.bodies = BodyBytes()  # request body bytes in flight (counted by the middleware)
 
 
 def graph_error_problem(exc: GraphError, errors: Optional[list[GraphError]] = None) -> ProblemError:
@@ -79,10 +81,20 @@ def _body_validation_problem(errors: list[dict], body: Any, instance: str) -> Re
 async def prepare_off_loop(state: ServiceState, raw: bytes, fn, *args):
     """Small bodies are prepared on the loop (a cache hit is mostly this); large ones in
     a pool worker, so /healthz and every other request keep answering while a 20 MB
-    document is parsed (pydantic holds the GIL: a thread would not help). The parse
-    takes a pool slot like any job: a full pool is a 503."""
-    if len(raw) < state.config.offload_parse_bytes or state.pool is None or not state.pool.ready:
+    document is parsed (pydantic holds the GIL: a thread would not help). So is any body
+    while the bodies in flight together pass the loop's budget: many medium bodies
+    parsed back to back stall the loop as one large one does. The parse takes a pool
+    slot like any job: a full pool is a 503."""
+    config = state.config
+    if len(raw) >= config.offload_parse_bytes:
+        reason = "size"
+    elif state.bodies.inflight > config.loop_parse_budget_bytes:
+        reason = "budget"
+    else:
+        reason = None
+    if reason is None or state.pool is None or not state.pool.ready:
         return fn(*args)
+    state.metrics.bodies_offloaded.labels(reason).inc()
     key = f"prepare:{fn.__name__}:" + hashlib.sha256(raw).hexdigest()
     try:
         future, _ = state.pool.submit(key, fn, *args, True)

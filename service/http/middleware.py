@@ -19,8 +19,9 @@ class ServiceMiddleware:
     without Content-Length is bounded as well as a declared one."""
 
     def __init__(self, app, max_body_bytes: int, metrics: ServiceMetrics, token: Optional[str] = None,
-                 body_read_timeout_s: float = 30.0):
+                 body_read_timeout_s: float = 30.0, bodies: Optional["BodyBytes"] = None):
         self.app = app
+        self.bodies = bodies if bodies is not None else BodyBytes()
         self.max_body_bytes = max_body_bytes
         self.body_read_timeout_s = body_read_timeout_s
         self.metrics = metrics
@@ -32,6 +33,7 @@ class ServiceMiddleware:
             return
         started = time.perf_counter()
         status_holder = {"status": 500}
+        counted = [0]  # body bytes of this request counted in self.bodies
 
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
@@ -55,13 +57,15 @@ class ServiceMiddleware:
                     self.metrics.rejected.labels("unsupported_media_type").inc()
                     await refused(scope, receive, send_wrapper)
                     return
-                body_or_response = await self._read_body(scope, receive)
+                body_or_response = await self._read_body(scope, receive, counted)
                 if isinstance(body_or_response, Response):
                     await body_or_response(scope, receive, send_wrapper)
                     return
                 receive = _replay(body_or_response, receive)
             await self.app(scope, receive, send_wrapper)
         finally:
+            self.bodies.release(counted[0])
+            self.metrics.body_bytes_inflight.set(self.bodies.inflight)
             route = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
             self.metrics.requests.labels(label, scope["method"], str(status_holder["status"])).inc()
@@ -75,7 +79,7 @@ class ServiceMiddleware:
                 return scheme.lower() == b"bearer" and hmac.compare_digest(presented.strip(), self.token)
         return False
 
-    async def _read_body(self, scope, receive):
+    async def _read_body(self, scope, receive, counted: list[int]):
         declared = None
         for name, value in scope.get("headers", []):
             if name == b"content-length":
@@ -104,6 +108,8 @@ class ServiceMiddleware:
                 break
             chunk = message.get("body", b"")
             size += len(chunk)
+            self.bodies.add(len(chunk))
+            counted[0] += len(chunk)
             if size > self.max_body_bytes:
                 return self._too_large(size)
             chunks.append(chunk)
@@ -116,6 +122,20 @@ class ServiceMiddleware:
         return problem_response(413, "body_too_large",
                                 f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes",
                                 headers={"Connection": "close"})
+
+
+class BodyBytes:
+    """Bytes of request bodies received (in part or whole) by requests not yet answered:
+    the handlers parse a body on the event loop only while this stays under a budget."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+
+    def add(self, n: int) -> None:
+        self.inflight += n
+
+    def release(self, n: int) -> None:
+        self.inflight = max(0, self.inflight - n)
 
 
 # Probes answer without the token (they reveal nothing but liveness and worker counts).
