@@ -49,6 +49,9 @@ class ServiceMetrics:
                                         "ATen nodes per graph document answered with a program "
                                         "(_sum: nodes compiled in all)",
                                         buckets=_NODE_BUCKETS, registry=r)
+        self.wall_time_exceeded = Counter("sticksat_wall_time_exceeded",
+                                          "Compiles stopped at their wall-time bound (answered with the plan "
+                                          "stored so far, or 504)", registry=r)
         self.worker_crashes = Counter("sticksat_worker_crashes",
                                       "Jobs whose worker process died under them (only that job fails)", registry=r)
         self.jobs_dropped = Counter("sticksat_jobs_dropped",

@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # the store is the service's: the embedded path never imports
     from service.store import ProgramRecord
 
 DEFAULT_TIME_LIMIT_S = 10.0
+# A compile's wall-time bound: its time limit plus what lowering, the early fallback plan,
+# emitting, validating and timing take (half the limit, at least WALL_GRACE_MIN_S).
+WALL_GRACE_MIN_S = 10.0
 MAX_TIME_LIMIT_S = 3600.0
 
 
@@ -224,6 +227,9 @@ class CompileJob:
     hint: Optional[str] = None
     # Set by the service: an anytime planner's early fallback plan is stored here.
     slot: Optional[StoreSlot] = None
+    # Seconds the job may run in all (from when the worker starts it); the planner gets
+    # what remains of it. The pool kills a job that overruns it (`wall_limit_s`).
+    wall_limit_s: Optional[float] = None
 
 
 @dataclass
@@ -240,6 +246,12 @@ class CompileOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def wall_limit_s(time_limit_s: float, grace_min_s: float = WALL_GRACE_MIN_S) -> float:
+    """The wall time a compile with this time limit may take in a worker before it is
+    stopped (the service then answers the best plan stored so far)."""
+    return time_limit_s + max(grace_min_s, 0.5 * time_limit_s)
 
 
 def fallback_planner(requested: str) -> Optional[str]:
@@ -345,8 +357,10 @@ def compile_job(job: CompileJob) -> CompileOutcome:
         # still runs with the least budget instead of returning nothing: the service told
         # the client its program would be stored, and a job it no longer wants is dropped
         # by the pool before it starts (SolverPool.leave), never here.
-        if job.deadline_at is not None:
-            remaining = job.deadline_at - time.time()
+        ends = [t for t in (job.deadline_at, started + job.wall_limit_s if job.wall_limit_s else None)
+                if t is not None]
+        if ends:
+            remaining = min(ends) - time.time()
             effective_limit = max(0.01, min(options.time_limit_s, remaining - _deadline_reserve(remaining)))
         program = plan(pg, hw, planner=options.planner, time_limit_s=effective_limit,
                        deterministic=options.deterministic, hint=hint, fallback=not options.strict)

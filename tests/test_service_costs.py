@@ -209,3 +209,34 @@ def test_bodies_in_flight_past_the_budget_are_parsed_in_a_worker(service):
     finally:
         state.bodies.release(others)
     assert state.bodies.inflight == 0  # every answered request released its bytes
+
+
+# -- online time limits bound wall time -------------------------------------------------------
+
+def test_time_limit_bounds_the_wall_time_and_answers_the_plan_so_far(tmp_path):
+    """cpsat with time_limit_s 0.5 on the tiny GPT-2 block ran about 3 s (model building and
+    post-solve steps outlast the search limit; the probes saw 2 s take 32 s on a large
+    graph). The job is stopped at its wall bound (here made small: time limit + 0.5 s, kill
+    0.3 s later) and the answer is the validated plan stored so far (the early fallback),
+    marked incomplete; the worker is replaced."""
+    import json
+    from pathlib import Path
+
+    graph = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "graphs" / "tiny" /
+                        "gpt2_tiny_block16.json").read_text())
+    app = create_app(ServiceConfig(store_path=str(tmp_path / "store.sqlite"), workers=1, queue_limit=1,
+                                   wall_grace_min_s=0.5, wall_kill_grace_s=0.3))
+    with TestClient(app) as client:
+        _wait_ready(client)
+        state = app.state.service
+        resp = client.post("/compile", json={"graph": graph, "options": {"planner": "cpsat", "time_limit_s": 0.5}})
+        assert resp.status_code in (200, 504), resp.text
+        if resp.status_code == 200:
+            body = resp.json()
+            assert body["complete"] is False and body["stats"]["planner"] in ("heuristic", "naive")
+        else:
+            assert resp.json()["code"] == "wall_time_exceeded"
+        assert state.pool.timed_out == 1
+        assert _metric(client, "sticksat_wall_time_exceeded_total") == 1
+        _wait_ready(client)
+        _compile(client, rows=32, name="after-the-stop")  # the slot has a fresh worker

@@ -45,6 +45,11 @@ class ServiceConfig:
     # many bytes: eight 986 KiB bodies parsed one after another on the loop stalled
     # every other request (/healthz) for seconds.
     loop_parse_budget_bytes: int = 1024 * 1024
+    # A compile's wall-time bound is its time limit plus max(this, half the limit)
+    # (pipeline.wall_limit_s); the pool kills a job still running `wall_kill_grace_s`
+    # after it, and the service answers with the best plan stored so far.
+    wall_grace_min_s: float = pipeline.WALL_GRACE_MIN_S
+    wall_kill_grace_s: float = 5.0
     # /readyz reports not ready while the SQLite store's directory has less free space
     # (a write that fails for lack of space is a 507 whatever this says).
     min_free_bytes: int = 64 * 1024 * 1024

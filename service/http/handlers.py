@@ -22,7 +22,7 @@ from service.http.middleware import BodyBytes
 from service.http.storage import FULL_RETRY_AFTER_S
 from service.logging import log_event
 from service.metrics import ServiceMetrics
-from service.pool import JobDropped, PoolFull, PoolNotReady, SolverPool, WorkerCrashed, wait
+from service.pool import JobDropped, JobTimedOut, PoolFull, PoolNotReady, SolverPool, WorkerCrashed, wait
 from service.prepare import PreparedCompile, body_validation_findings
 from service.problems import ProblemError, problem_response
 from service.store import ProgramRecord, ProgramStore, program_key
@@ -76,6 +76,15 @@ def _body_validation_problem(errors: list[dict], body: Any, instance: str) -> Re
     return problem_response(422, "schema", found["detail"], node=found["node"], errors=found["errors"],
                             instance=instance)
 
+
+
+def _expected_s(options: pipeline.CompileOptions) -> Optional[float]:
+    """A compile's expected run time for Retry-After: its time limit when the planner
+    searches for it, else unknown (the pool's recent mean)."""
+    from solver.planners import PLANNER_INFO
+
+    info = PLANNER_INFO.get(options.planner)
+    return options.time_limit_s if info is not None and info.searches else None
 
 
 async def prepare_off_loop(state: ServiceState, raw: bytes, fn, *args):
@@ -209,7 +218,8 @@ async def compile_document(state: ServiceState, request: Request, prepared: Prep
         key=key, graph_hash=graph_hash, compiler_version=COMPILER_VERSION, options_hash=options.options_hash(),
         options=options.solve_dict(), hardware=hw.name, hardware_digest=hw.digest))
     job = pipeline.CompileJob(document=document_json, options=options, deadline_at=deadline_at,
-                              hint=stored.program if stored is not None else None, slot=slot)
+                              hint=stored.program if stored is not None else None, slot=slot,
+                              wall_limit_s=pipeline.wall_limit_s(options.time_limit_s, config.wall_grace_min_s))
 
     async def persist(outcome: pipeline.CompileOutcome) -> None:
         metrics.solve_seconds.labels(options.planner).observe(outcome.seconds)
@@ -234,7 +244,9 @@ async def compile_document(state: ServiceState, request: Request, prepared: Prep
         return answer(again, cached=True, coalesced=False, hit=True)
     metrics.cache_misses.inc()
     try:
-        future, joined = state.pool.submit(key, pipeline.compile_job, job, on_done=persist)
+        future, joined = state.pool.submit(key, pipeline.compile_job, job, on_done=persist,
+                                           hard_timeout_s=job.wall_limit_s + config.wall_kill_grace_s,
+                                           expected_s=_expected_s(options))
     except PoolFull as exc:
         metrics.rejected.labels("pool_full").inc()
         raise ProblemError(503, "pool_full", str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
@@ -259,6 +271,17 @@ async def compile_document(state: ServiceState, request: Request, prepared: Prep
     if how == "done":
         try:
             outcome: pipeline.CompileOutcome = future.result()
+        except JobTimedOut as exc:
+            metrics.wall_time_exceeded.inc()
+            fell_back = fallback_answer("wall_time")
+            if fell_back is not None:
+                return fell_back
+            log_event("compile", status="wall_time_exceeded", seconds=round(time.time() - received_at, 6),
+                      **log_fields)
+            raise ProblemError(504, "wall_time_exceeded",
+                               f"the compile ran past its wall-time bound of {job.wall_limit_s:g} s (time_limit_s "
+                               f"{options.time_limit_s:g} plus the time lowering, emitting and validating may take) "
+                               f"and was stopped; no plan was stored under key {key}: {exc}") from None
         except WorkerCrashed as exc:
             metrics.worker_crashes.inc()
             fell_back = fallback_answer("worker_crashed")
@@ -339,7 +362,8 @@ async def run_pool_job(state: ServiceState, request: Request, key: str, fn, *arg
     """Run `fn(*args)` in the pool under its queue limit (joining an identical job in
     flight) and return its result: 503 when the pool is full, 504 past the service's
     deadline or when the client left, 500 worker_crashed when the worker died running it."""
-    future, _ = submit(state, key, fn, *args)
+    future, _ = submit(state, key, fn, *args,
+                       hard_timeout_s=state.config.default_deadline_s + state.config.wall_kill_grace_s)
     how, fate = await _await_job(state, request, key, future, state.config.default_deadline_s)
     if how != "done":
         if how == "gone":
