@@ -52,7 +52,9 @@ class ServiceMiddleware:
                     scope, receive, send_wrapper)
                 return
             if scope["method"] in ("POST", "PUT", "PATCH"):
-                refused = _content_type_problem(scope)
+                # Only POST has routes (and a body): a PUT or PATCH is read within the
+                # size limit like any body, then answered 405 by the router.
+                refused = _content_type_problem(scope) if scope["method"] == "POST" else None
                 if refused is not None:
                     self.metrics.rejected.labels("unsupported_media_type").inc()
                     await refused(scope, receive, send_wrapper)
