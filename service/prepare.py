@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from lowering.errors import GraphError
 from lowering.graph_format import GraphDocument
 from service import pipeline
-from simulator.superdsc import Program
+from target.superdsc import Program
 
 # -- request and response models -----------------------------------------------------
 
@@ -230,7 +230,7 @@ def prepare_simulate(raw: bytes, limits: RequestLimits, in_worker: bool = False)
         return _graph_problem_dict(exc)
     if body.numerics and body.graph is None:
         return _problem_dict(422, "invalid_option", "numerics needs the graph document (the reference)")
-    from lowering.primitives import DTYPE_BYTES
+    from target.primitives import DTYPE_BYTES
 
     for k, tensor in enumerate(body.program.tensors):
         if tensor.dtype not in DTYPE_BYTES:

@@ -21,6 +21,8 @@ exception propagates). Without a sink, nothing changes.
 from __future__ import annotations
 
 import gc
+import importlib
+import inspect
 import logging
 import threading
 import time
@@ -29,11 +31,13 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
 from lowering.errors import GraphError
-from lowering.primitives import PrimGraph
-from simulator.superdsc import Program
+from target.primitives import PrimGraph
+from target.hardware import load_target
+from target.superdsc import Program
 from simulator.validate import ProgramIssue, validate_program
 from solver.emit import emit_program
 from solver.events import EventSink, Failed, Fallback, Finished, Phase, emit
+from solver.lower_bound import lower_bound
 from solver.naive import plan_naive
 from solver.plan import PlanDecisions
 
@@ -122,7 +126,6 @@ def ensure_registered(name: str) -> None:
     """Import the module of a planner that registers itself on import (`KNOWN_PLANNERS`)."""
     if name in PLANNERS:
         return
-    import importlib
     info = PLANNER_INFO.get(name)
     modules = [info.module] if info is not None else [i.module for i in KNOWN_PLANNERS]
     for module in modules:
@@ -187,7 +190,6 @@ def _plan(pg: PrimGraph, hw, planner: str, time_limit_s: Optional[float], determ
           hint: Optional[Union[PlanDecisions, Program]], fallback: bool,
           events: Optional[EventSink] = None) -> Program:
     if hw is None:
-        from simulator.hardware import load_target
         hw = load_target()
     ensure_registered(planner)
     if planner not in PLANNERS:
@@ -229,7 +231,6 @@ def _next_planner(planner: str) -> Optional[str]:
 
 
 def _takes_events(fn) -> bool:
-    import inspect
     try:
         return "events" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -258,8 +259,6 @@ def _plan_with(pg: PrimGraph, hw, planner: str, time_limit_s: Optional[float], d
         raise PlanInvalid(planner, issues)
     if program.stats.lower_bound_us is None:
         # every program says how far from the machine's limit it could at best be
-        from solver.lower_bound import lower_bound
-
         with Phase(events, planner, "lower bound"):
             program.stats.lower_bound_us = lower_bound(pg, hw).lower_bound_us
     return program
