@@ -8,7 +8,8 @@ the numbers docs/reliability.md reports.
     .venv/bin/python benchmarks/probe_service.py [--only NAME] [--json out.json]
 
 Probes: reports (a flood of report requests for a 5,000-op program), bodies (eight
-concurrent 986 KiB bodies), wall (cpsat with time_limit_s 2 on the largest layer graph),
+concurrent 986 KiB bodies), wall (cpsat with time_limit_s 2 on the llama prefill layer),
+wall_big (the same on a 5,000-node chain),
 idle_kill (an idle worker SIGKILLed, a compile at once), retry_after (nine cpsat jobs of
 3 s for one worker, then one more), disk_full (the store on a 4 MiB tmpfs, filled; root
 only).
@@ -190,6 +191,24 @@ def probe_wall(base: Path) -> dict:
         server.stop()
 
 
+def probe_wall_big(base: Path) -> dict:
+    """cpsat, time_limit_s 2, on a 5,000-node chain (the size the probes of issue 31 used)."""
+    server = _start(base, ["--workers", "1", "--queue-limit", "8", "--max-nodes", "5000"])
+    try:
+        graph = chain_graph(rows=64, n_ops=5000, name="wall-big")
+        with Watch(server) as watch:
+            t0 = time.perf_counter()
+            resp = httpx.post(server.url + "/compile", json={"graph": graph, "options": {
+                "planner": "cpsat", "time_limit_s": 2}}, timeout=900)
+            wall = time.perf_counter() - t0
+        body = resp.json()
+        return {"requests": 1, "statuses": {str(resp.status_code): 1}, "wall_s": round(wall, 1),
+                "complete": body.get("complete"), "planner": (body.get("stats") or {}).get("planner"),
+                "code": body.get("code"), **watch.numbers()}
+    finally:
+        server.stop()
+
+
 def probe_idle_kill(base: Path) -> dict:
     server = _start(base, ["--workers", "1", "--queue-limit", "8"])
     try:
@@ -265,7 +284,8 @@ def probe_disk_full(base: Path) -> dict:
         subprocess.run(["umount", "-l", str(mount)])
 
 
-PROBES = {"reports": probe_reports, "bodies": probe_bodies, "wall": probe_wall, "idle_kill": probe_idle_kill,
+PROBES = {"reports": probe_reports, "bodies": probe_bodies, "wall": probe_wall, "wall_big": probe_wall_big,
+          "idle_kill": probe_idle_kill,
           "retry_after": probe_retry_after, "disk_full": probe_disk_full}
 
 

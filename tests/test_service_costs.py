@@ -240,3 +240,16 @@ def test_time_limit_bounds_the_wall_time_and_answers_the_plan_so_far(tmp_path):
         assert _metric(client, "sticksat_wall_time_exceeded_total") == 1
         _wait_ready(client)
         _compile(client, rows=32, name="after-the-stop")  # the slot has a fresh worker
+
+
+def test_only_a_searching_planner_is_held_to_its_time_limit():
+    """naive and heuristic ignore time_limit_s (a 3,400-op chain took over 20 s to plan,
+    validate and time on a loaded machine): their jobs end at the deadline, not at a
+    bound derived from a time limit they never read."""
+    from service import pipeline
+    from service.http.handlers import _wall_limit_s
+
+    config = ServiceConfig(store_path="unused")
+    for planner in ("naive", "heuristic"):
+        assert _wall_limit_s(pipeline.CompileOptions(planner=planner, time_limit_s=1.0), config) is None
+    assert _wall_limit_s(pipeline.CompileOptions(planner="cpsat", time_limit_s=2.0), config) == 12.0

@@ -78,6 +78,19 @@ def _body_validation_problem(errors: list[dict], body: Any, instance: str) -> Re
 
 
 
+def _wall_limit_s(options: pipeline.CompileOptions, config: ServiceConfig) -> Optional[float]:
+    """The wall-time bound of a compile with a searching planner (cpsat): its time limit
+    plus the grace (pipeline.wall_limit_s). A planner that does not search (naive,
+    heuristic) ignores the time limit, and its run time grows with the graph alone (the
+    service's graph limits bound it): its job is bounded by the request's deadline."""
+    from solver.planners import PLANNER_INFO
+
+    info = PLANNER_INFO.get(options.planner)
+    if info is None or not info.searches:
+        return None
+    return pipeline.wall_limit_s(options.time_limit_s, config.wall_grace_min_s)
+
+
 def _expected_s(options: pipeline.CompileOptions) -> Optional[float]:
     """A compile's expected run time for Retry-After: its time limit when the planner
     searches for it, else unknown (the pool's recent mean)."""
@@ -219,7 +232,7 @@ async def compile_document(state: ServiceState, request: Request, prepared: Prep
         options=options.solve_dict(), hardware=hw.name, hardware_digest=hw.digest))
     job = pipeline.CompileJob(document=document_json, options=options, deadline_at=deadline_at,
                               hint=stored.program if stored is not None else None, slot=slot,
-                              wall_limit_s=pipeline.wall_limit_s(options.time_limit_s, config.wall_grace_min_s))
+                              wall_limit_s=_wall_limit_s(options, config))
 
     async def persist(outcome: pipeline.CompileOutcome) -> None:
         metrics.solve_seconds.labels(options.planner).observe(outcome.seconds)
@@ -245,7 +258,7 @@ async def compile_document(state: ServiceState, request: Request, prepared: Prep
     metrics.cache_misses.inc()
     try:
         future, joined = state.pool.submit(key, pipeline.compile_job, job, on_done=persist,
-                                           hard_timeout_s=job.wall_limit_s + config.wall_kill_grace_s,
+                                           hard_timeout_s=(job.wall_limit_s or deadline_s) + config.wall_kill_grace_s,
                                            expected_s=_expected_s(options))
     except PoolFull as exc:
         metrics.rejected.labels("pool_full").inc()
@@ -279,8 +292,9 @@ async def compile_document(state: ServiceState, request: Request, prepared: Prep
             log_event("compile", status="wall_time_exceeded", seconds=round(time.time() - received_at, 6),
                       **log_fields)
             raise ProblemError(504, "wall_time_exceeded",
-                               f"the compile ran past its wall-time bound of {job.wall_limit_s:g} s (time_limit_s "
-                               f"{options.time_limit_s:g} plus the time lowering, emitting and validating may take) "
+                               f"the compile ran past its wall-time bound of {job.wall_limit_s or deadline_s:g} s "
+                               f"(time_limit_s {options.time_limit_s:g} plus the time lowering, emitting and "
+                               f"validating may take; the deadline for a planner that does not search) "
                                f"and was stopped; no plan was stored under key {key}: {exc}") from None
         except WorkerCrashed as exc:
             metrics.worker_crashes.inc()
