@@ -7,7 +7,7 @@ the numbers docs/reliability.md reports.
 
     .venv/bin/python benchmarks/probe_service.py [--only NAME] [--json out.json]
 
-Probes: reports (a flood of report requests for a 5,000-op program), bodies (eight
+Probes: idle (nothing sent: the machine's baseline), reports (a flood of report requests for a 5,000-op program), bodies (eight
 concurrent 986 KiB bodies), wall (cpsat with time_limit_s 2 on the llama prefill layer),
 wall_big (the same on a 5,000-node chain),
 idle_kill (an idle worker SIGKILLed, a compile at once), retry_after (nine cpsat jobs of
@@ -129,6 +129,18 @@ def _many(fn, items, workers):
             return exc
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(safe, items))
+
+
+def probe_idle(base: Path) -> dict:
+    """No requests: what /healthz and RSS look like on this machine with nothing to do (a
+    shared machine's load shows here)."""
+    server = _start(base, ["--workers", "1", "--queue-limit", "8"])
+    try:
+        with Watch(server) as watch:
+            time.sleep(20)
+        return {"requests": 0, "statuses": {}, **watch.numbers()}
+    finally:
+        server.stop()
 
 
 def probe_reports(base: Path) -> dict:
@@ -284,7 +296,7 @@ def probe_disk_full(base: Path) -> dict:
         subprocess.run(["umount", "-l", str(mount)])
 
 
-PROBES = {"reports": probe_reports, "bodies": probe_bodies, "wall": probe_wall, "wall_big": probe_wall_big,
+PROBES = {"idle": probe_idle, "reports": probe_reports, "bodies": probe_bodies, "wall": probe_wall, "wall_big": probe_wall_big,
           "idle_kill": probe_idle_kill,
           "retry_after": probe_retry_after, "disk_full": probe_disk_full}
 

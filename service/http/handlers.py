@@ -387,6 +387,8 @@ async def run_pool_job(state: ServiceState, request: Request, key: str, fn, *arg
                            if how == "timeout" else "the client disconnected")
     try:
         return future.result()
+    except JobTimedOut as exc:
+        raise ProblemError(504, "wall_time_exceeded", str(exc)) from None
     except WorkerCrashed as exc:
         state.metrics.worker_crashes.inc()
         raise ProblemError(500, "worker_crashed", str(exc)) from None
