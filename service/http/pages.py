@@ -27,6 +27,7 @@ from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
 from service import page_jobs
+from service.http.handlers import run_pool_job
 from service.problems import ProblemError, openapi_responses
 
 router = APIRouter()
@@ -45,8 +46,6 @@ _KEY = r"^[0-9a-f]{64}$"
 
 async def _page(request: Request, what: str, fn, *args) -> Response:
     """Run a page job in the pool (coalesced by `what`) and answer its text."""
-    from service.http.handlers import run_pool_job
-
     state = request.app.state.service
     key = "page:" + hashlib.sha256(what.encode()).hexdigest()
     answer: page_jobs.PageAnswer = await run_pool_job(state, request, key, fn, *args)
