@@ -119,9 +119,9 @@ def test_disk_full_is_507_with_retry_after_and_readyz_says_so(tmp_path, monkeypa
         resp = client.post("/compile", json={"graph": chain_graph(rows=64, name="full"),
                                              "options": {"planner": "naive"}})
         assert resp.status_code == 507, resp.text
-        assert resp.json()["code"] == "insufficient_storage" and int(resp.headers["retry-after"]) >= 1
+        assert resp.json()["code"] == "store_full" and int(resp.headers["retry-after"]) >= 1
         ready = client.get("/readyz")
-        assert ready.status_code == 503 and ready.json()["code"] == "insufficient_storage"
+        assert ready.status_code == 503 and ready.json()["code"] == "store_full"
         # a further miss is refused before any solve is spent on it
         resp = client.post("/compile", json={"graph": chain_graph(rows=32, name="full2"),
                                              "options": {"planner": "naive"}})
@@ -163,7 +163,7 @@ def test_disk_full_on_a_small_tmpfs(small_tmpfs):
             except OSError:
                 pass
         ready = client.get("/readyz")
-        assert ready.status_code == 503 and ready.json()["code"] == "insufficient_storage"
+        assert ready.status_code == 503 and ready.json()["code"] == "store_full"
         statuses = set()
         for i in range(3):  # misses: refused (or failing on write) as 507, never 500
             resp = client.post("/compile", json={"graph": chain_graph(rows=128, n_ops=4 + i, name=f"big{i}"),

@@ -19,7 +19,7 @@ import json
 import platform
 import time
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Optional
 
 from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,12 +33,12 @@ from service.http import handlers, pages
 from service.http.config import ServiceConfig, config_from_env, limits_of
 from service.http.middleware import ServiceMiddleware
 from service.http.openapi import service_openapi
-from service.http.storage import FULL_RETRY_AFTER_S, StorageWatch, is_disk_full
+from service.http.storage import FULL_RETRY_AFTER_S, StorageWatch, store_failure
 from service.logging import log_event
 from service.metrics import ServiceMetrics
 from service.pool import SolverPool
 from service.prepare import CompileResponse, prepare_compile, prepare_simulate
-from service.problems import ProblemError, from_problem_error, openapi_responses, problem_response
+from service.problems import STORE_PROBLEMS, ProblemError, from_problem_error, openapi_responses, problem_response
 from service.store import ProgramStore, describe_location
 
 def create_app(config: ServiceConfig) -> FastAPI:
@@ -55,6 +55,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
         async def warm():
             try:
+                # The store's quick integrity check (what /readyz reports), off the loop.
+                await asyncio.to_thread(state.store.health)
                 await state.pool.start(pipeline.warm_worker)
                 log_event("pool_ready", workers=config.workers, queue_limit=config.queue_limit,
                           store=describe_location(config.store_path))
@@ -101,31 +103,34 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        if is_disk_full(exc):
-            return from_problem_error(_storage_full(exc, request.url.path), instance=request.url.path)
+        problem = _store_failure(exc, request.url.path)
+        if problem is not None:
+            return from_problem_error(problem, instance=request.url.path)
         log_event("internal_error", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
         return problem_response(500, "internal_error", f"{type(exc).__name__}: {exc}", instance=request.url.path)
 
-    def _storage_full(exc: BaseException, path: str) -> ProblemError:
-        if state.storage is not None:
+    def _store_failure(exc: BaseException, path: str) -> Optional[ProblemError]:
+        problem = store_failure(exc)
+        if problem is None:
+            return None
+        if problem.code == "store_full" and state.storage is not None:
             state.storage.write_failed()
-        metrics.rejected.labels("insufficient_storage").inc()
-        log_event("insufficient_storage", path=path, error=f"{type(exc).__name__}: {exc}")
-        return ProblemError(507, "insufficient_storage", f"the program store has no space left "
-                                                         f"({type(exc).__name__}: {exc}); retry once space is freed",
-                            headers={"Retry-After": str(FULL_RETRY_AFTER_S)}, title="Insufficient storage")
+        metrics.rejected.labels(problem.code).inc()
+        log_event(problem.code, path=path, error=f"{type(exc).__name__}: {exc}")
+        return problem
 
     @asynccontextmanager
     async def disk_full_as_507(path: str):
-        """A store write that fails for lack of space is a 507, raised as a ProblemError so
-        it is answered like any 4xx/5xx of ours (the catch-all handler would log it as a crash)."""
+        """A store that is full (507) or damaged (503) is answered as such, raised as a
+        ProblemError like any 4xx/5xx of ours (the catch-all handler would log a crash)."""
         try:
             yield
         except ProblemError:
             raise
         except Exception as exc:
-            if is_disk_full(exc):
-                raise _storage_full(exc, path) from None
+            problem = _store_failure(exc, path)
+            if problem is not None:
+                raise problem from None
             raise
 
     # -- health --------------------------------------------------------------------
@@ -140,7 +145,13 @@ def create_app(config: ServiceConfig) -> FastAPI:
             raise ProblemError(503, "not_ready", detail, headers={"Retry-After": "1"})
         full = state.storage.problem() if state.storage is not None else None
         if full is not None:
-            raise ProblemError(503, "insufficient_storage", full, headers={"Retry-After": str(FULL_RETRY_AFTER_S)})
+            raise ProblemError(503, "store_full", full, headers={"Retry-After": str(FULL_RETRY_AFTER_S)})
+        health = await asyncio.to_thread(state.store.health)  # the quick check ran at startup
+        if not health.ok:
+            damaged = any(p.startswith(("integrity", "damaged")) for p in health.problems)
+            code = "store_damaged" if damaged else "store_full"
+            raise ProblemError(503, code, "the program store: " + "; ".join(health.problems),
+                               headers={"Retry-After": str(STORE_PROBLEMS[code][2])})
         return {"status": "ready", "workers": state.pool.workers, "queue_limit": state.pool.queue_limit}
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response,

@@ -19,7 +19,7 @@ from lowering.version import COMPILER_VERSION
 from service import pipeline
 from service.http.config import ServiceConfig
 from service.http.middleware import BodyBytes
-from service.http.storage import FULL_RETRY_AFTER_S
+from service.http.storage import FULL_RETRY_AFTER_S, store_failure
 from service.logging import log_event
 from service.metrics import ServiceMetrics
 from service.pool import JobDropped, JobTimedOut, PoolFull, PoolNotReady, SolverPool, WorkerCrashed, wait
@@ -131,6 +131,11 @@ async def prepare_off_loop(state: ServiceState, raw: bytes, fn, *args):
     except WorkerCrashed as exc:
         state.metrics.worker_crashes.inc()
         raise ProblemError(500, "worker_crashed", str(exc)) from None
+    except Exception as exc:
+        problem = store_failure(exc)  # the worker's store read or write (damaged, full)
+        if problem is not None:
+            raise problem from None
+        raise
 
 
 # -- waiting for a job ---------------------------------------------------------------
@@ -217,9 +222,9 @@ async def compile_document(state: ServiceState, request: Request, prepared: Prep
     if state.storage is not None:
         full = state.storage.problem()
         if full is not None:  # a solve whose program cannot be stored: refused before it is spent
-            metrics.rejected.labels("insufficient_storage").inc()
-            raise ProblemError(507, "insufficient_storage", f"{full}; stored programs are still served",
-                               headers={"Retry-After": str(FULL_RETRY_AFTER_S)}, title="Insufficient storage")
+            metrics.rejected.labels("store_full").inc()
+            raise ProblemError(507, "store_full", f"{full}; stored programs are still served",
+                               headers={"Retry-After": str(FULL_RETRY_AFTER_S)})
     await asyncio.to_thread(store.put_graph, graph_hash, document_json, prepared.name)
     if state.storage is not None:
         state.storage.write_succeeded()
@@ -387,6 +392,8 @@ async def run_pool_job(state: ServiceState, request: Request, key: str, fn, *arg
                            if how == "timeout" else "the client disconnected")
     try:
         return future.result()
+    except (ProblemError, JobDropped):
+        raise
     except JobTimedOut as exc:
         raise ProblemError(504, "wall_time_exceeded", str(exc)) from None
     except WorkerCrashed as exc:

@@ -1,5 +1,5 @@
 """A full disk is the operator's problem, not a bug: a write the store cannot make for
-lack of space answers 507 `insufficient_storage` with Retry-After (not 500
+lack of space answers 507 `store_full` with Retry-After (not 500
 internal_error), and /readyz reports the service not ready while the store's disk is
 full, so a load balancer sends compiles elsewhere.
 
@@ -16,11 +16,14 @@ import os
 import time
 from typing import Optional
 
-# Retry-After of a 507: an operator has to free space; a client should not hammer.
-FULL_RETRY_AFTER_S = 60
+from service.problems import STORE_PROBLEMS, ProblemError, store_problem
+
+# Retry-After of a 507 (service.problems.STORE_PROBLEMS, shared with the store's own
+# StoreFull): an operator has to free space; a client should not hammer.
+FULL_RETRY_AFTER_S = STORE_PROBLEMS["store_full"][2]
 # After a failed write, the store counts as writable again once this much more space (or
 # the reserve, if larger) is free, or a write succeeded.
-FREED_BYTES = 16 * 1024 * 1024
+FREED_BYTES = 1024 * 1024
 
 _FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _FULL_TEXT = ("database or disk is full", "no space left on device", "disk quota exceeded", "could not extend file")
@@ -36,13 +39,32 @@ def is_disk_full(exc: BaseException) -> bool:
             return True
         if getattr(exc, "sqlstate", None) == "53100" or getattr(exc, "pgcode", None) == "53100":
             return True
-        if getattr(exc, "code", None) in ("disk_full", "store_full", "insufficient_storage"):
+        if getattr(exc, "code", None) == "store_full":  # service.store.StoreFull
             return True
         text = str(exc).lower()
         if any(marker in text for marker in _FULL_TEXT):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def store_failure(exc: BaseException) -> Optional[ProblemError]:
+    """The problem for a store failure: the store's own errors by their code
+    (`store_damaged` 503, `store_full` 507: service.problems.store_problem), and a write
+    that failed for lack of space however it surfaced (507 `store_full`); None for
+    anything else."""
+    seen = set()
+    cur: Optional[BaseException] = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if getattr(cur, "code", None) in STORE_PROBLEMS:
+            return store_problem(cur)  # type: ignore[arg-type]
+        cur = cur.__cause__ or cur.__context__
+    if is_disk_full(exc):
+        return ProblemError(507, "store_full", f"the program store's disk is full ({type(exc).__name__}: {exc}); "
+                                               f"retry once space is freed",
+                            headers={"Retry-After": str(FULL_RETRY_AFTER_S)})
+    return None
 
 
 class StorageWatch:
