@@ -364,3 +364,26 @@ def test_a_running_job_whose_worker_vanished_unnoticed_fails_as_a_crash(monkeypa
         assert await asyncio.wait_for(pool._watched(slot, later), timeout=5) == "plan"
 
     asyncio.run(scenario())
+
+
+def test_a_memory_limit_caps_every_worker_and_fails_only_the_job_past_it():
+    import resource
+
+    limit = 3 * 2**30
+
+    async def scenario():
+        pool = SolverPool(workers=1, queue_limit=1, memory_bytes=limit)
+        await pool.start(time.sleep, 0)
+        try:
+            fut, _ = pool.submit("limit", resource.getrlimit, resource.RLIMIT_AS)
+            soft, _hard = await wait(fut, 60)
+            assert soft == limit
+            hog, _ = pool.submit("hog", bytearray, 8 * 2**30)  # past the cap: MemoryError, not the host's RAM
+            with pytest.raises(MemoryError):
+                await wait(hog, 60)
+            after, _ = pool.submit("after", pow, 2, 5)
+            assert await wait(after, 60) == 32
+        finally:
+            pool.shutdown()
+
+    asyncio.run(scenario())

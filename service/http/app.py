@@ -50,7 +50,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         state.store = ProgramStore(config.store_path)
         state.storage = StorageWatch(str(config.store_path), config.min_free_bytes)
         state.pool = SolverPool(config.workers, config.queue_limit, on_inflight_change=metrics.inflight.set,
-                                on_event=log_event)
+                                on_event=log_event, memory_bytes=config.worker_memory_bytes)
         metrics.pool_workers.set(config.workers)
 
         async def warm():

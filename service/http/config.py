@@ -50,6 +50,9 @@ class ServiceConfig:
     # after it, and the service answers with the best plan stored so far.
     wall_grace_min_s: float = pipeline.WALL_GRACE_MIN_S
     wall_kill_grace_s: float = 5.0
+    # Address-space cap of every pool worker (RLIMIT_AS; None: none): a job past it fails
+    # alone (MemoryError, or its worker dies and is replaced) instead of the host swapping.
+    worker_memory_bytes: Optional[int] = None
     # /readyz reports not ready while the SQLite store's directory has less free space
     # (a write that fails for lack of space is a 507 whatever this says).
     min_free_bytes: int = 64 * 1024 * 1024
