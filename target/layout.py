@@ -295,13 +295,23 @@ def box_span_bytes(box: Box, layout: Layout, dtype: str) -> int:
     (whole sticks: from the start of the first stick to the end of the last). Every dim's
     offset grows with its index, so the first byte is the box's low corner, the last its high
     corner."""
-    if not box:
+    if not box or not layout.dim_map:
         return layout.stick_elems * DTYPE_BYTES[dtype]
     if any(b <= a for a, b in box):
         return 0
-    first = element_offset(layout, [a for a, _ in box])
-    last = element_offset(layout, [b - 1 for _, b in box])
+    dm = layout.dim_map
+    dev = device_strides(layout)
     se = layout.stick_elems
+    stick = dm[-1]
+    first = last = 0
+    for i, d in enumerate(dm[:-1]):
+        a, b = box[d]
+        if d == stick:
+            first += (a // se) * dev[i] + a % se
+            last += ((b - 1) // se) * dev[i] + (b - 1) % se
+        else:
+            first += a * dev[i]
+            last += (b - 1) * dev[i]
     if se > 1:
         last = (last // se + 1) * se - 1
         first = (first // se) * se

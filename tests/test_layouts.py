@@ -316,3 +316,24 @@ def test_malformed_v1_layouts_keep_their_verdict():
     doc = json.loads((FIXTURES / "scores_naive.json").read_text())["program"]
     doc["tensors"][0]["layout"]["dim_map"] = [0, 1, 2, 2]   # a v2 field in a v1 document
     assert {i.code for i in validate_program(doc, HW)} == {"schema"}
+
+
+def test_what_a_core_slice_spans_follows_the_dim_order():
+    """A core's batch slice of a 512 MiB tensor: one contiguous 32 MiB block with the batch
+    outermost; with the batch inside (torch-spyre's default order) it reaches across the whole
+    tensor, past the per-core span."""
+    B, M, K = 16, 4096, 4096
+    ts = {"x": PrimTensor("x", (B, M, K), "float16", "user_input"),
+          "y": PrimTensor("y", (B, M, K), "float16", "intermediate")}
+    op = PrimOp("exp", (IterDim("b", B), IterDim("m", M), IterDim("k", K)), (Access("x", (0, 1, 2)),),
+                Access("y", (0, 1, 2)), PointwiseBody(Call("exp", (In(0),))))
+    pg = PrimGraph("big", ts, [op], ["x"], ["y"])
+    d = plan_naive(pg, HW)
+    d.ops["exp"] = OpPlan(core_split={"b": 16})
+    assert validate_program(emit_program(pg, HW, d), HW) == []
+    box = ((0, 1), (0, M), (0, K))
+    assert box_span_bytes(box, make_layout((B, M, K), "float16", 2, SB), "float16") == M * K * 2
+    d.dim_orders = {"x": [1, 2, 0]}
+    issues = validate_program(emit_program(pg, HW, d), HW)
+    assert [(i.code, i.tensor) for i in issues] == [("span_exceeded", "x")]
+    assert box_span_bytes(box, make_layout((B, M, K), "float16", 2, SB, [1, 2, 0]), "float16") > HW.per_core_span_bytes
