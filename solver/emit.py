@@ -29,9 +29,10 @@ from target.op_rules import (
 from target.primitives import PrimGraph, PrimOp, op_to_json
 from lowering.version import COMPILER_VERSION
 from target.geometry import (
-    LRU, caches_enabled, core_ranges, default_core_slices, flat_key, largest_tile_lx_bytes, layout_nbytes,
-    make_layout, op_granules, padded, prim_key, put_dict, put_layout, put_slices,
+    LRU, caches_enabled, core_ranges, default_core_slices, flat_key, largest_tile_lx_bytes, op_granules, prim_key,
+    put_dict, put_layout, put_slices,
 )
+from target.layout import layout_nbytes, make_layout, padded
 from target.superdsc import (
     Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
 )

@@ -44,6 +44,17 @@ def default_dim_order(rank: int, stick_dim: Optional[int]) -> list[int]:
     return [d for d in range(rank) if d != stick_dim] + [stick_dim]
 
 
+def spyre_default_dim_order(rank: int, stick_dim: Optional[int]) -> list[int]:
+    """torch-spyre's default device layout ("generic stick"), as a dim order: from the host
+    order d0 .. d(r-1) (the other dims in logical order, the stick dim last) its device dims
+    are d1 .. d(r-2), the stick group, d0, the stick elements — the first dim goes right
+    inside the stick group ([B, M, K] on K: [M, K/64, B, 64])."""
+    host = default_dim_order(rank, stick_dim)
+    if rank < 2:
+        return host
+    return host[1:-1] + [host[-1], host[0]]
+
+
 def make_layout(shape: Sequence[int], dtype: str, stick_dim: Optional[int], stick_bytes: int,
                 dim_order: Optional[Sequence[int]] = None) -> Layout:
     """The layout of a tensor sticked on `stick_dim` (None / ANY: the last dim). `dim_order`

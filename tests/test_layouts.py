@@ -22,7 +22,7 @@ from target.interpreter import interpret
 from target.layout import (
     batch_outermost, box_offsets, box_runs, box_span_bytes, box_sticks, default_dim_order, element_offset,
     is_row_major,
-    logical_strides, make_layout, outer_dims_order, stick_group_position,
+    logical_strides, make_layout, outer_dims_order, spyre_default_dim_order, stick_group_position,
 )
 from target.op_rules import stick_options
 from target.primitives import (
@@ -47,6 +47,12 @@ def test_torch_spyre_generic_stick_layout():
     lay = make_layout([512, 8, 256], "float16", 2, SB)
     assert lay.dim_map == [0, 1, 2, 2] and lay.device_size == [512, 8, 4, 64]
     assert is_row_major(lay) and logical_strides(lay) == (8 * 256, 256, 1)
+    # torch-spyre's default, from its host dim order (SpyreTensorLayout(host_size, dtype))
+    for shape, stick, device_size in [([512, 8, 256], 2, [8, 4, 512, 64]), ([512, 256], 1, [4, 512, 64]),
+                                      ([128], 0, [2, 64]), ([2, 3, 5, 100], 3, [3, 5, 2, 2, 64]),
+                                      ([4, 64, 128], 1, [128, 1, 4, 64])]:
+        lay = make_layout(shape, "float16", stick, SB, spyre_default_dim_order(len(shape), stick))
+        assert lay.device_size == device_size, shape
     assert make_layout([100], "float32", 0, SB).device_size == [4, 32]
     assert make_layout([], "float16", None, SB).dim_map == []
     with pytest.raises(ValueError, match="permutation"):
