@@ -85,8 +85,8 @@ def upgrade_v1_layout(d):
 def upgrade_v1(doc):
     """A format-v1 program document read as v2: every layout re-expressed (`upgrade_v1_layout`),
     nothing else changes. Any other document is returned as it is."""
-    if not isinstance(doc, dict) or doc.get("version") != 1:
-        return doc
+    if not isinstance(doc, dict) or type(doc.get("version")) is not int or doc["version"] != 1:
+        return doc  # (True == 1 and 1.0 == 1 in Python: only the integer 1 is v1)
     out = dict(doc)
     out["version"] = PROGRAM_VERSION
     tensors = doc.get("tensors")

@@ -171,6 +171,7 @@ def test_every_dim_order_runs_like_the_reference(stick, dtype):
         outs = run_program(prog, inp, HW)
         err = compare(outs, ref)[1]
         assert err < (2e-3 if dtype == "float16" else 1e-5), (order, err)
+        assert np.array_equal(outs[0], ref[0]), order  # elementwise: the very same numbers
         # layout-independent: every order gives the very same numbers
         if baseline is None:
             baseline = outs
@@ -343,3 +344,11 @@ def test_what_a_core_slice_spans_follows_the_dim_order():
     issues = validate_program(emit_program(pg, HW, d), HW)
     assert [(i.code, i.tensor) for i in issues] == [("span_exceeded", "x")]
     assert box_span_bytes(box, make_layout((B, M, K), "float16", 2, SB, [1, 2, 0]), "float16") > HW.per_core_span_bytes
+
+
+def test_only_the_integer_1_reads_as_v1():
+    raw = json.loads((FIXTURES / "scores_naive.json").read_text())["program"]
+    for v in (True, 1.0, "1"):
+        with pytest.raises(ValueError):
+            Program.model_validate(dict(raw, version=v))
+        assert {i.code for i in validate_program(dict(raw, version=v), HW)} == {"version"}
