@@ -12,8 +12,11 @@ so the stick dim is padded); bytes are row-major over it.
 - The *dim order* (`Layout.dim_order`, what a planner chooses) is `dim_map` without its last
   entry: the logical dims in device order, each once, the stick dim standing where its
   stick-group dim is. The plain row-major layout (v1's only one) has the stick dim last;
-  torch-spyre's default ("generic stick") for a [B, M, K] tensor sticked on K is
-  dim order [1, 2, 0]: device dims [M, K/64, B, 64].
+  torch-spyre's default ("generic stick", `spyre_default_dim_order`) for a [B, M, K] tensor
+  sticked on K is dim order [1, 2, 0]: device dims [M, K/64, B, 64].
+- What the timing model and the planners read of an operand's layout: `outer_dims_order`
+  (the non-stick dims in device order), `stick_group_position`, `batch_outermost`,
+  `is_row_major`, and per box `box_span_bytes`, `box_sticks`, `box_runs` (contiguity).
 - A logical index i lands at element offset  sum over non-stick dims d of i_d * stride(d)
   + (i_s // stick_elems) * stride(stick group) + i_s % stick_elems.  When the stick-group
   dim's stride is one stick (nothing with extent between it and the stick elements) the

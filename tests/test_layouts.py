@@ -352,3 +352,33 @@ def test_only_the_integer_1_reads_as_v1():
         with pytest.raises(ValueError):
             Program.model_validate(dict(raw, version=v))
         assert {i.code for i in validate_program(dict(raw, version=v), HW)} == {"version"}
+
+
+def test_an_alias_needs_plain_row_major_bytes():
+    """A reshape shares its input's bytes only between plain row-major layouts: with the
+    input's batch dim moved inside, the bytes are not the output's any more."""
+    from tests.primgraphs import copies
+    pg, ref = copies()
+    d = plan_naive(pg, HW)
+    d.ops["reshape"].alias = True
+    prog = emit_program(pg, HW, d)
+    assert validate_program(prog, HW) == []
+    d.dim_orders["x"] = [1, 0, 2]
+    with pytest.raises(EmitError, match="not a free alias"):
+        emit_program(pg, HW, d)
+    d.ops["reshape"].alias = False
+    prog = emit_program(pg, HW, d)   # a real copy moves the data: right numbers in any order
+    assert validate_program(prog, HW) == []
+    inp = {"x": (np.random.default_rng(1).standard_normal((4, 8, 64)) * 0.5).astype(np.float16)}
+    assert compare(run_program(prog, inp, HW), ref(inp))[1] < 2e-3
+    # a program that claims the alias anyway is rejected by the validator
+    doc = json.loads(emit_program(pg, HW, _alias_claimed(pg)).to_json())
+    x = next(t for t in doc["tensors"] if t["id"] == "x")
+    x["layout"] = make_layout((4, 8, 64), "float16", 2, SB, [1, 0, 2]).model_dump()
+    assert "alias_illegal" in {i.code for i in validate_program(doc, HW)}
+
+
+def _alias_claimed(pg):
+    d = plan_naive(pg, HW)
+    d.ops["reshape"].alias = True
+    return d
