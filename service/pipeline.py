@@ -400,19 +400,20 @@ def simulate_job(job: SimulateJob) -> dict[str, Any]:
     import os
     import tempfile
 
-    from simulator.api import simulate
+    from lowering import lower_document
+    from simulator.api import GraphMismatch, simulate
 
     started = time.time()
     hw = load_hardware(job.target)
-    graph = GraphDocument.from_json(job.graph) if job.graph else None
     trace_path = None
     try:
         if job.trace:
             fd, trace_path = tempfile.mkstemp(prefix="sticksat-trace-", suffix=".json")
             os.close(fd)
         try:
+            graph = lower_document(GraphDocument.from_json(job.graph)) if job.graph else None
             result = simulate(job.program, hw=hw, graph=graph, numerics=job.numerics, trace=trace_path)
-        except GraphError as exc:  # the graph given for the reference does not lower
+        except (GraphError, GraphMismatch) as exc:  # the reference graph does not lower, or is another's
             return {"valid": False, "errors": [exc.to_dict()], "graph_error": True}
         out = result.to_json()
         if trace_path is not None and result.valid and os.path.getsize(trace_path) > 0:

@@ -49,6 +49,7 @@ Codes (docs/simulator.md has the full table):
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 from dataclasses import asdict, dataclass
@@ -1012,8 +1013,6 @@ class _Checker:
         (the live set stays disjoint): every reported pair is real, and when any pair
         overlaps at least one is reported (at most 20). `self.overlap_tests` counts the
         tests (what the complexity test asserts on)."""
-        import bisect
-
         events = []
         for it in items:
             if it[1] > it[2] or it[4] <= it[3]:

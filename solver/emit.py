@@ -20,6 +20,7 @@ It does not judge legality: the validator does (solver.planners.plan always runs
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from target.op_rules import (
@@ -36,7 +37,7 @@ from target.layout import layout_nbytes, make_layout, padded
 from target.superdsc import (
     Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
 )
-from solver.bundles import OpSequence, kernel_key, partition
+from solver.bundles import OpSequence, fit_residencies, kernel_key, partition
 from solver.plan import OpPlan, PlanDecisions, restick_id
 
 # Device-memory allocations are aligned to this many bytes (a multiple of the stick).
@@ -473,3 +474,15 @@ def _external(items: list[_Item], member: list[int], memories: dict, alias_of: d
     for k in member:
         out |= _hbm_refs(items[k], memories, alias_of)
     return out
+
+
+def fit_bundles(pg, hw, decisions):
+    """`decisions` with the residencies `fit_residencies` drops removed, and the dropped
+    tensor ids: the program the emitter makes of it keeps every bundle within the limit
+    wherever a cut can do it (only a single op past the limit cannot be helped)."""
+    seq, starts = op_sequence(pg, hw, decisions)
+    drop = fit_residencies(seq, hw, starts)
+    if not drop:
+        return decisions, []
+    resident = {t: r for t, r in decisions.resident.items() if t not in set(drop)}
+    return replace(decisions, resident=resident), drop

@@ -11,7 +11,7 @@ Vocabulary
   operand's stick (or `ANY`, or None for a rank-0 tensor), and the iteration dim the sticks
   run along (`stick_iter`).
 
-The rules, following torch-spyre's `propagate_layouts.py` (DESIGN.md "Layout rules"):
+The rules, following torch-spyre's `propagate_layouts.py` (how it assigns each operand its stick):
 - matmul: x sticked on k, y sticked on n, output sticked on n (x's padded K lanes meet
   y's zero-padded K rows).
 - grouped_matmul (mixture-of-experts expert matmul): as matmul — x sticked on k, the

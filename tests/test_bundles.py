@@ -4,7 +4,8 @@ from target.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGrap
 from target.hardware import load_target
 from target.superdsc import LxMemory
 from simulator.validate import bundle_slots_of, validate_program
-from solver.bundles import OpSequence, fit_bundles, fit_residencies, partition
+from solver.bundles import OpSequence, fit_residencies, partition
+from solver.emit import fit_bundles
 from solver.emit import emit_program, op_sequence
 from solver.naive import plan_naive
 from solver.plan import Residency
