@@ -386,3 +386,20 @@ def _alias_claimed(pg):
     d = plan_naive(pg, HW)
     d.ops["reshape"].alias = True
     return d
+
+
+@pytest.mark.parametrize("name", ["scores_naive", "softmax_lx"])
+def test_simulate_takes_a_v1_document_and_runs_it_like_the_reference(name):
+    """The simulator's front door reads the stored v1 text as it is: valid, the recorded
+    time, and numbers equal to the reference interpreter on the graph it was made from."""
+    from simulator.api import simulate
+    from tests.primgraphs import attention_scores, softmax
+    pg, _ = attention_scores() if name == "scores_naive" else softmax(M=64, N=256)
+    doc = json.loads((FIXTURES / f"{name}.json").read_text())
+    try:
+        hw = load_target(V1_HARDWARE)
+    except HardwareError as e:
+        pytest.skip(f"the timing model changed since the v1 times were recorded: {e}")
+    res = simulate(json.dumps(doc["program"]), hw, graph=pg, numerics=True)
+    assert res.valid and res.simulated_us == doc["timing"]["total_us"]
+    assert res.max_rel_err < 2e-3
