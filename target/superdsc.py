@@ -67,9 +67,11 @@ def upgrade_v1_layout(d):
     stick-group dim right before its stick elements. Anything malformed stays malformed (the
     validator names it): a stick extent that is not whole sticks becomes one group of that
     many elements, which the stick-element check rejects."""
-    if not isinstance(d, dict) or "dim_map" in d:
+    if not isinstance(d, dict):
         return d
-    out = {k: v for k, v in d.items() if k not in ("dim_order", "device_size")}
+    out = {k: v for k, v in d.items() if k not in ("dim_order", "device_size", "dim_map")}
+    if "dim_map" in d:
+        out["dim_map_in_a_v1_layout"] = d["dim_map"]  # a v2 field in a v1 document: a schema error
     order, size, se = d.get("dim_order"), d.get("device_size"), d.get("stick_elems")
     if not isinstance(order, list) or not isinstance(size, list) or not order or not size:
         out["dim_map"], out["device_size"] = order, size  # rank 0 (empty lists) or malformed

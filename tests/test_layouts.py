@@ -327,6 +327,11 @@ def test_malformed_v1_layouts_keep_their_verdict():
     doc = json.loads((FIXTURES / "scores_naive.json").read_text())["program"]
     doc["tensors"][0]["layout"]["dim_map"] = [0, 1, 2, 2]   # a v2 field in a v1 document
     assert {i.code for i in validate_program(doc, HW)} == {"schema"}
+    lay = doc["tensors"][0]["layout"]
+    del lay["dim_order"], lay["device_size"]
+    lay["device_size"] = [2, 128, 1, 64]    # a whole v2 layout in a v1 document
+    issues = validate_program(doc, HW)
+    assert {i.code for i in issues} == {"schema"} and any("dim_map_in_a_v1_layout" in i.message for i in issues)
 
 
 def test_what_a_core_slice_spans_follows_the_dim_order():
