@@ -30,7 +30,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from target.layout import default_dim_order
 from target.op_rules import StickChoice
+from target.superdsc import Program
+
+
+def program_dim_orders(program: Program) -> dict[str, list[int]]:
+    """The device dim orders a program's tensors carry that are not the default: what
+    `PlanDecisions.dim_orders` says to emit them again (for a planner reading decisions
+    back from a stored program)."""
+    out: dict[str, list[int]] = {}
+    for t in program.tensors:
+        order = t.layout.dim_order
+        if order != default_dim_order(len(t.shape), t.layout.stick_dim):
+            out[t.id] = list(order)
+    return out
 
 
 def restick_id(tensor: str, stick_dim: Optional[int]) -> str:

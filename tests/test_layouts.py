@@ -16,7 +16,7 @@ from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.emit import EmitError, emit_program
 from solver.naive import plan_naive
-from solver.plan import OpPlan, PlanDecisions, Residency, restick_id
+from solver.plan import OpPlan, PlanDecisions, Residency, program_dim_orders, restick_id
 from target.hardware import HardwareError, load_target
 from target.interpreter import interpret
 from target.layout import (
@@ -434,3 +434,11 @@ def test_box_geometry_against_brute_force_at_every_rank():
             (shape, stick, order, box)
         if box[stick][0] % se == 0:
             assert box_sticks(box, lay) == len(sticks)
+
+
+def test_a_programs_dim_orders_read_back_as_decisions():
+    pg = _probe("float16")
+    d = _decisions(pg, 1, (2, 0, 1), {"b": 2})
+    prog = emit_program(pg, HW, d)
+    assert program_dim_orders(prog) == d.dim_orders
+    assert program_dim_orders(emit_program(pg, HW, plan_naive(pg, HW))) == {}
