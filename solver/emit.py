@@ -87,11 +87,6 @@ def _ordered_ops(pg: PrimGraph, order: list[str]) -> list[PrimOp]:
     return [by_id[oid] for oid in order]
 
 
-def _is_restick_id(t: str, shapes: dict) -> bool:
-    src, sep, _ = t.rpartition("@stick")
-    return bool(sep) and src in shapes
-
-
 def _layout(t: str, shape, dtype: str, stick: Optional[int], stick_bytes: int, orders: dict) -> Layout:
     """Tensor `t`'s layout: sticked on `stick`, its dims in the planner's order (if any)."""
     order = orders.get(t)
@@ -138,9 +133,6 @@ def _build_items(pg: PrimGraph, hw, decisions: PlanDecisions) -> _Build:
         choices[op.id] = ch
         stick_of[op.output.tensor] = ch.output
     orders = decisions.dim_orders
-    unknown = sorted(t for t in orders if t not in shapes and not _is_restick_id(t, shapes))
-    if unknown:
-        raise EmitError(f"dim orders for tensors the graph does not have: {unknown[:5]}")
     layouts: dict[str, Layout] = {
         t: _layout(t, shapes[t], dtypes[t], s, stick_bytes, orders) for t, s in stick_of.items()}
 
@@ -176,7 +168,8 @@ def _build_items(pg: PrimGraph, hw, decisions: PlanDecisions) -> _Build:
         raise EmitError(f"restickify plans for copies no consumer needs: {unknown[:5]}")
     unknown = sorted(t for t in orders if t not in layouts)
     if unknown:
-        raise EmitError(f"dim orders for restickified copies no consumer needs: {unknown[:5]}")
+        raise EmitError(f"dim orders for tensors the program does not have (nor any restickified copy a "
+                        f"consumer needs): {unknown[:5]}")
     resident = dict(decisions.resident)
     for t in resident:
         if t in pg.inputs or t not in shapes or t not in produced and t not in restick_made:
