@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from lowering.errors import GraphError
 from lowering.graph_format import GraphDocument, SymSize
+from solver.planners import PLANNER_INFO
+from solver.spyre.transfer import SizedPlan, structure_key
 
 if TYPE_CHECKING:  # the store is the service's: the embedded path never imports it
     from service.store import ProgramRecord
@@ -295,6 +299,43 @@ def _hint_from(hint: Optional[str]):
     return Program.from_json(hint)
 
 
+# The plans this process made, by graph structure (`solver.spyre.transfer.structure_key`):
+# a new size of a graph compiled before starts from the last plan of that graph, which a
+# planner that transfers (`PlannerInfo.transfers`) carries to the new size instead of
+# solving. Wall-clock requests only: a deterministic plan must not depend on what the
+# process compiled before. The oldest entries go past SIZED_PLANS_KEPT.
+SIZED_PLANS_KEPT = 64
+_sized_plans: "OrderedDict[tuple, SizedPlan]" = OrderedDict()
+_sized_plans_lock = threading.Lock()
+
+
+def _sized_plan_key(pg, options: "CompileOptions") -> Optional[tuple]:
+    info = PLANNER_INFO.get(options.planner)
+    if info is None or not info.transfers or options.deterministic:
+        return None
+    return (structure_key(pg), options.target, options.planner)
+
+
+def _earlier_size(key: Optional[tuple], pg) -> Optional[SizedPlan]:
+    if key is None:
+        return None
+    with _sized_plans_lock:
+        source = _sized_plans.get(key)
+    if source is None or all(source.pg.tensors[t].shape == pg.tensors[t].shape for t in pg.tensors):
+        return None  # none, or this very size (the store answers repeats)
+    return source
+
+
+def _remember(key: Optional[tuple], pg, program) -> None:
+    if key is None or program.stats.planner != key[2]:
+        return
+    with _sized_plans_lock:
+        _sized_plans[key] = SizedPlan(pg, program)
+        _sized_plans.move_to_end(key)
+        while len(_sized_plans) > SIZED_PLANS_KEPT:
+            _sized_plans.popitem(last=False)
+
+
 def _program_stats(program, doc: GraphDocument, hw) -> dict[str, Any]:
     """Fill the program's graph identity; its stats plus the simulator's time for it
     (the ground truth every performance number here is measured with)."""
@@ -346,6 +387,8 @@ def compile_job(job: CompileJob) -> CompileOutcome:
         hw = load_hardware(options.target)
         pg = lower_document(doc)
         hint = _hint_from(job.hint)
+        sized_key = _sized_plan_key(pg, options)
+        hint = hint or _earlier_size(sized_key, pg)
         fallback = fallback_planner(options.planner) if job.slot is not None else None
         if fallback is not None:
             early = plan(pg, hw, planner=fallback, deterministic=options.deterministic, fallback=not options.strict)
@@ -369,6 +412,7 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     except PlannerFailed as exc:
         return CompileOutcome(status="planner_failed", seconds=time.time() - started,
                               error={"code": "planner_failed", "message": str(exc), "node": exc.op})
+    _remember(sized_key, pg, program)
     stats = _program_stats(program, doc, hw)
     status = (stats.get("solver_status") or "").upper()
     complete = effective_limit >= options.time_limit_s or status == "OPTIMAL"

@@ -77,6 +77,8 @@ class PlannerInfo:
     fast: bool  # answers in well under a second on any graph the service's limits admit
     online: bool  # offered by the service and the torch backend (GET /version lists it)
     summary: str
+    # takes a plan of another size of the same graph as its hint (solver.spyre.transfer.SizedPlan)
+    transfers: bool = False
 
 
 # Adding a planner: write its module (ending in `register(name, fn)`), add a row here and,
@@ -89,7 +91,7 @@ KNOWN_PLANNERS: tuple[PlannerInfo, ...] = (
     PlannerInfo("torch-spyre-coopt", "solver.baseline.coopt_ilp_solver_ortools", searches=True, fast=False,
                 online=False, summary="torch-spyre's co-optimization ILP (baseline)"),
     PlannerInfo("cpsat", "solver.spyre.cpsat_planner", searches=True, fast=False, online=True,
-                summary="the joint CP-SAT planner (default)"),
+                summary="the joint CP-SAT planner (default)", transfers=True),
 )
 PLANNER_INFO: dict[str, PlannerInfo] = {info.name: info for info in KNOWN_PLANNERS}
 
