@@ -7,11 +7,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from lowering.aten.context import INT_DTYPES, Ctx, NodeArgs, View, register
+from lowering.aten.context import INT_DTYPES, Ctx, NodeArgs, View, expr_fn, register
 from lowering.aten.pointwise import broadcast_shapes
-from lowering.aten.views import norm_dim, slice_view
+from lowering.aten.views import norm_dim, pad_view, slice_view
 from lowering.interpreter import round_bfloat16
-from lowering.primitives import Access, FillBody, GatherBody, IterDim
+from lowering.primitives import Access, Const, Expr, FillBody, GatherBody, In, IterDim, PointwiseBody, ReduceBody
 
 
 def emit_gather(ctx: Ctx, node: NodeArgs, table: View, out_shape: Sequence[int],
@@ -142,6 +142,15 @@ def _index_select(ctx: Ctx, node: NodeArgs):
 
 
 # -- creation ---------------------------------------------------------------------------
+def int_iota(ctx: Ctx, node: NodeArgs, n: int, name: str) -> View:
+    """An int64 [0, n) tensor `node.name` (a `fill` with iota), for position comparisons."""
+    tid = ctx.new_tensor(f"{node.id}.{name}", (n,), "int64")
+    dims = [IterDim("d0", n)] if n > 1 else []
+    ctx.emit(tid, dims, [], Access(tid, (0,) if n > 1 else (None,)),
+             FillBody(0.0, iota_dim=0, start=0.0, step=1.0), node.id)
+    return ctx.tensor_view(tid)
+
+
 def emit_fill(ctx: Ctx, node: NodeArgs, shape: Sequence[int], dtype: str, value: float,
               iota: Optional[tuple[float, float]] = None) -> View:
     iters, index = ctx.iter_dims_for(shape)
@@ -227,3 +236,136 @@ def _arange(ctx: Ctx, node: NodeArgs):
     length = max(0, math.ceil((_num(node, end) - _num(node, start)) / _num(node, step)))
     return [emit_fill(ctx, node, (length,), node.kwargs.get("dtype") or node.out_dtypes[0], 0.0,
                       iota=(_num(node, start), _num(node, step)))]
+
+
+# -- scatter -----------------------------------------------------------------------------
+# torch.scatter writes src[p] (or a scalar) to self at p with p[dim] replaced by index[p],
+# for every position p of index. A write is a data-dependent store, which no primitive
+# body has; read the other way round it is a reduction: output position q along `dim`
+# collects the index positions j whose (wrapped) index equals q. So each scatter is one
+# `reduce` over [index's shape with dim -> self's extent Q, j over index's extent J]
+# (O(Q*J) SFP steps per row: small for the count and block tables MoE alignment scatters
+# into), then a pointwise merge with self. Positions of self outside index's extent in the
+# other dims are untouched (the reduced result is padded there by a copy).
+def _scatter_region(node: NodeArgs, x: View, d: int, idx: View, src: Optional[View]) -> tuple[int, ...]:
+    if idx.dtype not in INT_DTYPES:
+        raise node.fail("unsupported_op", f"scatter index of dtype {idx.dtype}")
+    if idx.rank != x.rank or (src is not None and src.rank != x.rank):
+        raise node.fail("shape_mismatch", f"scatter of rank {x.rank} with index rank {idx.rank}")
+    for j in range(x.rank):
+        if (j != d and idx.shape[j] > x.shape[j]) or (src is not None and idx.shape[j] > src.shape[j]):
+            raise node.fail("shape_mismatch", f"scatter index {list(idx.shape)} larger than self "
+                                              f"{list(x.shape)} or src {list(src.shape) if src else None}")
+    return tuple(x.shape[d] if j == d else idx.shape[j] for j in range(x.rank))
+
+
+def _scatter_reduce(ctx: Ctx, node: NodeArgs, x: View, d: int, idx: View, src: Optional[View], fn: str,
+                    build, out_dtype: str, out_id: str) -> View:
+    """out[q] (q over the scatter region: index's shape with dim d -> self's extent Q) =
+    fold `fn` over j in [0, J) of build(hit, src_j, j), hit = index[q, d -> j] == q[d]. An index
+    outside [0, Q) hits nothing (torch raises on it; there is no error path on the device)."""
+    region = _scatter_region(node, x, d, idx, src)
+    Q, J = x.shape[d], idx.shape[d]
+    iters, it = ctx.iter_dims_for(region)
+    jd: Optional[int] = None
+    if J > 1:
+        jd = len(iters)
+        iters.append(IterDim("r", J, "reduction"))
+    it_j = list(it)
+    it_j[d] = jd
+    accesses = [ctx.access(idx, it_j, node.id), ctx.access(int_iota(ctx, node, Q, "positions"), [it[d]], node.id)]
+    if src is not None:
+        accesses.append(ctx.access(_sliced(node, src, idx.shape), it_j, node.id))
+    j_expr: Expr = Const(0.0)
+    if jd is not None:
+        accesses.append(ctx.access(int_iota(ctx, node, J, "slots"), [jd], node.id))
+        j_expr = In(len(accesses) - 1)
+    expr = build(expr_fn("eq", In(0), In(1)), In(2) if src is not None else None, j_expr)
+    tid = ctx.new_tensor(out_id, region, out_dtype)
+    # one index position along dim (J == 1): nothing to fold, a pointwise op
+    body = ReduceBody(fn, expr) if jd is not None else PointwiseBody(expr)
+    ctx.emit(tid, iters, accesses, Access(tid, tuple(it)), body, node.id)
+    return ctx.tensor_view(tid, out_id)
+
+
+def _to_self_shape(ctx: Ctx, node: NodeArgs, v: View, x: View, fill: float) -> View:
+    """v (over the scatter region) padded with `fill` to self's shape: positions no index
+    reaches."""
+    if tuple(v.shape) == tuple(x.shape):
+        return v
+    return pad_view(ctx, node, v, [0] * x.rank, [x.shape[j] - v.shape[j] for j in range(x.rank)], fill,
+                    f"{v.name}.padded")
+
+
+def _sliced(node: NodeArgs, v: View, shape: Sequence[int]) -> View:
+    for j, s in enumerate(shape):
+        if v.shape[j] != s:
+            v = slice_view(node, v, j, 0, s, 1, v.name)
+    return v
+
+
+def _scatter_args(node: NodeArgs):
+    x: View = node.arg(0, "self")
+    d = norm_dim(node, node.arg(1, "dim"), x.rank)
+    idx: View = node.arg(2, "index")
+    if x.rank == 0:
+        raise node.fail("unsupported_op", "scatter into a 0-d tensor")
+    return x, d, idx
+
+
+@register("aten.scatter.value",
+          doc=("`reduce max` over [self's extent along dim, index positions] of `index == position`, then pointwise `where(hit, value, self)`"))
+def _scatter_value(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.pointwise import emit_pointwise
+
+    x, d, idx = _scatter_args(node)
+    value = node.arg(3, "value")
+    if not isinstance(value, (bool, int, float)):
+        raise node.fail("bad_argument", f"scatter value {value!r}")
+    hit = _scatter_reduce(ctx, node, x, d, idx, None, "max", lambda h, s, j: h, "bool", f"{node.id}.hit")
+    hit = _to_self_shape(ctx, node, hit, x, 0.0)
+    v = stored_value(float(value), x.dtype)
+    return [emit_pointwise(ctx, node, [hit, x], lambda e: expr_fn("where", e[0], Const(v), e[1]), x.dtype,
+                           out_shape=x.shape)]
+
+
+@register("aten.scatter.src",
+          doc=("the last index position writing each output position (`reduce max` over [self's extent along dim,"
+               " index positions]), `gather` of src there, pointwise `where` against self (duplicates: the last"
+               " position wins; torch leaves it unspecified)"))
+def _scatter_src(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.pointwise import emit_pointwise
+
+    x, d, idx = _scatter_args(node)
+    src: View = node.arg(3, "src")
+    if not isinstance(src, View):
+        raise node.fail("bad_argument", f"scatter src {src!r}")
+    last = _scatter_reduce(ctx, node, x, d, idx, None, "max",
+                           lambda h, s, j: expr_fn("where", h, j, Const(-1.0)), "int64", f"{node.id}.last")
+    region = _scatter_region(node, x, d, idx, src)
+    row = emit_pointwise(ctx, node, [last], lambda e: expr_fn("maximum", e[0], Const(0.0)), "int64",
+                         out_id=f"{node.id}.row")
+    picked = emit_gather(ctx, node, _sliced(node, src, idx.shape), region,
+                         [None if j == d else j for j in range(x.rank)], [(d, row, 0)], f"{node.id}.src")
+    last = _to_self_shape(ctx, node, last, x, -1.0)
+    picked = _to_self_shape(ctx, node, picked, x, 0.0)
+    return [emit_pointwise(ctx, node, [last, picked, x],
+                           lambda e: expr_fn("where", expr_fn("ge", e[0], Const(0.0)), e[1], e[2]), x.dtype,
+                           out_shape=x.shape)]
+
+
+@register("aten.scatter_add.default",
+          doc=("`reduce sum` over [self's extent along dim, index positions] of `where(index == position, src, 0)`, then pointwise `self + sum`"))
+def _scatter_add(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.pointwise import emit_pointwise
+
+    x, d, idx = _scatter_args(node)
+    src: View = node.arg(3, "src")
+    if not isinstance(src, View):
+        raise node.fail("bad_argument", f"scatter_add src {src!r}")
+    acc_dtype = "int64" if x.dtype in INT_DTYPES or x.dtype == "bool" else x.dtype
+    added = _scatter_reduce(ctx, node, x, d, idx, src, "sum", lambda h, s, j: expr_fn("where", h, s, Const(0.0)),
+                            acc_dtype, f"{node.id}.added")
+    added = _to_self_shape(ctx, node, added, x, 0.0)
+    return [emit_pointwise(ctx, node, [x, added], lambda e: expr_fn("add", e[0], e[1]), x.dtype,
+                           out_shape=x.shape)]

@@ -32,21 +32,15 @@ from typing import Optional, Sequence
 import numpy as np
 
 from lowering.aten.context import FLOAT_DTYPES, INT_DTYPES, Ctx, NodeArgs, View, expr_fn, register
-from lowering.aten.indexing import emit_gather
+from lowering.aten.indexing import emit_gather, int_iota
 from lowering.aten.views import norm_dim
-from lowering.primitives import (Access, Const, Expr, FillBody, GroupedMatmulBody, In, IterDim, ReduceBody,
+from lowering.primitives import (Access, Const, Expr, GroupedMatmulBody, In, IterDim, ReduceBody,
                                  StridedMap)
 
 _INF = float("inf")
 
 
-def _iota(ctx: Ctx, node: NodeArgs, n: int, name: str) -> View:
-    """An int64 [0, n) tensor (a `fill` with iota)."""
-    tid = ctx.new_tensor(f"{node.id}.{name}", (n,), "int64")
-    dims = [IterDim("d0", n)] if n > 1 else []
-    ctx.emit(tid, dims, [], Access(tid, (0,) if n > 1 else (None,)),
-             FillBody(0.0, iota_dim=0, start=0.0, step=1.0), node.id)
-    return ctx.tensor_view(tid)
+_iota = int_iota
 
 
 def _isnan(e: Expr) -> Expr:
