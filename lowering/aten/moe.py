@@ -20,6 +20,10 @@ matmul itself, which is the one new body (`grouped_matmul`):
   `where` against the original.
 - grouped_mm (transformers' `grouped_mm_fallback` custom op, `aten._grouped_mm`): per-row
   expert id from the offsets (`reduce sum` of offs[g] <= row), then `grouped_matmul`.
+- moe_mm (Foundation Model Stack's `moe::moe_mm`): the rows carry their expert id already
+  (the token-to-expert mapping); each token's row repeated per routed slot, then
+  `grouped_matmul`. FMS's block alignment before it (scatter.value, scatter_add, cumsum,
+  sort) lowers in lowering/aten/indexing.py and the others; it only schedules the GPU kernel.
 
 The comparison-based ops cost O(n^2) SFP work on [n, n] iteration spaces (n = tokens *
 top_k); at a 512-token prefill with top-2 that is about 1M element steps per op, small
@@ -308,9 +312,9 @@ def emit_grouped_matmul(ctx: Ctx, node: NodeArgs, x: View, w: View, offs: View, 
     if x.rank != 2 or w.rank != 3 or offs.rank != 1:
         raise node.fail("unsupported_op", f"grouped mm of {list(x.shape)} x {list(w.shape)} offsets "
                                           f"{list(offs.shape)} (only 2-D x 3-D with 1-D offsets)")
-    S, K = x.shape
-    G, K2, N = w.shape
-    if K != K2 or offs.shape[0] != G:
+    S = x.shape[0]
+    G = w.shape[0]
+    if offs.shape[0] != G:
         raise node.fail("shape_mismatch", f"grouped mm of {list(x.shape)} x {list(w.shape)} offsets "
                                           f"{list(offs.shape)}")
     if offs.dtype not in INT_DTYPES:
@@ -321,16 +325,66 @@ def emit_grouped_matmul(ctx: Ctx, node: NodeArgs, x: View, w: View, offs: View, 
     acc = [ctx.access(offs, [g_it], node.id), ctx.access(iota, [m_it], node.id)]
     gid_t = ctx.new_tensor(f"{node.id}.group", (S,), "int64")
     ctx.emit(gid_t, iters, acc, Access(gid_t, (m_it,)), ReduceBody("sum", expr_fn("le", In(0), In(1))), node.id)
-    gid = ctx.tensor_view(gid_t)
-    # out[m, n] = sum_k x[m, k] * w[gid[m], k, n]; iteration dims m, n, k, g
+    return emit_grouped_matmul_by_id(ctx, node, x, w, ctx.tensor_view(gid_t), out_dtype, node.id)
+
+
+def emit_grouped_matmul_by_id(ctx: Ctx, node: NodeArgs, x: View, w: View, gid: View, out_dtype: str,
+                              out_id: str) -> View:
+    """out[m, n] = sum_k x[m, k] * w[gid[m], k, n] for x [S, K], w [G, K, N], gid [S] (rows
+    whose id is outside [0, G) are 0): the `grouped_matmul` body, iteration dims m, n, k, g."""
+    if x.rank != 2 or w.rank != 3 or gid.rank != 1:
+        raise node.fail("unsupported_op", f"grouped mm of {list(x.shape)} x {list(w.shape)} ids "
+                                          f"{list(gid.shape)} (only 2-D x 3-D with 1-D ids)")
+    S, K = x.shape
+    G, K2, N = w.shape
+    if K != K2 or gid.shape[0] != S:
+        raise node.fail("shape_mismatch", f"grouped mm of {list(x.shape)} x {list(w.shape)} ids {list(gid.shape)}")
+    if gid.dtype not in INT_DTYPES:
+        raise node.fail("unsupported_op", f"grouped mm expert ids of {gid.dtype}")
     m, n, k, g = 0, 1, 2, 3
     iters2 = [IterDim("m", S), IterDim("n", N), IterDim("k", K, "reduction"), IterDim("g", G, "reduction")]
     ax = ctx.access(x, [m, k], node.id)
     aw = ctx.access(w, [g, k, n], node.id)
     ag = ctx.access(gid, [m], node.id)
-    tid = ctx.new_tensor(node.id, (S, N), out_dtype)
+    tid = ctx.new_tensor(out_id, (S, N), out_dtype)
     ctx.emit(tid, iters2, [ax, aw, ag], Access(tid, (m, n)), GroupedMatmulBody(m, n, k, g), node.id)
-    return ctx.tensor_view(tid, node.id)
+    return ctx.tensor_view(tid, out_id)
+
+
+@register("moe.moe_mm.default",
+          doc=("FMS's expert matmul: row t·topk + a of the input repeated topk times (a `copy` when topk > 1) times"
+               " `moe_matrix[token_expert_mapping[t, a]]ᵀ` as one `grouped_matmul` with the flattened mapping as"
+               " the per-row expert id (ids outside [0, E) give 0 rows, as FMS's CPU kernel); the block-alignment"
+               " arguments (a GPU kernel's schedule) are not read"))
+def _moe_mm(ctx: Ctx, node: NodeArgs):
+    """torch.ops.moe.moe_mm (fms/triton/pytorch_ops.py): input [T, D], moe_matrix [E, N, D],
+    token_expert_mapping [M, A] with M*A == T*topk; output [M, A, N]. The CPU kernel's
+    semantics: out[r] = a[r] @ moe_matrix[mapping.flat[r]]ᵀ, a = input's rows each repeated
+    topk times. padded_token_ids_per_block, expert_block_mapping and total_padded_tokens
+    only schedule the Triton kernel's blocks; the result does not depend on them."""
+    from lowering.aten.views import reshape
+
+    x: View = node.arg(0, "input")
+    w: View = node.arg(1, "moe_matrix")
+    mapping: View = node.arg(2, "token_expert_mapping")
+    topk = int(node.arg(6, "topk"))
+    if x.rank != 2 or w.rank != 3 or mapping.rank != 2:
+        raise node.fail("unsupported_op", f"moe_mm of input {list(x.shape)}, matrix {list(w.shape)}, mapping "
+                                          f"{list(mapping.shape)} (needs 2-D, 3-D, 2-D)")
+    T, D = x.shape
+    E, N, D2 = w.shape
+    M, A = mapping.shape
+    if D != D2 or topk < 1 or T * topk != M * A:
+        raise node.fail("shape_mismatch", f"moe_mm of input {list(x.shape)} (topk {topk}), matrix {list(w.shape)},"
+                                          f" mapping {list(mapping.shape)}")
+    rows = x
+    if topk > 1:  # each token's row once per routed slot: a stride-0 view, materialized by the regroup
+        rows = reshape(ctx, node, x.with_((T, topk, D), (x.strides[0], 0, x.strides[1])), (T * topk, D),
+                       f"{node.id}.rows")
+    gid = reshape(ctx, node, mapping, (M * A,), f"{node.id}.expert")
+    wt = w.with_((E, D, N), (w.strides[0], w.strides[2], w.strides[1]))   # moe_matrix[e]ᵀ, read through the Access
+    out = emit_grouped_matmul_by_id(ctx, node, rows, wt, gid, node.out_dtypes[0], node.id)
+    return [reshape(ctx, node, out, (M, A, N), node.id)]
 
 
 @register("transformers.grouped_mm_fallback.default", "aten._grouped_mm.default",
