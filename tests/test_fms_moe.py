@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lowering import lower_document, node_supported
-from lowering.interpreter import interpret
+from target.interpreter import interpret
 from tests.lowering_helpers import DocBuilder, assert_close, capture_with_values, eager_outputs, to_numpy
 
 fms_ops = pytest.importorskip("fms.triton.pytorch_ops")  # registers moe::moe_mm and its CPU kernel

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lowering import lower_document
-from lowering.interpreter import interpret
+from target.interpreter import interpret
 from tests.lowering_helpers import DocBuilder, capture_with_values, eager_outputs
 
 FLOATS = [torch.float32, torch.float16]

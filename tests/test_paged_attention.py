@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lowering import lower_document, node_supported
-from lowering.interpreter import interpret
+from target.interpreter import interpret
 from tests.lowering_helpers import DocBuilder, assert_close, to_numpy
 
 pytest.importorskip("fms.utils.spyre.paged")  # registers spyre::paged_attn_* and their CPU kernels

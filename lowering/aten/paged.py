@@ -39,7 +39,7 @@ from lowering.aten.context import INT_DTYPES, Ctx, NodeArgs, View, expr_fn, regi
 from lowering.aten.indexing import emit_gather, int_iota
 from lowering.aten.pointwise import emit_pointwise
 from lowering.aten.views import reshape
-from lowering.primitives import Access, Const, In, ReduceBody
+from target.primitives import Access, Const, In, ReduceBody
 
 
 def _check_cache(node: NodeArgs, key_cache: View, value_cache: View) -> tuple[int, int, int, int]:
