@@ -41,7 +41,7 @@ def _div_mode_ok(arg: ArgGetter) -> bool:
     return arg(2, "rounding_mode", None) in (None, "floor", "trunc")
 
 
-_DIV_MODE = "rounding_mode None, floor or trunc (the lowering refuses trunc of floats: dtypes are not known here)"
+_DIV_MODE = "rounding_mode None, floor or trunc"
 
 # The lowerings refuse the same cases with unsupported_op.
 ARG_LIMITS: dict[str, ArgLimit] = {

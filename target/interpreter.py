@@ -117,12 +117,19 @@ def _from_iter_space(res: np.ndarray, acc: Access, shape: Sequence[int], sizes: 
 _UNARY = {
     "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
     "sin": np.sin, "cos": np.cos, "logical_not": np.logical_not,
+    "log1p": np.log1p, "expm1": np.expm1, "log2": np.log2, "log10": np.log10, "tan": np.tan, "atan": np.arctan,
+    "asin": np.arcsin, "acos": np.arccos, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh,
+    "acosh": np.arccosh, "atanh": np.arctanh,
+    # integer-valued roundings (round: half to even, as torch); identities on integer operands
+    "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "round": np.round,
 }
 _BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
     "ge": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
-    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
+    "atan2": np.arctan2,
+    "fmod": np.fmod,  # C fmod: the result takes the dividend's sign (remainder: the divisor's)
 }
 
 
@@ -185,6 +192,9 @@ def eval_expr(e: Expr, vals: Sequence[np.ndarray], cdt: np.dtype) -> np.ndarray:
             return np.divide(np.asarray(1, dtype=args[0].dtype), args[0])
         if fn == "rsqrt":
             return np.divide(np.asarray(1, dtype=args[0].dtype), np.sqrt(args[0]))
+        if fn == "sign":  # torch: sign(NaN) = 0
+            x = args[0]
+            return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
         if fn == "erf":
             return _erf(args[0])
         if fn == "sigmoid":

@@ -78,6 +78,11 @@ _UNARY_FLOAT = {
     "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh", "erf": "erf",
     "sigmoid": "sigmoid", "sin": "sin", "cos": "cos", "reciprocal": "reciprocal", "silu": "silu",
 }
+# the same, added with the core ATen sweep (own doc row)
+_UNARY_FLOAT_MORE = ("log1p", "expm1", "log2", "log10", "tan", "atan", "asin", "acos", "sinh", "cosh", "asinh",
+                     "acosh", "atanh")
+# roundings: identities on integer tensors (torch keeps the dtype and the values)
+_ROUNDINGS = ("floor", "ceil", "trunc", "round")
 # unary ops keeping the input dtype
 _UNARY_SAME = {"neg": "neg", "abs": "abs", "relu": "relu"}
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
@@ -109,6 +114,8 @@ def _binary(fn: str):
 
 for _name, _fn in _UNARY_FLOAT.items():
     register(f"aten.{_name}.default", doc="same-named fn (ints give float32)")(_unary(_fn, True))
+for _name in _UNARY_FLOAT_MORE:
+    register(f"aten.{_name}.default", doc="same-named fn, float32 compute (ints give float32)")(_unary(_name, True))
 for _name, _fn in _UNARY_SAME.items():
     register(f"aten.{_name}.default", doc="same-named fn (dtype kept)")(_unary(_fn, False))
 for _name, _fn in _COMPARE.items():
@@ -118,6 +125,63 @@ for _name, _fn in _BINARY_SAME.items():
     if _name in ("mul", "remainder", "bitwise_and", "bitwise_or"):
         targets.append(f"aten.{_name}.Scalar")
     register(*targets, doc="same-named fn (torch's type promotion)")(_binary(_fn))
+
+
+def _rounding(fn: str):
+    def lower(ctx: Ctx, node: NodeArgs):
+        x = as_operand(node, node.arg(0, "self"))
+        if not is_float(x.dtype):   # an integer is its own floor: alias, no op
+            return [x.with_(x.shape, x.strides, name=node.id)]
+        return [emit_pointwise(ctx, node, [x], lambda e: expr_fn(fn, e[0]), x.dtype)]
+    return lower
+
+
+for _name in _ROUNDINGS:
+    register(f"aten.{_name}.default",
+             doc="same-named fn (round: half to even); integer tensors alias (no op)")(_rounding(_name))
+
+
+@register("aten.sign.default",
+          doc="`sign` (dtype kept; sign(NaN) = 0 as torch)")
+def _sign(ctx: Ctx, node: NodeArgs):
+    x = as_operand(node, node.arg(0, "self"))
+    if x.dtype == "bool":
+        return [x.with_(x.shape, x.strides, name=node.id)]
+    return [emit_pointwise(ctx, node, [x], lambda e: expr_fn("sign", e[0]), x.dtype)]
+
+
+@register("aten.fmod.Tensor", "aten.fmod.Scalar",
+          doc="`fmod` (C fmod: the result takes the dividend's sign; torch's type promotion)")
+def _fmod(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("fmod", e[0], e[1]), result_type([a, b]))]
+
+
+@register("aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar",
+          doc="`bitwise_xor` on integer and bool tensors (`ne` on bools)")
+def _bitwise_xor(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    rt = result_type([a, b])
+    if is_float(rt):
+        raise node.fail("bad_argument", f"bitwise_xor of {rt}")
+    fn = "ne" if rt == "bool" else "bitwise_xor"
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn(fn, e[0], e[1]), rt)]
+
+
+@register("aten.logical_xor.default",
+          doc="`ne(a != 0, b != 0)`, bool result")
+def _logical_xor(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    truth = lambda v: expr_fn("ne", v, Const(0.0))  # noqa: E731
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("ne", truth(e[0]), truth(e[1])), "bool")]
+
+
+@register("aten.atan2.default",
+          doc="`atan2(self, other)` (ints give float32)")
+def _atan2(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("atan2", e[0], e[1]),
+                           float_result(result_type([a, b])))]
 
 
 @register("aten.logical_and.default", "aten.logical_or.default",
@@ -157,8 +221,8 @@ def _rsub(ctx: Ctx, node: NodeArgs):
 
 
 @register("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode", "aten.div.Scalar_mode",
-          doc=("`div` (true division, ints give float32); rounding_mode floor: `floordiv`; trunc on ints: `div` stored"
-               " to the int dtype"))
+          doc=("`div` (true division, ints give float32); rounding_mode floor: `floordiv`; trunc: `trunc(div)` (on ints"
+               " `div` stored to the int dtype)"))
 def _div(ctx: Ctx, node: NodeArgs):
     a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
     mode = node.arg(2, "rounding_mode") if node.target.endswith("_mode") else None
@@ -170,6 +234,8 @@ def _div(ctx: Ctx, node: NodeArgs):
     if mode == "trunc" and not is_float(rt):
         # trunc division of ints: the result's cast back to an int dtype truncates
         return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("div", e[0], e[1]), rt)]
+    if mode == "trunc":
+        return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("trunc", expr_fn("div", e[0], e[1])), rt)]
     raise node.fail("unsupported_op", f"div rounding_mode={mode!r} on {rt}")
 
 
