@@ -161,3 +161,127 @@ def test_softplus_and_fmod_compile_strict(dtype):
         got = torch.compile(model, backend="sticksat", dynamic=False,
                             options={"planner": "heuristic", "strict": True})(x)
     assert_close(to_numpy(got), to_numpy(want), dtype, "softplus/fmod")
+
+
+# -- reductions -----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64], ids=IDS + ["int64"])
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (0, True), (-1, True), (None, False), (None, True)])
+def test_arg_reductions(op, dtype, dim, keepdim):
+    # few distinct values: ties everywhere (torch returns the first)
+    x = (_rand(11, -3, 3) * 2).round().to(dtype)
+    b = DocBuilder()
+    b.check(b.call(f"aten.{op}.default", b.input(x), dim, keepdim))
+
+
+def test_arg_reductions_nan_is_the_extreme():
+    x = _special(_rand(12, -3, 3), [1.0, float("nan"), 5.0])
+    x[3, 4] = float("nan")
+    b = DocBuilder()
+    xi = b.input(x)
+    b.check(b.call("aten.argmax.default", xi, 1), b.call("aten.argmin.default", xi, 1),
+            b.call("aten.argmax.default", xi))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_min_dim_indices(op, dtype):
+    x = (_rand(13, -3, 3, (3, 7, 4)) * 2).round().to(dtype)
+    b = DocBuilder()
+    vals, idx = b.call(f"aten.{op}.dim", b.input(x), 1, False)
+    kv, ki = b.call(f"aten.{op}.dim", b.input(x), 2, True)
+    b.check(vals, idx, kv, ki)
+
+
+# -- views and scatters ---------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("offset,d1,d2", [(0, 0, 1), (2, 0, 1), (-1, 1, 0), (1, 0, 2), (0, -1, 0)])
+def test_diagonal(dtype, offset, d1, d2):
+    x = _rand(14, -2, 2, (4, 6, 5)).to(dtype)
+    b = DocBuilder()
+    d = b.call("aten.diagonal.default", b.input(x), offset, d1, d2)
+    b.check(b.call("aten.mul.Tensor", d, 2.0))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("dim,start,end,step", [(1, 2, 7, 1), (0, None, 2, 1), (1, -4, None, 1), (1, 1, 9, 3),
+                                                (0, 0, 5, 2), (1, 0, 12, 5)])
+def test_slice_scatter(dtype, dim, start, end, step):
+    x = _rand(15, -2, 2, (5, 12)).to(dtype)
+    sl = x.narrow(0, 0, 5)[(slice(None),) * dim + (slice(start, end, step),)]
+    src = _rand(16, 5, 9, tuple(sl.shape)).to(dtype)
+    b = DocBuilder()
+    b.check(b.call("aten.slice_scatter.default", b.input(x), b.input(src), dim, start, end, step))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("dim,index", [(0, 2), (1, -1), (2, 0)])
+def test_select_scatter(dtype, dim, index):
+    x = _rand(17, -2, 2, (3, 4, 5)).to(dtype)
+    shape = [s for j, s in enumerate(x.shape) if j != dim]
+    b = DocBuilder()
+    b.check(b.call("aten.select_scatter.default", b.input(x), b.input(_rand(18, 5, 9, shape).to(dtype)), dim, index))
+
+
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64], ids=IDS + ["int64"])
+@pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin", "mean"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(dtype, reduce, include_self):
+    if reduce == "mean" and not dtype.is_floating_point:
+        pytest.skip("integer mean is unsupported (docs/ops.md)")
+    g = torch.Generator().manual_seed(19)
+    x = (_rand(20, 0.5, 2.0, (6, 5)) * (1 if dtype.is_floating_point else 3)).to(dtype)
+    idx = torch.randint(0, 6, (4, 5), generator=g)   # some rows of x are never hit
+    src = (_rand(21, 0.5, 2.0, (4, 5)) * (1 if dtype.is_floating_point else 3)).to(dtype)
+    b = DocBuilder()
+    b.check(b.call("aten.scatter_reduce.two", b.input(x), 0, b.input(idx), b.input(src), reduce,
+                   include_self=include_self))
+
+
+def test_empty_strided_is_a_fill_consumers_overwrite():
+    b = DocBuilder()
+    e = b.call("aten.empty_strided.default", [3, 4], [1, 3], dtype=torch.float32)
+    b.check(b.call("aten.add.Tensor", b.call("aten.mul.Tensor", e, 0.0), 1.5))
+
+
+# -- pooling and upsampling -----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("size,scale", [((4, 6), None), ((8, 9), None), ((5, 7), None), (None, (2.0, 3.0)),
+                                        (None, (1.5, 0.5)), (None, (2.7, 1.3))])
+def test_upsample_nearest2d(dtype, size, scale):
+    x = _rand(22, -2, 2, (2, 3, 4, 6)).to(dtype)
+    b = DocBuilder()
+    b.check(b.call("aten.upsample_nearest2d.vec", b.input(x), list(size) if size else None,
+                   list(scale) if scale else None))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("kernel,stride,padding", [([2, 2, 2], [2, 2, 2], [0, 0, 0]), ([3, 2, 3], [1, 2, 2], [1, 0, 1])])
+def test_avg_pool3d(dtype, kernel, stride, padding):
+    """torch has no float16 avg_pool3d on the CPU: the float16 program is checked against
+    eager float32 on the same (float16-rounded) values, at float16 tolerance."""
+    x = _rand(23, -2, 2, (2, 3, 6, 6, 7)).to(dtype).float()
+    b = DocBuilder()
+    out = b.call("aten.avg_pool3d.default", b.input(x), kernel, stride, padding)
+    if dtype == torch.float16:
+        _as_float16(b)
+    b.check(out, dtype=dtype)
+
+
+def _as_float16(b: DocBuilder) -> None:
+    """Re-declare a float32 document's tensors (and input values) as float16."""
+    for inp in b.inputs:
+        if inp["meta"]["dtype"] == "float32":
+            inp["meta"]["dtype"] = "float16"
+            b.values[inp["id"]] = b.values[inp["id"]].astype(np.float16)
+    for node in b.nodes:
+        for meta in node["outputs"]:
+            if meta["dtype"] == "float32":
+                meta["dtype"] = "float16"
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+def test_adaptive_avg_pool3d(dtype):
+    x = _rand(24, -2, 2, (2, 3, 6, 4, 8)).to(dtype)
+    b = DocBuilder()
+    b.check(b.call("aten._adaptive_avg_pool3d.default", b.input(x), [3, 2, 2]))

@@ -186,27 +186,29 @@ def _avg_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, ceil_m
     return out
 
 
-@register("aten.avg_pool2d.default",
+@register("aten.avg_pool2d.default", "aten.avg_pool3d.default",
           doc=("zero pad `copy`, window `copy`, `reduce sum` of `x / divisor`; partial windows (ceil_mode overhang, "
                "count_include_pad=False with padding) are unsupported_op"))
 def _avg_pool2d(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self")
-    kernel = _spatial(node, node.arg(1, "kernel_size"), 2, "kernel_size", 1)
-    stride = _spatial(node, node.arg(2, "stride"), 2, "stride", 0) if node.arg(2, "stride") else kernel
-    padding = _spatial(node, node.arg(3, "padding"), 2, "padding", 0)
+    ns = 3 if node.target == "aten.avg_pool3d.default" else 2
+    kernel = _spatial(node, node.arg(1, "kernel_size"), ns, "kernel_size", 1)
+    stride = _spatial(node, node.arg(2, "stride"), ns, "stride", 0) if node.arg(2, "stride") else kernel
+    padding = _spatial(node, node.arg(3, "padding"), ns, "padding", 0)
     return [_avg_pool(ctx, node, x, kernel, stride, padding, bool(node.arg(4, "ceil_mode", False)),
                       bool(node.arg(5, "count_include_pad", True)), node.arg(6, "divisor_override"))]
 
 
-@register("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default",
+@register("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool3d.default",
           doc=("average pool with kernel = stride = input/output when the output size divides the input, else "
                "unsupported_op"))
 def _adaptive_avg_pool2d(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self")
-    out_sizes = _spatial(node, node.arg(1, "output_size"), 2, "output_size", 1)
-    sizes = x.shape[-2:]
+    ns = 3 if node.target == "aten._adaptive_avg_pool3d.default" else 2
+    out_sizes = _spatial(node, node.arg(1, "output_size"), ns, "output_size", 1)
+    sizes = x.shape[-ns:]
     if any(o <= 0 or s % o for s, o in zip(sizes, out_sizes)):
         raise node.fail("unsupported_op", f"adaptive average pooling {list(sizes)} -> {out_sizes} "
                                           "(only evenly dividing output sizes)")
     kernel = [s // o for s, o in zip(sizes, out_sizes)]
-    return [_avg_pool(ctx, node, x, kernel, kernel, [0, 0], False, True, None)]
+    return [_avg_pool(ctx, node, x, kernel, kernel, [0] * ns, False, True, None)]

