@@ -285,3 +285,69 @@ def test_adaptive_avg_pool3d(dtype):
     x = _rand(24, -2, 2, (2, 3, 6, 4, 8)).to(dtype)
     b = DocBuilder()
     b.check(b.call("aten._adaptive_avg_pool3d.default", b.input(x), [3, 2, 2]))
+
+
+# -- distances ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32], ids=["fp32"])
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, 3.0, float("inf"), 0.5])
+@pytest.mark.parametrize("s1,s2", [((5, 7), (6, 7)), ((2, 4, 3), (2, 30, 3)), ((3, 1, 5, 4), (2, 6, 4))])
+def test_cdist(dtype, p, s1, s2):
+    """torch's cdist has no float16 CPU kernel; float16 is checked below against float32."""
+    x1, x2 = _rand(30, -2, 2, s1).to(dtype), _rand(31, -2, 2, s2).to(dtype)
+    if p == 0.0:   # p = 0 counts differing coordinates: make some equal
+        x2 = x2.clone()
+        x2[..., 0] = x1.reshape(-1, x1.shape[-1])[0, 0]
+    b = DocBuilder()
+    b.check(b.call("aten._cdist_forward.default", b.input(x1), b.input(x2), p, None))
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0])
+def test_cdist_float16_against_float32(p):
+    x1, x2 = _rand(32, -2, 2, (6, 8)).half().float(), _rand(33, -2, 2, (9, 8)).half().float()
+    b = DocBuilder()
+    out = b.call("aten._cdist_forward.default", b.input(x1), b.input(x2), p, None)
+    _as_float16(b)
+    b.check(out, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, 3.0, float("inf")])
+@pytest.mark.parametrize("n", [2, 5, 9])
+def test_pdist(p, n):
+    x = _rand(34 + n, -2, 2, (n, 6))
+    b = DocBuilder()
+    b.check(b.call("aten._pdist_forward.default", b.input(x), p))
+
+
+def test_pdist_float16_against_float32():
+    x = _rand(40, -2, 2, (7, 5)).half().float()
+    b = DocBuilder()
+    out = b.call("aten._pdist_forward.default", b.input(x), 2.0)
+    _as_float16(b)
+    b.check(out, dtype=torch.float16)
+
+
+# -- embedding_bag --------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["sum", "mean", "max"])
+@pytest.mark.parametrize("include_last,padding_idx", [(False, -1), (True, -1), (False, 2), (True, 4)])
+def test_embedding_bag(dtype, mode, include_last, padding_idx):
+    if dtype == torch.float16 and mode == 2:
+        pytest.skip("torch's CPU embedding_bag max has no float16 kernel")
+    weight = _rand(50, -2, 2, (10, 6)).to(dtype)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 2])
+    offsets = torch.tensor([0, 4, 4, 7] + ([10] if include_last else []))   # bag 1 is empty
+    b = DocBuilder()
+    out = b.call("aten._embedding_bag.default", b.input(weight, kind="parameter"), b.input(idx), b.input(offsets),
+                 False, mode, False, None, include_last, padding_idx)
+    b.check(out[0])
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+def test_embedding_bag_per_sample_weights(dtype):
+    weight = _rand(51, -2, 2, (8, 5)).to(dtype)
+    idx = torch.tensor([1, 2, 4, 5, 7, 3])
+    psw = _rand(52, 0, 2, (6,)).to(dtype)
+    b = DocBuilder()
+    out = b.call("aten._embedding_bag.default", b.input(weight, kind="parameter"), b.input(idx),
+                 b.input(torch.tensor([0, 2, 5])), False, 0, False, b.input(psw), False, -1)
+    b.check(out[0])

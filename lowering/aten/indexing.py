@@ -445,3 +445,80 @@ def _upsample_nearest2d(ctx: Ctx, node: NodeArgs):
                              "int64", out_id=f"{node.id}.src{axis}")
         indices.append((axis, src, axis))
     return [emit_gather(ctx, node, x, out_shape, [0, 1, None, None], indices, node.id)]
+
+
+@register("aten._embedding_bag.default",
+          doc=("`gather` of the indexed rows, each position's bag from the offsets (`reduce sum` of `offsets[b] <= i`),"
+               " then `reduce` over [bags, dim, positions] of the rows in the bag (sum, mean: / count, max; padding_idx"
+               " skipped, per_sample_weights multiplied, empty bags 0); the offset2bag / bag_size / max_indices outputs"
+               " (backward helpers) are not computed"))
+def _embedding_bag(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.conv import Unavailable
+    from lowering.aten.pointwise import emit_pointwise
+
+    weight, idx, offsets = node.arg(0, "weight"), node.arg(1, "indices"), node.arg(2, "offsets")
+    mode = int(node.arg(4, "mode", 0))
+    psw = node.arg(6, "per_sample_weights")
+    include_last = bool(node.arg(7, "include_last_offset", False))
+    padding_idx = node.arg(8, "padding_idx", -1)
+    if weight.rank != 2 or idx.rank != 1 or not isinstance(offsets, View) or offsets.rank != 1:
+        raise node.fail("unsupported_op", "embedding_bag with other than 1-D indices and offsets")
+    if mode not in (0, 1, 2):
+        raise node.fail("bad_argument", f"embedding_bag mode {mode}")
+    if psw is not None and mode != 0:
+        raise node.fail("bad_argument", "per_sample_weights need mode sum")
+    I, D = idx.shape[0], weight.shape[1]
+    bags = offsets.shape[0] - (1 if include_last else 0)
+    if I == 0 or bags <= 0:
+        raise node.fail("unsupported_op", "embedding_bag with no indices or no bags")
+    if padding_idx is not None and padding_idx < 0:
+        padding_idx = None   # the aten op's "no padding" (F.embedding_bag has already wrapped a negative one)
+    rows = emit_gather(ctx, node, weight, (I, D), [None, 1], [(0, idx, 0)], f"{node.id}.rows")
+    # bag of position i: #{b >= 1 : offsets[b] <= i} (include_last_offset: positions at or past the
+    # last offset belong to no bag)
+    pos = int_iota(ctx, node, I, "positions")
+    nb = offsets.shape[0]
+    b_iota = int_iota(ctx, node, nb, "bag_ids")
+    iters, it = ctx.iter_dims_for((I, nb), kinds=("parallel", "reduction"))
+    acc = [ctx.access(offsets, [it[1]], node.id), ctx.access(pos, [it[0]], node.id),
+           ctx.access(b_iota, [it[1]], node.id)]
+    bag_t = ctx.new_tensor(f"{node.id}.bag", (I,), "int64")
+    ctx.emit(bag_t, iters, acc, Access(bag_t, (it[0],)), ReduceBody("sum", expr_fn(
+        "logical_and", expr_fn("ge", In(2), Const(1.0)), expr_fn("le", In(0), In(1)))), node.id)
+    bag = ctx.tensor_view(bag_t)
+    # in[b, i]: position i counts towards bag b
+    counted = [bag, idx] + ([psw] if psw is not None else [])
+    iters, it = ctx.iter_dims_for((bags, D, I), kinds=("parallel", "parallel", "reduction"))
+    out_ids = int_iota(ctx, node, bags, "bags")
+    acc = [ctx.access(rows, [it[2], it[1]], node.id), ctx.access(bag, [it[2]], node.id),
+           ctx.access(idx, [it[2]], node.id), ctx.access(out_ids, [it[0]], node.id)]
+    if psw is not None:
+        acc.append(ctx.access(psw, [it[2]], node.id))
+    member = expr_fn("eq", In(1), In(3))
+    if padding_idx is not None:
+        member = expr_fn("logical_and", member, expr_fn("ne", In(2), Const(float(padding_idx))))
+    value = expr_fn("mul", In(0), In(4)) if psw is not None else In(0)
+    fn, identity = ("max", -math.inf) if mode == 2 else ("sum", 0.0)
+    folded_id = node.id if mode == 0 else f"{node.id}.folded"
+    folded_t = ctx.new_tensor(folded_id, (bags, D), weight.dtype)
+    ctx.emit(folded_t, iters, acc, Access(folded_t, (it[0], it[1])),
+             ReduceBody(fn, expr_fn("where", member, value, Const(identity))), node.id)
+    out = ctx.tensor_view(folded_t, folded_id)
+    if mode != 0:
+        iters, it = ctx.iter_dims_for((bags, I), kinds=("parallel", "reduction"))
+        acc = [ctx.access(bag, [it[1]], node.id), ctx.access(idx, [it[1]], node.id),
+               ctx.access(out_ids, [it[0]], node.id)]
+        m = expr_fn("eq", In(0), In(2))
+        if padding_idx is not None:
+            m = expr_fn("logical_and", m, expr_fn("ne", In(1), Const(float(padding_idx))))
+        count_t = ctx.new_tensor(f"{node.id}.count", (bags,), "int64")
+        ctx.emit(count_t, iters, acc, Access(count_t, (it[0],)), ReduceBody("sum", m), node.id)
+        count = ctx.tensor_view(count_t).with_((bags, 1), (1, 0))
+        if mode == 1:
+            finish = lambda e: expr_fn("where", expr_fn("gt", e[1], Const(0.0)), expr_fn("div", e[0], e[1]),  # noqa: E731
+                                       Const(0.0))
+        else:
+            finish = lambda e: expr_fn("where", expr_fn("gt", e[1], Const(0.0)), e[0], Const(0.0))  # noqa: E731
+        out = emit_pointwise(ctx, node, [out, count], finish, weight.dtype, out_shape=(bags, D))
+    why = "embedding_bag's offset2bag / bag_size / max_indices outputs are not computed (backward helpers)"
+    return [out, Unavailable(why), Unavailable(why), Unavailable(why)]

@@ -4,6 +4,7 @@ mean folds its 1/N scale into the reduced expression (sum of x/N, one op, no rou
 intermediate sum); var_mean is a mean op then a sum of squared deviations."""
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from lowering.aten.context import Ctx, NodeArgs, View, expr_fn, numel, register
@@ -270,3 +271,101 @@ def _argmax(ctx: Ctx, node: NodeArgs):
     d = norm_dim(node, dim, x.rank)
     best = emit_reduce(ctx, node, x, [d], True, fn, None, x.dtype, f"{node.id}.best")
     return [emit_arg_index(ctx, node, x, d, best, keepdim, node.id)]
+
+
+def _distance(ctx: Ctx, node: NodeArgs, a: View, b: View, a_dims, b_dims, out_shape, p: float,
+              out_id: str) -> View:
+    """The p-norm distance over the last (feature) dim of a and b: `reduce` over [*out, M]
+    of |a - b|^p (p = 0: count of nonzero differences, inf: max), then the 1/p root.
+    `a_dims`/`b_dims` name, per non-feature dim of a and b, the output dim that walks it."""
+    from lowering.aten.pointwise import emit_pointwise
+
+    M = a.shape[-1]
+    iters, it = ctx.iter_dims_for(tuple(out_shape) + (M,), kinds=["parallel"] * len(out_shape) + ["reduction"])
+    acc = [ctx.access(a, [it[d] for d in a_dims] + [it[-1]], node.id),
+           ctx.access(b, [it[d] for d in b_dims] + [it[-1]], node.id)]
+    diff = expr_fn("abs", expr_fn("sub", In(0), In(1)))
+    if p == 0:
+        fn, term = "sum", expr_fn("ne", diff, Const(0.0))
+    elif math.isinf(p):
+        fn, term = "max", diff
+    elif p == 1:
+        fn, term = "sum", diff
+    elif p == 2:
+        fn, term = "sum", expr_fn("mul", diff, diff)
+    else:
+        fn, term = "sum", expr_fn("pow", diff, Const(float(p)))
+    dtype = a.dtype
+    folded = ctx.new_tensor(f"{out_id}.folded" if p not in (0, 1) and not math.isinf(p) else out_id, out_shape, dtype)
+    ctx.emit(folded, iters, acc, Access(folded, tuple(it[:-1])), ReduceBody(fn, term), node.id)
+    v = ctx.tensor_view(folded)
+    if p in (0, 1) or math.isinf(p):
+        return v
+    root = (lambda e: expr_fn("sqrt", e[0])) if p == 2 else (lambda e: expr_fn("pow", e[0], Const(1.0 / p)))
+    return emit_pointwise(ctx, node, [v], root, dtype, out_id=out_id)
+
+
+@register("aten._cdist_forward.default",
+          doc=("`reduce` over [batch…, P, R, M] of `|x1 - x2|^p` (p = 0: nonzero count, inf: max), then the 1/p root"
+               " (`sqrt` for p = 2); computed directly, not through torch's matmul expansion"))
+def _cdist(ctx: Ctx, node: NodeArgs):
+    x1, x2 = node.arg(0, "x1"), node.arg(1, "x2")
+    p = float(node.arg(2, "p"))
+    if x1.rank < 2 or x2.rank < 2 or x1.shape[-1] != x2.shape[-1] or p < 0:
+        raise node.fail("shape_mismatch", f"cdist of {list(x1.shape)} and {list(x2.shape)} (p={p})")
+    out_shape = tuple(node.out_shapes[0])
+    nb = len(out_shape) - 2
+
+    def dims(v: View, row: int) -> list[int]:   # v's batch dims right-aligned to the output's, then its rows
+        lead = v.rank - 2
+        return [nb - lead + j for j in range(lead)] + [row]
+    for v in (x1, x2):   # a size-1 batch dim broadcasts
+        for j, d in enumerate(dims(v, 0)[:-1]):
+            if v.shape[j] != out_shape[d] and v.shape[j] != 1:
+                raise node.fail("shape_mismatch", f"cdist batch dims {list(x1.shape)} {list(x2.shape)}")
+    return [_distance(ctx, node, _bcast(x1, out_shape, nb), _bcast(x2, out_shape, nb), dims(x1, nb), dims(x2, nb + 1),
+                      out_shape, p, node.id)]
+
+
+def _bcast(v: View, out_shape, nb: int) -> View:
+    """v with its size-1 batch dims expanded to the output's (stride 0)."""
+    lead = v.rank - 2
+    shape, strides = list(v.shape), list(v.strides)
+    for j in range(lead):
+        if shape[j] == 1:
+            shape[j], strides[j] = out_shape[nb - lead + j], 0
+    return v.with_(tuple(shape), tuple(strides))
+
+
+@register("aten._pdist_forward.default",
+          doc=("pair (i, j), i < j, of each output position k in torch's row-major order from integer iota arithmetic"
+               " (`reduce sum` of `start(r) <= k`), `gather` of both rows, then the p-norm `reduce` as cdist"))
+def _pdist(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.indexing import emit_gather, int_iota
+    from lowering.aten.pointwise import emit_pointwise
+
+    x: View = node.arg(0, "self")
+    p = float(node.arg(1, "p", 2.0))
+    if x.rank != 2 or p < 0:
+        raise node.fail("shape_mismatch", f"pdist of {list(x.shape)} (p={p})")
+    N, M = x.shape
+    K = N * (N - 1) // 2
+    if K == 0:
+        raise node.fail("unsupported_op", "pdist of fewer than two rows (an empty result)")
+    k = int_iota(ctx, node, K, "pairs")
+    r = int_iota(ctx, node, N, "rows")
+    # row r's first pair: start(r) = r*N - r*(r+1)/2 (exact integer arithmetic)
+    start_of = lambda e: expr_fn("sub", expr_fn("mul", e, Const(float(N))),  # noqa: E731
+                                 expr_fn("floordiv", expr_fn("mul", e, expr_fn("add", e, Const(1.0))), Const(2.0)))
+    iters, it = ctx.iter_dims_for((K, N), kinds=("parallel", "reduction"))
+    acc = [ctx.access(k, [it[0]], node.id), ctx.access(r, [it[1]], node.id)]
+    first_t = ctx.new_tensor(f"{node.id}.first", (K,), "int64")
+    # i(k) = #{r >= 1 : start(r) <= k}
+    ctx.emit(first_t, iters, acc, Access(first_t, (it[0],)), ReduceBody("sum", expr_fn(
+        "logical_and", expr_fn("ge", In(1), Const(1.0)), expr_fn("le", start_of(In(1)), In(0)))), node.id)
+    first = ctx.tensor_view(first_t)
+    second = emit_pointwise(ctx, node, [k, first], lambda e: expr_fn("add", expr_fn(
+        "sub", e[0], start_of(e[1])), expr_fn("add", e[1], Const(1.0))), "int64", out_id=f"{node.id}.second")
+    rows_i = emit_gather(ctx, node, x, (K, M), [None, 1], [(0, first, 0)], f"{node.id}.rows_i")
+    rows_j = emit_gather(ctx, node, x, (K, M), [None, 1], [(0, second, 0)], f"{node.id}.rows_j")
+    return [_distance(ctx, node, rows_i, rows_j, [0], [0], (K,), p, node.id)]
