@@ -351,3 +351,101 @@ def test_embedding_bag_per_sample_weights(dtype):
     out = b.call("aten._embedding_bag.default", b.input(weight, kind="parameter"), b.input(idx),
                  b.input(torch.tensor([0, 2, 5])), False, 0, False, b.input(psw), False, -1)
     b.check(out[0])
+
+
+# -- what Inductor's decompositions of other core ops leave -----------------------------------
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+F = torch.nn.functional
+DECOMPOSED = {
+    # _unsafe_index.Tensor (index arithmetic Inductor builds for pads and interpolation)
+    "reflection_pad1d": (lambda x: F.pad(x, (2, 1), mode="reflect"), (2, 4, 9)),
+    "reflection_pad2d": (lambda x: F.pad(x, (2, 1, 1, 2), mode="reflect"), (2, 4, 6, 6)),
+    "replication_pad3d": (lambda x: F.pad(x, (1, 1, 2, 0, 1, 1), mode="replicate"), (1, 2, 4, 4, 4)),
+    "upsample_bilinear2d": (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), (2, 4, 6, 6)),
+    "upsample_bilinear2d_align": (lambda x: F.interpolate(x, size=(5, 7), mode="bilinear", align_corners=True),
+                                  (2, 4, 6, 6)),
+    # prims.rev
+    "flip": (lambda x: torch.flip(x, [1, 3]) * 2, (2, 4, 6, 6)),
+    # prims._low_memory_max_pool_with_offsets with a 3-D kernel
+    "max_pool3d": (lambda x: F.max_pool3d(x, 2), (1, 2, 4, 6, 4)),
+    "max_pool3d_strided": (lambda x: F.max_pool3d(x, (3, 2, 2), stride=(2, 1, 2), padding=(1, 0, 1)), (1, 2, 5, 6, 4)),
+    "unfold": (lambda x: x.unfold(-1, 3, 2) + 1, (2, 4, 9)),
+    "glu": (lambda x: F.glu(x, 1), (2, 4, 6)),
+    "addcmul": (lambda x: torch.addcmul(x, x, x + 1, value=0.5), (2, 4, 6)),
+    "addcdiv": (lambda x: torch.addcdiv(x, x, x.abs() + 1, value=-2), (2, 4, 6)),
+    "hypot": (lambda x: torch.hypot(x, x + 1), (2, 4, 6)),
+    "exp2": (lambda x: torch.exp2(x), (2, 4, 6)),
+    "copysign": (lambda x: torch.copysign(x, -x + 0.5), (2, 4, 6)),
+}
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("case", sorted(DECOMPOSED))
+def test_ops_inductor_decompositions_leave(case, dtype):
+    from tests.lowering_helpers import assert_close, capture_with_values, eager_outputs
+
+    fn, shape = DECOMPOSED[case]
+    x = _rand(60, -2, 2, shape).to(dtype)
+    model = _Fn(fn)
+    try:
+        want = eager_outputs(model, (x,))
+    except (RuntimeError, NotImplementedError):
+        if dtype != torch.float16:
+            raise
+        pytest.skip("no float16 CPU kernel in torch")
+    doc, values = capture_with_values(model, (x,))
+    got = interpret(lower_document(doc), values)
+    for g, w in zip(got, want):
+        assert_close(g, w, dtype, case)
+
+
+def test_copysign_negative_zero():
+    b = DocBuilder()
+    x = torch.tensor([1.0, 2.0, 3.0, -4.0])
+    b.check(b.call("aten.copysign.Tensor", b.input(x), b.input(torch.tensor([-0.0, 0.0, -1.0, 5.0]))))
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_bucketize(right, out_int32):
+    x = _special(_rand(61, -3, 3), [-1.0, 0.0, 1.0, float("nan"), -5.0, 5.0])
+    bounds = torch.tensor([-1.0, 0.0, 0.5, 1.0])
+    b = DocBuilder()
+    b.check(b.call("aten.bucketize.Tensor", b.input(x), b.input(bounds), out_int32=out_int32, right=right))
+
+
+@pytest.mark.parametrize("planner", ["naive", "heuristic", "cpsat"])
+def test_every_planner_runs_the_new_ops(planner):
+    """A graph mixing the sweep's new bodies (negative-stride flip copy, multi-index
+    gathers of a reflection pad and a bilinear upsample, log1p/fmod/atan2, argmax, a
+    scatter_add): every planner's program validates and runs to the interpreter's numbers."""
+    from simulator.api import compare
+    from simulator.run import run_program
+    from solver.planners import plan
+    from target.hardware import load_target
+    from tests.lowering_helpers import capture_with_values
+
+    class Mix(torch.nn.Module):
+        def forward(self, x):
+            y = F.pad(torch.flip(x, [3]), (2, 1, 1, 2), mode="reflect")
+            y = F.interpolate(y, scale_factor=2, mode="bilinear")
+            z = torch.log1p(y.abs()) + torch.fmod(y * 3, 1.25) + torch.atan2(y, y + 2)
+            idx = z.argmax(dim=-1, keepdim=True)
+            return z, torch.zeros(2, 4, 18, 1).scatter_add(3, idx % 1, z[..., :1])
+
+    x = _rand(70, -2, 2, (2, 4, 6, 6)).half().float()
+    doc, values = capture_with_values(Mix(), (x,))
+    pg = lower_document(doc)
+    ref = interpret(pg, values)
+    hw = load_target()
+    prog = plan(pg, hw, planner=planner, fallback=False, time_limit_s=30)   # validated inside
+    assert prog.stats.planner == planner
+    assert compare(run_program(prog, values, hw), ref)[1] < 1e-5

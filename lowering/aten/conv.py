@@ -152,8 +152,10 @@ def _max_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, dilati
                "unsupported_op"))
 def _max_pool_node(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self" if node.target.startswith("aten") else "input")
-    ns = 2
-    kernel = _spatial(node, node.arg(1, "kernel_size"), ns, "kernel_size", 1)
+    ks = node.arg(1, "kernel_size")
+    # the prims op serves max_pool2d and max_pool3d: its kernel's length says which
+    ns = len(ks) if node.target.startswith("prims") and isinstance(ks, list) and len(ks) > 1 else 2
+    kernel = _spatial(node, ks, ns, "kernel_size", 1)
     stride = _spatial(node, node.arg(2, "stride"), ns, "stride", 0) if node.arg(2, "stride") else kernel
     padding = _spatial(node, node.arg(3, "padding"), ns, "padding", 0)
     dilation = _spatial(node, node.arg(4, "dilation"), ns, "dilation", 1)

@@ -73,7 +73,7 @@ def _embedding(ctx: Ctx, node: NodeArgs):
     return [emit_gather(ctx, node, weight, out_shape, [None, idx.rank], [(0, idx, 0)], node.id)]
 
 
-@register("aten.index.Tensor",
+@register("aten.index.Tensor", "aten._unsafe_index.Tensor",
           doc=("`gather` with one index operand per indexed dim (torch's broadcasting and dim placement); boolean mask"
                " indexing is unsupported"))
 def _index(ctx: Ctx, node: NodeArgs):

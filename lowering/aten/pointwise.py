@@ -184,6 +184,49 @@ def _atan2(ctx: Ctx, node: NodeArgs):
                            float_result(result_type([a, b])))]
 
 
+@register("aten.addcmul.default", "aten.addcdiv.default",
+          doc="`add(self, mul(value, mul(t1, t2)))` / `…div(t1, t2)…` (torch's type promotion)")
+def _addcmul(ctx: Ctx, node: NodeArgs):
+    ops = [as_operand(node, node.arg(i, n)) for i, n in ((0, "self"), (1, "tensor1"), (2, "tensor2"))]
+    value = node.kwargs.get("value", node.args[3] if len(node.args) > 3 else 1)
+    fn = "mul" if node.target == "aten.addcmul.default" else "div"
+    rt = result_type(ops)
+    if fn == "div" and not is_float(rt):
+        raise node.fail("bad_argument", "addcdiv of integer tensors")
+    return [emit_pointwise(ctx, node, ops, lambda e: expr_fn("add", e[0], _alpha(node, expr_fn(fn, e[1], e[2]), value)),
+                           rt)]
+
+
+@register("aten.hypot.default",
+          doc="`sqrt(a·a + b·b)`")
+def _hypot(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("sqrt", expr_fn(
+        "add", expr_fn("mul", e[0], e[0]), expr_fn("mul", e[1], e[1]))), result_type([a, b]))]
+
+
+@register("aten.exp2.default",
+          doc="`pow(2, x)` (ints give float32)")
+def _exp2(ctx: Ctx, node: NodeArgs):
+    x = as_operand(node, node.arg(0, "self"))
+    return [emit_pointwise(ctx, node, [x], lambda e: expr_fn("pow", Const(2.0), e[0]), float_result(x.dtype))]
+
+
+def _negative(e: Expr) -> Expr:
+    """The sign bit: x < 0, or x a negative zero (1/x = -inf)."""
+    return expr_fn("logical_or", expr_fn("lt", e, Const(0.0)),
+                   expr_fn("logical_and", expr_fn("eq", e, Const(0.0)), expr_fn("lt", expr_fn("reciprocal", e),
+                                                                                Const(0.0))))
+
+
+@register("aten.copysign.Tensor", "aten.copysign.Scalar",
+          doc="`where(signbit(other), -abs(self), abs(self))` (a negative zero counts as negative; ints give float32)")
+def _copysign(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("where", _negative(e[1]), expr_fn(
+        "neg", expr_fn("abs", e[0])), expr_fn("abs", e[0])), float_result(result_type([a, b])))]
+
+
 @register("aten.logical_and.default", "aten.logical_or.default",
           doc="`logical_and` / `logical_or`, bool result")
 def _logical(ctx: Ctx, node: NodeArgs):

@@ -369,3 +369,39 @@ def _pdist(ctx: Ctx, node: NodeArgs):
     rows_i = emit_gather(ctx, node, x, (K, M), [None, 1], [(0, first, 0)], f"{node.id}.rows_i")
     rows_j = emit_gather(ctx, node, x, (K, M), [None, 1], [(0, second, 0)], f"{node.id}.rows_j")
     return [_distance(ctx, node, rows_i, rows_j, [0], [0], (K,), p, node.id)]
+
+
+@register("aten.glu.default",
+          doc="the two halves along dim as strided views, one pointwise `a * sigmoid(b)`")
+def _glu(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.pointwise import emit_pointwise
+    from lowering.aten.views import slice_view
+
+    x: View = node.arg(0, "self")
+    d = norm_dim(node, node.arg(1, "dim", -1), x.rank)
+    n = x.shape[d]
+    if n % 2:
+        raise node.fail("bad_argument", f"glu of an odd dim ({n})")
+    a, b = slice_view(node, x, d, 0, n // 2, 1, f"{node.id}.a"), slice_view(node, x, d, n // 2, n, 1, f"{node.id}.b")
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("mul", e[0], expr_fn("sigmoid", e[1])), x.dtype)]
+
+
+@register("aten.bucketize.Tensor",
+          doc=("`reduce sum` over the boundaries of `boundary < x` (right: `<=`); NaN past the last boundary, as"
+               " torch"))
+def _bucketize(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    bounds: View = node.arg(1, "boundaries")
+    out_dtype = "int32" if node.arg(2, "out_int32", False) else "int64"
+    right = bool(node.arg(3, "right", False))
+    if bounds.rank != 1:
+        raise node.fail("unsupported_op", "bucketize with other than 1-D boundaries")
+    nb = bounds.shape[0]
+    iters, it = ctx.iter_dims_for(tuple(x.shape) + (nb,), kinds=["parallel"] * x.rank + ["reduction"],
+                                  keep=(x.rank,))
+    acc = [ctx.access(x, it[:-1], node.id), ctx.access(bounds, [it[-1]], node.id)]
+    below = expr_fn("le" if right else "lt", In(1), In(0))
+    term = expr_fn("logical_or", below, expr_fn("ne", In(0), In(0)))
+    tid = ctx.new_tensor(node.id, x.shape, out_dtype)
+    ctx.emit(tid, iters, acc, Access(tid, tuple(it[:-1])), ReduceBody("sum", term), node.id)
+    return [ctx.tensor_view(tid, node.id)]

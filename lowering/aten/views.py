@@ -411,3 +411,34 @@ def _select_scatter(ctx: Ctx, node: NodeArgs):
         raise node.fail("shape_mismatch", f"select_scatter of {list(src.shape)} into {list(x.shape)} at dim {d}")
     src1 = src.with_(src.shape[:d] + (1,) + src.shape[d:], src.strides[:d] + (0,) + src.strides[d:])
     return [_scatter_pieces(ctx, node, x, d, i, i + 1, src1)]
+
+
+@register("prims.rev.default", "aten.flip.default",
+          doc="strided view with negative strides (offset at the last element), a `copy` at the first consumer")
+def _rev(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "a" if node.target.startswith("prims") else "self")
+    dims = {norm_dim(node, d, x.rank) for d in node.arg(1, "dims")}
+    strides, offset = list(x.strides), x.offset
+    for d in dims:
+        if x.shape[d] > 1:
+            offset += (x.shape[d] - 1) * strides[d]
+            strides[d] = -strides[d]
+    return [x.with_(x.shape, tuple(strides), offset=offset, name=node.id)]
+
+
+@register("aten.unfold.default",
+          doc="strided view (windows of `size` every `step` along the dim, a trailing window dim), a `copy` at the first"
+              " consumer")
+def _unfold(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    d = norm_dim(node, node.arg(1, "dimension"), x.rank)
+    size, step = int(node.arg(2, "size")), int(node.arg(3, "step"))
+    n = x.shape[d] if x.rank else 1
+    if size < 0 or size > n or step <= 0:
+        raise node.fail("bad_argument", f"unfold size {size} step {step} of a dim of {n}")
+    if x.rank == 0:
+        return [x.with_((size,), (0,), name=node.id)]
+    shape, strides = list(x.shape), list(x.strides)
+    shape[d] = (n - size) // step + 1
+    strides[d] = x.strides[d] * step
+    return [x.with_(tuple(shape) + (size,), tuple(strides) + (x.strides[d],), name=node.id)]
