@@ -180,3 +180,45 @@ def test_every_planner_runs_a_paged_decode_step(planner):
     prog = plan(pg, hw, planner=planner, fallback=False, time_limit_s=30)   # validated inside
     assert prog.stats.planner == planner
     assert compare(run_program(prog, b.values, hw), ref)[1] < 1e-3
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+def test_fms_llama_paged_decode_step_compiles_strict(dtype):
+    """A tiny FMS LLaMA decode step with attn_name="spyre_paged_attn" (the graphs vLLM's
+    Spyre plugin sends): strict, nothing on eager; logits and the returned caches equal
+    eager's."""
+    from fms.models.llama import LLaMA, LLaMAConfig
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = LLaMAConfig(src_vocab_size=256, emb_dim=64, nheads=4, kvheads=2, nlayers=2, hidden_grow_factor=2.0,
+                      multiple_of=16, max_expected_seq_len=256)
+    model = LLaMA(cfg).eval()
+    model.reset_parameters()
+    model = model.to(dtype)
+    B, BS, NB, D = 2, 16, 8, 16
+    g = _gen(11)
+    caches = [(torch.randn(NB, BS, 2, D, generator=g).to(dtype), torch.randn(NB, BS, 2, D, generator=g).to(dtype))
+              for _ in range(cfg.nlayers)]
+    table = torch.tensor([[3, 5], [1, 6]])
+    tkv, start = torch.tensor([21, 10]), torch.tensor([0, 2])
+    slots = torch.stack([table[i, (t - 1) // BS] * BS + (t - 1) % BS for i, t in enumerate(tkv.tolist())])[:, None]
+    ids = torch.randint(0, 256, (B, 1), generator=g)
+    kwargs = dict(position_ids=(tkv - 1)[:, None], use_cache=True, attn_name="spyre_paged_attn", slot_mapping=slots,
+                  block_table=table, current_tkv_mask=tkv, left_padded_prompt_mask=start, mask=None)
+    with torch.no_grad():
+        want_logits, want_caches = model(ids, past_key_value_states=[(k.clone(), v.clone()) for k, v in caches],
+                                         **kwargs)
+        compiled = torch.compile(model, backend="sticksat", dynamic=False,
+                                 options={"planner": "heuristic", "strict": True})
+        got_logits, got_caches = compiled(ids, past_key_value_states=[(k.clone(), v.clone()) for k, v in caches],
+                                          **kwargs)
+    assert_close(to_numpy(got_logits), to_numpy(want_logits), dtype, "logits")
+    for (gk, gv), (wk, wv), (ok, ov) in zip(got_caches, want_caches, caches):
+        # the new token's k/v are computed (projection, rotary): equal to rounding; the
+        # rest of the cache is moved, so exactly equal
+        assert_close(to_numpy(gk), to_numpy(wk), dtype, "key cache")
+        assert_close(to_numpy(gv), to_numpy(wv), dtype, "value cache")
+        untouched = (to_numpy(wk) == to_numpy(ok)).all(axis=(2, 3))
+        assert untouched.sum() == NB * BS - B
+        np.testing.assert_array_equal(to_numpy(gk)[untouched], to_numpy(ok)[untouched])
