@@ -102,7 +102,7 @@ SCALAR_FNS = frozenset({
     "floordiv", "remainder", "fmod", "floor", "ceil", "trunc", "round", "sign",
     # transcendental
     "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin", "cos",
-    "log1p", "expm1", "log2", "log10", "tan", "atan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "erfc", "log1p", "expm1", "log2", "log10", "tan", "atan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh",
     "atan2",
     # activations kept fused where Spyre has them
     "relu", "gelu", "gelu_tanh", "silu",

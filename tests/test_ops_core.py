@@ -36,6 +36,7 @@ UNARY_FLOAT = {
     "log1p": (-0.9, 3.0), "expm1": (-3.0, 3.0), "log2": (0.01, 40.0), "log10": (0.01, 40.0),
     "tan": (-1.4, 1.4), "atan": (-6.0, 6.0), "asin": (-0.99, 0.99), "acos": (-0.99, 0.99), "sinh": (-4.0, 4.0),
     "cosh": (-4.0, 4.0), "asinh": (-20.0, 20.0), "acosh": (1.0, 20.0), "atanh": (-0.95, 0.95),
+    "erfc": (-4.0, 9.0),
 }
 
 
@@ -58,11 +59,14 @@ def test_unary_float_ops_of_integers_give_float32(op):
     b.check(out)
 
 
-@pytest.mark.parametrize("op", ["log1p", "expm1"])
-def test_log1p_expm1_keep_relative_precision_near_zero(op):
-    """Both exist for |x| << 1, where log(1 + x) and exp(x) - 1 lose every digit: the
-    lowering must not be such a decomposition."""
-    x = torch.tensor([1e-7, -3e-8, 2.5e-6, 1e-10, -1e-5])
+@pytest.mark.parametrize("op,x", [("log1p", [1e-7, -3e-8, 2.5e-6, 1e-10, -1e-5]),
+                                  ("expm1", [1e-7, -3e-8, 2.5e-6, 1e-10, -1e-5]),
+                                  ("erfc", [2.5, 4.0, 6.0, 8.5, 9.0])])
+def test_functions_keep_relative_precision_where_naive_forms_cancel(op, x):
+    """log1p and expm1 exist for |x| << 1, where log(1 + x) and exp(x) - 1 lose every
+    digit; erfc for large x, where 1 - erf(x) does: the lowering must not be such a
+    decomposition."""
+    x = torch.tensor(x)
     b = DocBuilder()
     out = b.call(f"aten.{op}.default", b.input(x))
     got = interpret(lower_document(b.document(out)), b.values)[0]
@@ -449,3 +453,15 @@ def test_every_planner_runs_the_new_ops(planner):
     prog = plan(pg, hw, planner=planner, fallback=False, time_limit_s=30)   # validated inside
     assert prog.stats.planner == planner
     assert compare(run_program(prog, values, hw), ref)[1] < 1e-5
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("mask_shape", [(3, 4, 6), (4, 1), (6,)])
+def test_masked_scatter(dtype, mask_shape):
+    """llava's image-feature merge: embeddings.masked_scatter(image_token_mask, features)."""
+    x = _rand(80, -2, 2, (3, 4, 6)).to(dtype)
+    mask = _rand(81, 0, 1, mask_shape) < 0.4
+    full = mask.expand(3, 4, 6)
+    source = _rand(82, 5, 9, (int(full.sum()) + 3,)).to(dtype)
+    b = DocBuilder()
+    b.check(b.call("aten.masked_scatter.default", b.input(x), b.input(mask), b.input(source)))

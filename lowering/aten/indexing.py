@@ -522,3 +522,44 @@ def _embedding_bag(ctx: Ctx, node: NodeArgs):
         out = emit_pointwise(ctx, node, [out, count], finish, weight.dtype, out_shape=(bags, D))
     why = "embedding_bag's offset2bag / bag_size / max_indices outputs are not computed (backward helpers)"
     return [out, Unavailable(why), Unavailable(why), Unavailable(why)]
+
+
+@register("aten.masked_scatter.default",
+          doc=("source element for each masked position in row-major order: `reduce cumsum` of the flattened mask,"
+               " `gather` of the flattened source there, pointwise `where(mask, gathered, self)`"))
+def _masked_scatter(ctx: Ctx, node: NodeArgs):
+    """torch.masked_scatter: the k-th True position of the mask (row-major, mask broadcast to
+    self's shape) takes source.flat[k]. A source with fewer elements than the mask has
+    True positions is an error in torch; here those positions take its last element."""
+    from lowering.aten.pointwise import emit_pointwise
+    from lowering.aten.views import reshape
+
+    x: View = node.arg(0, "self")
+    mask: View = node.arg(1, "mask")
+    source: View = node.arg(2, "source")
+    if mask.dtype != "bool":
+        raise node.fail("bad_argument", f"masked_scatter mask of {mask.dtype}")
+    n = 1
+    for s in x.shape:
+        n *= s
+    m_full = mask.with_(x.shape, (0,) * (x.rank - mask.rank) + tuple(
+        st if s == t else 0 for s, t, st in zip(mask.shape, x.shape[x.rank - mask.rank:], mask.strides)))
+    m_flat = reshape(ctx, node, m_full, (n,), f"{node.id}.mask_flat")
+    iters, it = ctx.iter_dims_for((n,), kinds=("reduction",), keep=(0,))
+    before_t = ctx.new_tensor(f"{node.id}.rank", (n,), "int64")
+    ctx.emit(before_t, iters, [ctx.access(m_flat, it, node.id)], Access(before_t, tuple(it)),
+             ReduceBody("cumsum", In(0)), node.id)
+    s_numel = 1
+    for s in source.shape:
+        s_numel *= s
+    if s_numel == 0:
+        raise node.fail("unsupported_op", "masked_scatter from an empty source")
+    # position's source element: (number of True up to and including it) - 1, kept in range
+    take = emit_pointwise(ctx, node, [ctx.tensor_view(before_t)], lambda e: expr_fn("minimum", expr_fn(
+        "maximum", expr_fn("sub", e[0], Const(1.0)), Const(0.0)), Const(float(s_numel - 1))), "int64",
+                          out_id=f"{node.id}.take")
+    src_flat = reshape(ctx, node, source, (s_numel,), f"{node.id}.source_flat")
+    picked = emit_gather(ctx, node, src_flat, (n,), [None], [(0, take, 0)], f"{node.id}.picked")
+    picked = reshape(ctx, node, picked, x.shape, f"{node.id}.picked")
+    return [emit_pointwise(ctx, node, [m_full, picked, x], lambda e: expr_fn("where", e[0], e[1], e[2]), x.dtype,
+                           out_shape=x.shape)]

@@ -79,7 +79,7 @@ _UNARY_FLOAT = {
     "sigmoid": "sigmoid", "sin": "sin", "cos": "cos", "reciprocal": "reciprocal", "silu": "silu",
 }
 # the same, added with the core ATen sweep (own doc row)
-_UNARY_FLOAT_MORE = ("log1p", "expm1", "log2", "log10", "tan", "atan", "asin", "acos", "sinh", "cosh", "asinh",
+_UNARY_FLOAT_MORE = ("erfc", "log1p", "expm1", "log2", "log10", "tan", "atan", "asin", "acos", "sinh", "cosh", "asinh",
                      "acosh", "atanh")
 # roundings: identities on integer tensors (torch keeps the dtype and the values)
 _ROUNDINGS = ("floor", "ceil", "trunc", "round")
