@@ -222,3 +222,39 @@ def test_fms_llama_paged_decode_step_compiles_strict(dtype):
         untouched = (to_numpy(wk) == to_numpy(ok)).all(axis=(2, 3))
         assert untouched.sum() == NB * BS - B
         np.testing.assert_array_equal(to_numpy(gk)[untouched], to_numpy(ok)[untouched])
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+def test_fms_gpt_oss_paged_sinks_decode_step_compiles_strict(dtype):
+    """A tiny FMS gpt-oss decode step with attn_name="spyre_paged_attn_with_sinks": a
+    sliding-window layer (window 8 < the 21 and 8 keys) and a full one, sinks, and the MoE
+    feed-forward's moe_mm, all on device in strict mode, logits equal to eager's."""
+    from fms.models.gpt_oss import GptOss, GptOssConfig
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = GptOssConfig(num_experts=4, src_vocab_size=256, emb_dim=64, head_dim=16, nheads=4, num_attention_heads=4,
+                       kvheads=2, nlayers=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    cfg.top_k_experts = 2
+    model = GptOss(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():   # FMS leaves some parameters uninitialized under random init
+            p.normal_(0, 0.1)
+    model = model.to(dtype)
+    B, BS, NB, D = 2, 16, 8, 16
+    g = _gen(1)
+    caches = [(torch.randn(NB, BS, 2, D, generator=g).to(dtype), torch.randn(NB, BS, 2, D, generator=g).to(dtype))
+              for _ in range(cfg.nlayers)]
+    table = torch.tensor([[3, 5], [1, 6]])
+    tkv, start = torch.tensor([21, 10]), torch.tensor([0, 2])
+    slots = torch.stack([table[i, (t - 1) // BS] * BS + (t - 1) % BS for i, t in enumerate(tkv.tolist())])[:, None]
+    ids = torch.randint(0, 256, (B, 1), generator=g)
+    kwargs = dict(position_ids=(tkv - 1)[:, None], use_cache=True, attn_name="spyre_paged_attn_with_sinks",
+                  slot_mapping=slots, block_table=table, current_tkv_mask=tkv, left_padded_prompt_mask=start, mask=None)
+    with torch.no_grad():
+        want = model(ids, past_key_value_states=[(k.clone(), v.clone()) for k, v in caches], **kwargs)[0]
+        compiled = torch.compile(model, backend="sticksat", dynamic=False,
+                                 options={"planner": "heuristic", "strict": True})
+        got = compiled(ids, past_key_value_states=[(k.clone(), v.clone()) for k, v in caches], **kwargs)[0]
+    assert torch.isfinite(want).all()
+    assert_close(to_numpy(got), to_numpy(want), dtype, "gpt-oss logits")
