@@ -55,7 +55,6 @@ ARG_LIMITS: dict[str, ArgLimit] = {
     "aten.div.Scalar_mode": ArgLimit(_div_mode_ok, _DIV_MODE),
     # mixture-of-experts routing (lowering/aten/moe.py)
     "aten.topk.default": ArgLimit(lambda arg: arg(3, "largest", True) is not False, "largest=True"),
-    "aten.index_put.default": ArgLimit(lambda arg: not arg(3, "accumulate", False), "accumulate=False"),
     "aten.histc.default": ArgLimit(lambda arg: float(arg(2, "min", 0)) < float(arg(3, "max", 0)), "min < max"),
 }
 

@@ -465,3 +465,55 @@ def test_masked_scatter(dtype, mask_shape):
     source = _rand(82, 5, 9, (int(full.sum()) + 3,)).to(dtype)
     b = DocBuilder()
     b.check(b.call("aten.masked_scatter.default", b.input(x), b.input(mask), b.input(source)))
+
+
+# -- index_put generalized, and small ones the second sweep found ------------------------------
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64], ids=IDS + ["int64"])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_on_any_dim(dtype, dim, accumulate):
+    x = (_rand(90, -2, 2, (5, 6, 4)) * 3).to(dtype)
+    # duplicates only with accumulate (torch leaves the winner of duplicates unspecified)
+    n = x.shape[dim]
+    idx = torch.tensor([n - 1, 0, -1, 1, 0]) if accumulate else torch.tensor([n - 1, 0, -2])   # negatives wrap
+    vshape = list(x.shape)
+    vshape[dim] = idx.shape[0]
+    vals = (_rand(91, 5, 9, tuple(vshape)) * 2).to(dtype)
+    indices = [None] * dim + [idx]
+    b = DocBuilder()
+    b.check(b.call("aten.index_put.default", b.input(x), [b.input(idx) if t is not None else None for t in indices],
+                   b.input(vals), accumulate))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+def test_index_add_and_index_fill_through_capture(dtype):
+    from tests.lowering_helpers import assert_close, capture_with_values, eager_outputs
+
+    idx = torch.tensor([0, 2, 2, 3])
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x.index_add(0, idx, torch.ones(4, 6, dtype=x.dtype)), x.index_fill(1, torch.tensor([0, 4]), -1.0)
+    x = _rand(92, -2, 2, (4, 6)).to(dtype)
+    doc, values = capture_with_values(M(), (x,))
+    got = interpret(lower_document(doc), values)
+    for g, w in zip(got, eager_outputs(M(), (x,))):
+        assert_close(g, w, dtype, "index_add / index_fill")
+
+
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64], ids=IDS + ["int64"])
+def test_max_min_of_everything_and_signbit(dtype):
+    x = _special(_rand(93, -3, 3), [-0.0, 0.0]).to(dtype) if dtype.is_floating_point else \
+        (_rand(93, -3, 3) * 5).to(dtype)
+    b = DocBuilder()
+    xi = b.input(x)
+    b.check(b.call("aten.max.default", xi), b.call("aten.min.default", xi), b.call("aten.signbit.default", xi))
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("seq_shape", [(5,), (5, 7)])
+def test_searchsorted(right, seq_shape):
+    seq = torch.sort(_rand(94, -2, 2, seq_shape), dim=-1).values
+    x = _special(_rand(95, -3, 3, (5, 4)), [float(seq.reshape(-1)[1]), float("nan")])
+    b = DocBuilder()
+    b.check(b.call("aten.searchsorted.Tensor", b.input(seq), b.input(x), right=right))

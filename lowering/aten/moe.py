@@ -261,44 +261,67 @@ def _histc(ctx: Ctx, node: NodeArgs):
 
 # -- index_put -----------------------------------------------------------------------------
 @register("aten.index_put.default",
-          doc=("one index tensor on dim 0, no accumulation: the last position writing each row (`reduce max`"
-               " over [rows, positions]), `gather` of those value rows, pointwise `where` against self"))
+          doc=("one index tensor on one dim (the others None): the last position writing each row along that dim"
+               " (`reduce max` over [rows, positions]), `gather` of those value rows, pointwise `where` against self;"
+               " accumulate=True: `reduce sum` over the positions of `where(index == row, values, 0)`, added to self"))
 def _index_put(ctx: Ctx, node: NodeArgs):
     from lowering.aten.pointwise import emit_pointwise
 
     x: View = node.arg(0, "self")
     indices = list(node.arg(1, "indices"))
-    values: View = node.arg(2, "values")
-    if node.arg(3, "accumulate", False):
-        raise node.fail("unsupported_op", "index_put with accumulate=True")
-    if x.rank == 0 or len(indices) != 1 or indices[0] is None:
-        raise node.fail("unsupported_op", "index_put with other than one index tensor on dim 0")
-    idx: View = indices[0]
+    values = node.arg(2, "values")
+    accumulate = bool(node.arg(3, "accumulate", False))
+    given = [j for j, t in enumerate(indices) if t is not None]
+    if x.rank == 0 or len(given) != 1 or len(indices) > x.rank:
+        raise node.fail("unsupported_op", "index_put with other than one index tensor")
+    d = given[0]
+    idx: View = indices[d]
     if idx.dtype not in INT_DTYPES or idx.rank != 1:
         raise node.fail("unsupported_op", f"index_put with a {idx.rank}-D {idx.dtype} index")
     if not isinstance(values, View):
         raise node.fail("unsupported_op", "index_put of a scalar value")
-    P, I = x.shape[0], idx.shape[0]
-    rest = tuple(x.shape[1:])
+    P, I = x.shape[d], idx.shape[0]
+    # values broadcast to the indexed shape: x's shape with dim d replaced by the I positions
+    vshape = tuple(x.shape[:d]) + (I,) + tuple(x.shape[d + 1:])
+    lead = len(vshape) - values.rank
+    if lead < 0 or any(s not in (1, t) for s, t in zip(values.shape, vshape[lead:])):
+        raise node.fail("shape_mismatch", f"index_put values {list(values.shape)} for {list(vshape)}")
+    vals = values.with_(vshape, (0,) * lead + tuple(st if s == t else 0 for s, t, st in
+                                                  zip(values.shape, vshape[lead:], values.strides)))
+    wrapped = lambda e: expr_fn("where", expr_fn("lt", e, Const(0.0)), expr_fn("add", e, Const(float(P))), e)  # noqa: E731
+    iota_p = _iota(ctx, node, P, "rows")
+    if accumulate:
+        # added[.., p, ..] = sum_i [idx[i] == p] * values[.., i, ..]
+        shape = tuple(x.shape) + (I,)
+        iters, it = ctx.iter_dims_for(shape, kinds=["parallel"] * x.rank + ["reduction"], keep=(x.rank,))
+        v_it = list(it[:x.rank])
+        v_it[d] = it[-1]
+        acc = [ctx.access(idx, [it[-1]], node.id), ctx.access(iota_p, [it[d]], node.id),
+               ctx.access(vals, v_it, node.id)]
+        expr = expr_fn("where", expr_fn("eq", wrapped(In(0)), In(1)), In(2), Const(0.0))
+        acc_dtype = x.dtype if x.dtype in FLOAT_DTYPES else "int64"
+        added_t = ctx.new_tensor(f"{node.id}.added", x.shape, acc_dtype)
+        ctx.emit(added_t, iters, acc, Access(added_t, tuple(it[:x.rank])), ReduceBody("sum", expr), node.id)
+        return [emit_pointwise(ctx, node, [x, ctx.tensor_view(added_t)], lambda e: expr_fn("add", e[0], e[1]),
+                               x.dtype, out_shape=x.shape)]
     # last[p] = max{i : idx[i] (wrapped) == p}, -1 when no position writes row p
-    iota_p, iota_i = _iota(ctx, node, P, "rows"), _iota(ctx, node, I, "pos")
+    iota_i = _iota(ctx, node, I, "pos")
     iters, (p_it, i_it) = ctx.iter_dims_for((P, I), kinds=("parallel", "reduction"))
     acc = [ctx.access(idx, [i_it], node.id), ctx.access(iota_i, [i_it], node.id),
            ctx.access(iota_p, [p_it], node.id)]
-    wrapped = expr_fn("where", expr_fn("lt", In(0), Const(0.0)), expr_fn("add", In(0), Const(float(P))), In(0))
-    expr = expr_fn("where", expr_fn("eq", wrapped, In(2)), In(1), Const(-1.0))
+    expr = expr_fn("where", expr_fn("eq", wrapped(In(0)), In(2)), In(1), Const(-1.0))
     last_t = ctx.new_tensor(f"{node.id}.last", (P,), "int64")
     ctx.emit(last_t, iters, acc, Access(last_t, (p_it,)), ReduceBody("max", expr), node.id)
     last = ctx.tensor_view(last_t)
-    last_b = last.with_((P,) + (1,) * len(rest), (1,) + (0,) * len(rest))
-    vshape = tuple(values.shape)
-    if len(vshape) == 1 + len(rest) and vshape[0] == I and I > 1:
+    last_b = last.with_(tuple(P if j == d else 1 for j in range(x.rank)),
+                        tuple(last.strides[0] if j == d else 0 for j in range(x.rank)))
+    if I > 1 and vals.strides[d] != 0:
         row = emit_pointwise(ctx, node, [last], lambda e: expr_fn("maximum", e[0], Const(0.0)), "int64",
                              out_id=f"{node.id}.row")
-        src = emit_gather(ctx, node, values, (P,) + vshape[1:], [None] + list(range(1, len(vshape))),
-                          [(0, row, 0)], f"{node.id}.src")
-    else:
-        src = values
+        src = emit_gather(ctx, node, vals, x.shape, [None if j == d else j for j in range(x.rank)],
+                          [(d, row, d)], f"{node.id}.src")
+    else:   # every position writes the same values: read them broadcast along d
+        src = vals.with_(x.shape, tuple(0 if j == d else st for j, st in enumerate(vals.strides)))
     out = emit_pointwise(ctx, node, [last_b, src, x],
                          lambda e: expr_fn("where", expr_fn("ge", e[0], Const(0.0)), e[1], e[2]),
                          x.dtype, out_shape=x.shape)

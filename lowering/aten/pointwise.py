@@ -219,6 +219,15 @@ def _negative(e: Expr) -> Expr:
                                                                                 Const(0.0))))
 
 
+@register("aten.signbit.default",
+          doc="`x < 0 or (x == 0 and 1/x < 0)` (negative zero counts), bool result")
+def _signbit(ctx: Ctx, node: NodeArgs):
+    x = as_operand(node, node.arg(0, "self"))
+    if not is_float(x.dtype):
+        return [emit_pointwise(ctx, node, [x], lambda e: expr_fn("lt", e[0], Const(0.0)), "bool")]
+    return [emit_pointwise(ctx, node, [x], lambda e: _negative(e[0]), "bool")]
+
+
 @register("aten.copysign.Tensor", "aten.copysign.Scalar",
           doc="`where(signbit(other), -abs(self), abs(self))` (a negative zero counts as negative; ints give float32)")
 def _copysign(ctx: Ctx, node: NodeArgs):

@@ -405,3 +405,35 @@ def _bucketize(ctx: Ctx, node: NodeArgs):
     tid = ctx.new_tensor(node.id, x.shape, out_dtype)
     ctx.emit(tid, iters, acc, Access(tid, tuple(it[:-1])), ReduceBody("sum", term), node.id)
     return [ctx.tensor_view(tid, node.id)]
+
+
+@register("aten.max.default", "aten.min.default",
+          doc="`reduce max` / `reduce min` over every dim (a 0-d result)")
+def _max_all(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    fn = "max" if node.target == "aten.max.default" else "min"
+    return [emit_reduce(ctx, node, x, list(range(x.rank)), False, fn, None, x.dtype, node.id)]
+
+
+@register("aten.searchsorted.Tensor",
+          doc=("`reduce sum` over the sorted sequence's last dim of `boundary < value` (right or side='right': `<=`);"
+               " N-D sequences per leading row; NaN past the end, as torch"))
+def _searchsorted(ctx: Ctx, node: NodeArgs):
+    seq: View = node.arg(0, "sorted_sequence")
+    x: View = node.arg(1, "self")
+    out_dtype = "int32" if node.arg(2, "out_int32", False) else "int64"
+    right = bool(node.arg(3, "right", False)) or node.kwargs.get("side") == "right"
+    if node.kwargs.get("sorter") is not None:
+        raise node.fail("unsupported_op", "searchsorted with a sorter")
+    nb = seq.shape[-1] if seq.rank else 1
+    if seq.rank > 1 and (x.rank != seq.rank or x.shape[:-1] != seq.shape[:-1]):
+        raise node.fail("shape_mismatch", f"searchsorted of {list(x.shape)} in {list(seq.shape)}")
+    iters, it = ctx.iter_dims_for(tuple(x.shape) + (nb,), kinds=["parallel"] * x.rank + ["reduction"],
+                                  keep=(x.rank,))
+    seq_it = [it[-1]] if seq.rank == 1 else list(it[:x.rank - 1]) + [it[-1]]
+    acc = [ctx.access(x, it[:-1], node.id), ctx.access(seq, seq_it, node.id)]
+    below = expr_fn("le" if right else "lt", In(1), In(0))
+    term = expr_fn("logical_or", below, expr_fn("ne", In(0), In(0)))
+    tid = ctx.new_tensor(node.id, x.shape, out_dtype)
+    ctx.emit(tid, iters, acc, Access(tid, tuple(it[:-1])), ReduceBody("sum", term), node.id)
+    return [ctx.tensor_view(tid, node.id)]
