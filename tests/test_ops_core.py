@@ -430,7 +430,8 @@ def test_bucketize(right, out_int32):
 def test_every_planner_runs_the_new_ops(planner):
     """A graph mixing the sweep's new bodies (negative-stride flip copy, multi-index
     gathers of a reflection pad and a bilinear upsample, log1p/fmod/atan2, argmax, a
-    scatter_add): every planner's program validates and runs to the interpreter's numbers."""
+    scatter_add, uneven adaptive pooling's matmuls): every planner's program validates and
+    runs to the interpreter's numbers."""
     from simulator.api import compare
     from simulator.run import run_program
     from solver.planners import plan
@@ -443,7 +444,7 @@ def test_every_planner_runs_the_new_ops(planner):
             y = F.interpolate(y, scale_factor=2, mode="bilinear")
             z = torch.log1p(y.abs()) + torch.fmod(y * 3, 1.25) + torch.atan2(y, y + 2)
             idx = z.argmax(dim=-1, keepdim=True)
-            return z, torch.zeros(2, 4, 18, 1).scatter_add(3, idx % 1, z[..., :1])
+            return z, torch.zeros(2, 4, 18, 1).scatter_add(3, idx % 1, z[..., :1]), F.adaptive_avg_pool2d(z, (5, 7))
 
     x = _rand(70, -2, 2, (2, 4, 6, 6)).half().float()
     doc, values = capture_with_values(Mix(), (x,))
@@ -517,3 +518,19 @@ def test_searchsorted(right, seq_shape):
     x = _special(_rand(95, -3, 3, (5, 4)), [float(seq.reshape(-1)[1]), float("nan")])
     b = DocBuilder()
     b.check(b.call("aten.searchsorted.Tensor", b.input(seq), b.input(x), right=right))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("shape,out", [((2, 3, 7, 10), [3, 4]), ((3, 6, 9), [4, 9]), ((1, 2, 5, 7, 6), [2, 3, 4])])
+def test_adaptive_avg_pool_uneven_windows(dtype, shape, out):
+    x = _rand(96, -2, 2, shape).to(dtype)
+    b = DocBuilder()
+    target = "aten._adaptive_avg_pool3d.default" if len(out) == 3 else "aten._adaptive_avg_pool2d.default"
+    if len(out) == 3 and dtype == torch.float16:
+        x = x.float()
+        o = b.call(target, b.input(x), out)
+        _as_float16(b)
+        b.check(o, dtype=dtype)
+        return
+    pg = b.check(b.call(target, b.input(x), out))
+    assert any(op.kind == "matmul" for op in pg.ops)

@@ -202,15 +202,45 @@ def _avg_pool2d(ctx: Ctx, node: NodeArgs):
 
 
 @register("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool3d.default",
-          doc=("average pool with kernel = stride = input/output when the output size divides the input, else "
-               "unsupported_op"))
+          doc=("average pool with kernel = stride = input/output when the output size divides the input; else one"
+               " `matmul` per spatial dim with its pooling matrix (1/window on torch's adaptive windows, from iotas)"))
 def _adaptive_avg_pool2d(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self")
     ns = 3 if node.target == "aten._adaptive_avg_pool3d.default" else 2
     out_sizes = _spatial(node, node.arg(1, "output_size"), ns, "output_size", 1)
     sizes = x.shape[-ns:]
-    if any(o <= 0 or s % o for s, o in zip(sizes, out_sizes)):
-        raise node.fail("unsupported_op", f"adaptive average pooling {list(sizes)} -> {out_sizes} "
-                                          "(only evenly dividing output sizes)")
-    kernel = [s // o for s, o in zip(sizes, out_sizes)]
-    return [_avg_pool(ctx, node, x, kernel, kernel, [0] * ns, False, True, None)]
+    if any(o <= 0 for o in out_sizes) or x.rank < ns:
+        raise node.fail("bad_argument", f"adaptive average pooling {list(sizes)} -> {out_sizes}")
+    if all(s % o == 0 for s, o in zip(sizes, out_sizes)):
+        kernel = [s // o for s, o in zip(sizes, out_sizes)]
+        return [_avg_pool(ctx, node, x, kernel, kernel, [0] * ns, False, True, None)]
+    # windows of different sizes: per spatial dim one matmul with its pooling matrix
+    for k in range(ns):
+        x = _pool_dim(ctx, node, x, x.rank - ns + k, out_sizes[k], node.id if k == ns - 1 else f"{node.id}.dim{k}")
+    return [x]
+
+
+def _pool_dim(ctx: Ctx, node: NodeArgs, x: View, d: int, out: int, out_id: str) -> View:
+    """Adaptive average along dim d as a matmul with the pooling matrix P [out, n]:
+    P[o, i] = 1 / (end_o - start_o) for start_o = floor(o*n/out) <= i < end_o = ceil((o+1)*n/out)
+    (torch's adaptive windows), built from iotas in exact integer arithmetic."""
+    from lowering.aten.indexing import int_iota
+
+    n = x.shape[d]
+    if n == out:
+        return x.with_(x.shape, x.strides, name=out_id)
+    rows, cols = int_iota(ctx, node, out, f"{out_id}.out_pos"), int_iota(ctx, node, n, f"{out_id}.in_pos")
+    start = lambda o: expr_fn("floordiv", expr_fn("mul", o, Const(float(n))), Const(float(out)))  # noqa: E731
+    end = lambda o: expr_fn("floordiv", expr_fn("add", expr_fn("mul", expr_fn("add", o, Const(1.0)),  # noqa: E731
+                                                               Const(float(n))), Const(float(out - 1))), Const(float(out)))
+    weight = emit_pointwise(ctx, node, [rows.with_((out, 1), (1, 0)), cols.with_((1, n), (0, 1))], lambda e: expr_fn(
+        "where", expr_fn("logical_and", expr_fn("ge", e[1], start(e[0])), expr_fn("lt", e[1], end(e[0]))),
+        expr_fn("div", Const(1.0), expr_fn("sub", end(e[0]), start(e[0]))), Const(0.0)),
+        x.dtype, out_shape=(out, n), out_id=f"{out_id}.weights")
+    if d == x.rank - 1:   # [..., n] @ Pᵀ [n, out]
+        pt = weight.with_((n, out), (weight.strides[1], weight.strides[0]))
+        return emit_matmul(ctx, node, x, pt, x.dtype, out_id)
+    before, after = numel(x.shape[:d]), numel(x.shape[d + 1:])
+    x3 = reshape(ctx, node, x, (before, n, after), f"{out_id}.grouped")
+    y = emit_matmul(ctx, node, weight.with_((1, out, n), (0,) + weight.strides), x3, x.dtype, f"{out_id}.pooled")
+    return reshape(ctx, node, y, tuple(x.shape[:d]) + (out,) + tuple(x.shape[d + 1:]), out_id)
