@@ -534,3 +534,17 @@ def test_adaptive_avg_pool_uneven_windows(dtype, shape, out):
         return
     pg = b.check(b.call(target, b.input(x), out))
     assert any(op.kind == "matmul" for op in pg.ops)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("kernel,stride,padding,ceil_mode,include_pad,override", [
+    ([3, 3], [2, 2], [1, 1], False, False, None),
+    ([3, 2], [2, 2], [1, 0], True, True, None),
+    ([3, 3], [2, 3], [1, 1], True, False, None),
+    ([2, 2], [2, 2], [0, 0], True, True, None),
+    ([3, 3], [2, 2], [1, 1], True, False, 5),
+])
+def test_avg_pool2d_partial_windows(dtype, kernel, stride, padding, ceil_mode, include_pad, override):
+    x = _rand(97, -2, 2, (2, 3, 7, 9)).to(dtype)
+    b = DocBuilder()
+    b.check(b.call("aten.avg_pool2d.default", b.input(x), kernel, stride, padding, ceil_mode, include_pad, override))

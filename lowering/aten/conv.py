@@ -174,9 +174,8 @@ def _avg_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, ceil_m
     out_sizes = [_out_size(sizes[i], kernel[i], stride[i], padding[i], 1, ceil_mode) for i in range(ns)]
     overhang = any((out_sizes[i] - 1) * stride[i] + kernel[i] > sizes[i] + 2 * padding[i] for i in range(ns))
     if overhang or (any(padding) and not count_include_pad and divisor_override is None):
-        # windows that cover fewer elements would need a per-window divisor
-        raise node.fail("unsupported_op", "average pooling with partial windows (ceil_mode overhang or "
-                                          "count_include_pad=False with padding)")
+        return _avg_pool_partial(ctx, node, x, unbatched, kernel, stride, padding, out_sizes, count_include_pad,
+                                 divisor_override)
     divisor = divisor_override or numel(kernel)
     xp = pad_view(ctx, node, x, [0, 0, *padding], [0, 0, *padding], 0.0, f"{node.id}.padded")
     win = window_view(ctx, node, xp, out_sizes, kernel, stride, [1] * ns, False, f"{node.id}.windows")
@@ -188,9 +187,54 @@ def _avg_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, ceil_m
     return out
 
 
+def _avg_pool_partial(ctx: Ctx, node: NodeArgs, x: View, unbatched: bool, kernel, stride, padding, out_sizes,
+                      count_include_pad: bool, divisor_override) -> View:
+    """Average pooling whose windows cover different numbers of elements (ceil_mode
+    overhang, count_include_pad=False): zero-padded windows summed, then divided per output
+    position by torch's divisor, the product over dims of the window's extent clipped to the
+    padded input (count_include_pad) or to the input itself, built from iotas."""
+    from lowering.aten.indexing import int_iota
+
+    ns = len(kernel)
+    sizes = x.shape[2:]
+    after = [max(padding[i], (out_sizes[i] - 1) * stride[i] + kernel[i] - sizes[i] - padding[i]) for i in range(ns)]
+    xp = pad_view(ctx, node, x, [0, 0, *padding], [0, 0, *after], 0.0, f"{node.id}.padded")
+    win = window_view(ctx, node, xp, out_sizes, kernel, stride, [1] * ns, False, f"{node.id}.windows")
+    red = list(range(2 + ns, 2 + 2 * ns))
+    total = emit_reduce(ctx, node, win, red, False, "sum", None, x.dtype, f"{node.id}.sum")
+    operands = [total]
+    for i in range(ns):
+        if divisor_override:
+            break
+        o = int_iota(ctx, node, out_sizes[i], f"out{i}")
+        k, st, p, n = kernel[i], stride[i], padding[i], sizes[i]
+        lo = lambda e, st=st, p=p: expr_fn("sub", expr_fn("mul", e, Const(float(st))), Const(float(p)))  # noqa: E731
+        hi = lambda e, k=k, n=n, p=p, lo=lo: expr_fn("minimum", expr_fn("add", lo(e), Const(float(k))),  # noqa: E731
+                                                     Const(float(n + p)))
+        if count_include_pad:
+            count = lambda e, lo=lo, hi=hi: expr_fn("sub", hi(e), lo(e))  # noqa: E731
+        else:
+            count = lambda e, lo=lo, hi=hi, n=n: expr_fn("sub", expr_fn("minimum", hi(e), Const(float(n))),  # noqa: E731
+                                                         expr_fn("maximum", lo(e), Const(0.0)))
+        extent = emit_pointwise(ctx, node, [o], lambda e, count=count: count(e[0]), "int64",
+                                out_id=f"{node.id}.extent{i}")
+        operands.append(extent.with_(tuple(out_sizes[j] if j == i else 1 for j in range(ns)),
+                                     tuple(extent.strides[0] if j == i else 0 for j in range(ns))))
+
+    def mean(e):
+        div = Const(float(divisor_override)) if divisor_override else None
+        for f in e[1:]:
+            div = f if div is None else expr_fn("mul", div, f)
+        return expr_fn("div", e[0], div)
+    out = emit_pointwise(ctx, node, operands, mean, x.dtype, out_shape=total.shape, out_id=node.id)
+    if unbatched:
+        out = out.with_(out.shape[1:], out.strides[1:])
+    return out
+
+
 @register("aten.avg_pool2d.default", "aten.avg_pool3d.default",
-          doc=("zero pad `copy`, window `copy`, `reduce sum` of `x / divisor`; partial windows (ceil_mode overhang, "
-               "count_include_pad=False with padding) are unsupported_op"))
+          doc=("zero pad `copy`, window `copy`, `reduce sum` of `x / divisor`; partial windows (ceil_mode overhang,"
+               " count_include_pad=False): `reduce sum`, then a pointwise divide by torch's per-window divisor"))
 def _avg_pool2d(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self")
     ns = 3 if node.target == "aten.avg_pool3d.default" else 2
