@@ -206,6 +206,16 @@ def eval_expr(e: Expr, vals: Sequence[np.ndarray], cdt: np.dtype) -> np.ndarray:
             return np.divide(np.asarray(1, dtype=args[0].dtype), args[0])
         if fn == "rsqrt":
             return np.divide(np.asarray(1, dtype=args[0].dtype), np.sqrt(args[0]))
+        if fn in ("shift_left", "shift_right"):   # integers; shifts past 63 as torch (0, or the sign for >>)
+            a, b = (np.asarray(v) for v in args)
+            if a.dtype.kind == "f" or b.dtype.kind == "f":
+                raise InterpreterError(f"{fn} of floating operands")
+            a64, b64 = a.astype(np.int64), b.astype(np.int64)
+            inside = (b64 >= 0) & (b64 < 64)
+            amount = np.where(inside, b64, 0)
+            if fn == "shift_left":
+                return np.where(inside, np.left_shift(a64, amount), 0)
+            return np.where(inside, np.right_shift(a64, amount), np.where(a64 < 0, -1, 0))
         if fn == "sign":  # torch: sign(NaN) = 0
             x = args[0]
             return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)

@@ -108,7 +108,7 @@ SCALAR_FNS = frozenset({
     "relu", "gelu", "gelu_tanh", "silu",
     # comparisons and logic (produce bool)
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
-    "bitwise_and", "bitwise_or", "bitwise_xor",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right",
     # selection and casts
     "where", "cast",
 })

@@ -548,3 +548,19 @@ def test_avg_pool2d_partial_windows(dtype, kernel, stride, padding, ceil_mode, i
     x = _rand(97, -2, 2, (2, 3, 7, 9)).to(dtype)
     b = DocBuilder()
     b.check(b.call("aten.avg_pool2d.default", b.input(x), kernel, stride, padding, ceil_mode, include_pad, override))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8], ids=["int64", "int32", "int8",
+                                                                                                "uint8"])
+@pytest.mark.parametrize("target", ["aten.__lshift__.Tensor", "aten.__rshift__.Tensor", "aten.__lshift__.Scalar",
+                                    "aten.__rshift__.Scalar", "aten.bitwise_left_shift.Tensor",
+                                    "aten.bitwise_right_shift.Tensor"])
+def test_bit_shifts(dtype, target):
+    """int4 unpacking ((w >> 4) & 15) and packing; the stored dtype wraps as torch."""
+    g = torch.Generator().manual_seed(5)
+    lo = 0 if dtype == torch.uint8 else -100
+    a = torch.randint(lo, 100, (4, 8), generator=g).to(dtype)
+    amount = torch.randint(0, 9, (4, 8), generator=g).to(dtype)
+    b = DocBuilder()
+    other = 3 if target.endswith("Scalar") else b.input(amount)
+    b.check(b.call(target, b.input(a), other))

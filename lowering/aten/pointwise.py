@@ -168,6 +168,20 @@ def _bitwise_xor(ctx: Ctx, node: NodeArgs):
     return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn(fn, e[0], e[1]), rt)]
 
 
+@register("aten.__lshift__.Tensor", "aten.__lshift__.Scalar", "aten.bitwise_left_shift.Tensor",
+          "aten.bitwise_left_shift.Tensor_Scalar", "aten.bitwise_left_shift.Scalar_Tensor",
+          "aten.__rshift__.Tensor", "aten.__rshift__.Scalar", "aten.bitwise_right_shift.Tensor",
+          "aten.bitwise_right_shift.Tensor_Scalar", "aten.bitwise_right_shift.Scalar_Tensor",
+          doc="`shift_left` / `shift_right` (arithmetic) on integer tensors, computed in int64 and stored to the dtype")
+def _shift(ctx: Ctx, node: NodeArgs):
+    fn = "shift_left" if "lshift" in node.target or "left" in node.target else "shift_right"
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    rt = result_type([a, b])
+    if is_float(rt) or rt == "bool":
+        raise node.fail("bad_argument", f"bit shift of {rt}")
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn(fn, e[0], e[1]), rt)]
+
+
 @register("aten.logical_xor.default",
           doc="`ne(a != 0, b != 0)`, bool result")
 def _logical_xor(ctx: Ctx, node: NodeArgs):
