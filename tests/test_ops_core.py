@@ -564,3 +564,24 @@ def test_bit_shifts(dtype, target):
     b = DocBuilder()
     other = 3 if target.endswith("Scalar") else b.input(amount)
     b.check(b.call(target, b.input(a), other))
+
+
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64], ids=IDS + ["int64"])
+@pytest.mark.parametrize("k,dim,keepdim", [(1, 1, False), (3, -1, True), (5, 0, False)])
+def test_kthvalue(dtype, k, dim, keepdim):
+    # distinct values per row: torch's index for ties is unspecified
+    x = torch.rand(5, 12, generator=torch.Generator().manual_seed(k)).argsort(dim=dim).to(dtype) - 4
+    b = DocBuilder()
+    b.check(*b.call("aten.kthvalue.default", b.input(x), k, dim, keepdim))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
+@pytest.mark.parametrize("n", [7, 8])
+def test_median(dtype, n):
+    x = torch.rand(4, n, generator=torch.Generator().manual_seed(n)).argsort(dim=-1).to(dtype) * 0.5
+    x[2, 3] = float("nan")
+    x[2, 5] = float("nan")
+    b = DocBuilder()
+    xi = b.input(x)
+    vals, idx = b.call("aten.median.dim", xi, 1, False)
+    b.check(vals, idx, b.call("aten.median.default", b.input(x[[0, 1, 3]].contiguous())))

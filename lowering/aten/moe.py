@@ -150,30 +150,13 @@ def _topk(ctx: Ctx, node: NodeArgs):
     return [values, idx.with_(idx.shape, idx.strides, name=f"{node.id}:1")]
 
 
-# -- sort ----------------------------------------------------------------------------------
-@register("aten.sort.default", "aten.sort.stable",
-          doc=("stable sort: a rank per element (`reduce sum` over [n, n] comparisons, equal elements by"
-               " position; NaN last, first when descending), the permutation from the ranks (`reduce sum`"
-               " over [n, n]), values by `gather`"))
-def _sort(ctx: Ctx, node: NodeArgs):
-    x: View = node.arg(0, "self")
-    if node.target == "aten.sort.stable":
-        d = node.kwargs.get("dim", -1)
-        descending = node.kwargs.get("descending", False)
-    else:
-        d = node.arg(1, "dim", -1)
-        descending = node.arg(2, "descending", False)
-    if x.rank == 0:
-        raise node.fail("unsupported_op", "sort of a 0-d tensor")
-    d = norm_dim(node, d, x.rank)
-    n = x.shape[d]
-    if n == 1:
-        zero = _iota(ctx, node, 1, "iota")
-        return [x, zero.with_(x.shape, tuple(0 for _ in x.shape), name=f"{node.id}:1")]
-    iota = _iota(ctx, node, n, "iota")
+# -- ranks (sort, kthvalue, median) -----------------------------------------------------------
+def emit_rank(ctx: Ctx, node: NodeArgs, x: View, d: int, descending: bool, iota: View):
+    """rank[i] along d = #{j: x[j] sorts before x[i]} + #{j < i: x[j] ties x[i]} (a stable
+    order; NaN last, first when descending): one `reduce sum` over [x's dims, j]. Returns
+    (rank view, the iteration dims, x's dim -> iteration dim, the index of j's dim)."""
     is_float = x.dtype in FLOAT_DTYPES
-
-    # rank[i] = #{j: x[j] sorts before x[i]} + #{j < i: x[j] ties x[i]}
+    n = x.shape[d]
     iters: list[IterDim] = []
     it: list[Optional[int]] = []
     for j, s in enumerate(x.shape):
@@ -205,7 +188,33 @@ def _sort(ctx: Ctx, node: NodeArgs):
     expr = expr_fn("logical_or", before(xj, xi), expr_fn("logical_and", same, expr_fn("lt", pj, pi)))
     rank_t = ctx.new_tensor(f"{node.id}.rank", x.shape, "int64")
     ctx.emit(rank_t, iters, acc, Access(rank_t, tuple(it)), ReduceBody("sum", expr), node.id)
-    rank = ctx.tensor_view(rank_t)
+    return ctx.tensor_view(rank_t), iters, it, jd
+
+
+# -- sort ----------------------------------------------------------------------------------
+@register("aten.sort.default", "aten.sort.stable",
+          doc=("stable sort: a rank per element (`reduce sum` over [n, n] comparisons, equal elements by"
+               " position; NaN last, first when descending), the permutation from the ranks (`reduce sum`"
+               " over [n, n]), values by `gather`"))
+def _sort(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    if node.target == "aten.sort.stable":
+        d = node.kwargs.get("dim", -1)
+        descending = node.kwargs.get("descending", False)
+    else:
+        d = node.arg(1, "dim", -1)
+        descending = node.arg(2, "descending", False)
+    if x.rank == 0:
+        raise node.fail("unsupported_op", "sort of a 0-d tensor")
+    d = norm_dim(node, d, x.rank)
+    n = x.shape[d]
+    if n == 1:
+        zero = _iota(ctx, node, 1, "iota")
+        return [x, zero.with_(x.shape, tuple(0 for _ in x.shape), name=f"{node.id}:1")]
+    iota = _iota(ctx, node, n, "iota")
+    rank, iters, it, jd = emit_rank(ctx, node, x, d, descending, iota)
+    it_j = list(it)
+    it_j[d] = jd
 
     # perm[p] = the i whose rank is p
     acc2 = [ctx.access(rank, it_j, node.id), ctx.access(iota, [jd], node.id), ctx.access(iota, [it[d]], node.id)]
@@ -422,3 +431,71 @@ def _grouped_mm(ctx: Ctx, node: NodeArgs):
     if not isinstance(offs, View):
         raise node.fail("unsupported_op", "grouped mm without offsets")
     return [emit_grouped_matmul(ctx, node, x, w, offs, node.out_dtypes[0])]
+
+
+# -- k-th smallest: kthvalue, median ----------------------------------------------------------
+def _kth(ctx: Ctx, node: NodeArgs, x: View, d: int, k: int, keepdim: bool, nan_propagates: bool) -> list:
+    """Value and index of the element of stable rank k (0-based) along d: one rank
+    reduction, then `reduce max` of `where(rank == k, x, -inf)` and of `where(rank == k, i,
+    -1)`. nan_propagates (median): a row holding NaN answers NaN at its first NaN."""
+    from lowering.aten.reductions import emit_reduce
+
+    n = x.shape[d]
+    iota = _iota(ctx, node, n, "iota")
+    rank, _, _, _ = emit_rank(ctx, node, x, d, False, iota)
+    pos = iota.with_(x.shape, tuple(iota.strides[0] if j == d else 0 for j in range(x.rank)))
+    low = -_INF if x.dtype in FLOAT_DTYPES else float(-2 ** 62)
+    picked = lambda e: expr_fn("eq", e[1], Const(float(k)))  # noqa: E731
+    vid, iid = (f"{node.id}.kth", f"{node.id}.kth_index") if nan_propagates else (node.id, f"{node.id}:1")
+    value = emit_reduce(ctx, node, x, [d], keepdim, "max", lambda e: expr_fn("where", picked(e), e[0], Const(low)),
+                        x.dtype, vid, extra=[rank])
+    index = emit_reduce(ctx, node, x, [d], keepdim, "max", lambda e: expr_fn("where", picked(e), e[2], Const(-1.0)),
+                        "int64", iid, extra=[rank, pos])
+    if not nan_propagates or x.dtype not in FLOAT_DTYPES:
+        return [value.with_(value.shape, value.strides, name=node.id), index.with_(index.shape, index.strides,
+                                                                                   name=f"{node.id}:1")]
+    from lowering.aten.pointwise import emit_pointwise
+
+    first_nan = emit_reduce(ctx, node, x, [d], keepdim, "min", lambda e: expr_fn("where", _isnan(e[0]), e[1],
+                                                                                 Const(float(n))),
+                            "int64", f"{node.id}.first_nan", extra=[pos])
+    has_nan = lambda e: expr_fn("lt", e[0], Const(float(n)))  # noqa: E731
+    nan = float("nan")
+    out_v = emit_pointwise(ctx, node, [first_nan, value], lambda e: expr_fn("where", has_nan(e), Const(nan), e[1]),
+                           x.dtype, out_id=node.id)
+    out_i = emit_pointwise(ctx, node, [first_nan, index], lambda e: expr_fn("where", has_nan(e), e[0], e[1]),
+                           "int64", out_id=f"{node.id}:1")
+    return [out_v, out_i]
+
+
+@register("aten.kthvalue.default",
+          doc=("the element of stable rank k-1 along dim (sort's rank `reduce sum` over [n, n], NaN last), its value"
+               " and index by `reduce max` of `where(rank == k-1, …)`"))
+def _kthvalue(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    k = int(node.arg(1, "k"))
+    d = norm_dim(node, node.arg(2, "dim", -1), x.rank)
+    if x.rank == 0 or not 1 <= k <= x.shape[d]:
+        raise node.fail("bad_argument", f"kthvalue k={k} of {list(x.shape)}")
+    return _kth(ctx, node, x, d, k - 1, bool(node.arg(3, "keepdim", False)), False)
+
+
+@register("aten.median.dim", "aten.median.default",
+          doc=("the lower median as kthvalue at rank (n-1)//2; a row holding NaN gives NaN and its first NaN's"
+               " index (torch); median.default flattens"))
+def _median(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.views import reshape
+
+    x: View = node.arg(0, "self")
+    if node.target == "aten.median.default":
+        n = 1
+        for s in x.shape:
+            n *= s
+        flat = reshape(ctx, node, x, (n,), f"{node.id}.flat") if x.rank != 1 else x
+        if n == 0:
+            raise node.fail("bad_argument", "median of an empty tensor")
+        return _kth(ctx, node, flat, 0, (n - 1) // 2, False, True)[:1]
+    d = norm_dim(node, node.arg(1, "dim"), x.rank)
+    if x.rank == 0:
+        raise node.fail("unsupported_op", "median.dim of a 0-d tensor")
+    return _kth(ctx, node, x, d, (x.shape[d] - 1) // 2, bool(node.arg(2, "keepdim", False)), True)
