@@ -56,8 +56,6 @@ ARG_LIMITS: dict[str, ArgLimit] = {
     # mixture-of-experts routing (lowering/aten/moe.py)
     "aten.topk.default": ArgLimit(lambda arg: arg(3, "largest", True) is not False, "largest=True"),
     "aten.histc.default": ArgLimit(lambda arg: float(arg(2, "min", 0)) < float(arg(3, "max", 0)), "min < max"),
-    "aten.index_put.default": ArgLimit(
-        lambda arg: sum(t is not None for t in (arg(1, "indices", None) or [])) == 1, "exactly one index tensor"),
     "aten.searchsorted.Tensor": ArgLimit(lambda arg: arg(5, "sorter", None) is None, "no sorter"),
     "aten.scatter_reduce.two": ArgLimit(lambda arg: arg(4, "reduce", None) in ("sum", "prod", "amax", "amin", "mean"),
                                         "reduce sum, prod, amax, amin or mean (mean of integers unsupported)"),
