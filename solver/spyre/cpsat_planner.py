@@ -18,6 +18,8 @@ from typing import Optional
 from target.primitives import PrimGraph
 from target.superdsc import Program
 from solver.events import EventSink
+from simulator.timing import time_program
+from solver.lower_bound import lower_bound
 from solver.plan import PlanDecisions
 from solver.planners import register
 from solver.spyre import budget as budget_table
@@ -42,11 +44,12 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     t0 = time.perf_counter()
     if isinstance(hint, SizedPlan):
         phase(events, "transfer", True, "a plan of another size of this graph")
-        moved = _transferred(hint, pg, hw)
-        phase(events, "transfer", False, "taken" if moved is not None else "failed: solving")
-        if moved is not None:
+        moved, kept = _transferred(hint, pg, hw)
+        phase(events, "transfer", False, "taken" if kept else "failed: solving" if moved is None
+              else "further from its bound than its source: solving from it")
+        if kept:
             return moved
-        hint = None
+        hint = moved
     if budget == "scaled":
         phase(events, "repeats", True, "repeated structure and windows")
         # a stored program (re-optimization) is the hint as its decisions
@@ -60,18 +63,27 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
                       fuse=fuse, budget_mode=budget, events=events, seed=seed, t0=t0)
 
 
-def _transferred(source: SizedPlan, pg: PrimGraph, hw) -> Optional[PlanDecisions]:
+def _transferred(source: SizedPlan, pg: PrimGraph, hw) -> tuple[Optional[PlanDecisions], bool]:
+    """The source plan carried to `pg` (None when it does not transfer), and whether it is
+    kept as the plan: its simulated time over `pg`'s lower bound at most
+    `TRANSFER_BOUND_RATIO_GROWTH` times the source's over its own bound."""
     try:
         moved = transfer_decisions(source.pg, program_decisions(source.pg, source.program), pg, hw)
     except NotTransferable:
-        return None
+        return None, False
     if moved is None:
-        return None
-    moved.decisions.planner = "cpsat"
-    moved.decisions.stats["predicted_us"] = None
-    moved.decisions.stats["solver_status"] = "TRANSFERRED"
-    moved.decisions.stats["notes"] += [f"transfer: {r}" for r in moved.repairs[:8]]
-    return moved.decisions
+        return None, False
+    src_ratio = time_program(source.program, hw).total_us / max(1e-9, lower_bound(source.pg, hw).lower_bound_us)
+    ratio = time_program(moved.program, hw).total_us / max(1e-9, lower_bound(pg, hw).lower_bound_us)
+    d = moved.decisions
+    d.planner = "cpsat"
+    d.stats["notes"] += [f"transfer: {r}" for r in moved.repairs[:8]]
+    d.stats["notes"].append(f"transfer: {ratio:.3f}x the lower bound, the source {src_ratio:.3f}x")
+    if ratio > budget_table.TRANSFER_BOUND_RATIO_GROWTH * src_ratio:
+        return d, False
+    d.stats["predicted_us"] = None
+    d.stats["solver_status"] = "TRANSFERRED"
+    return d, True
 
 
 register("cpsat", plan_cpsat)
