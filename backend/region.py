@@ -49,7 +49,7 @@ class InterpreterExecutable:
     last_latency_us: Optional[float] = None  # the interpreter does not model time
 
     def run(self, inputs_by_id: dict[str, np.ndarray]) -> Sequence[np.ndarray]:
-        from lowering.interpreter import interpret
+        from target.interpreter import interpret
 
         return interpret(self.prim_graph, inputs_by_id)
 
@@ -65,8 +65,8 @@ class SimulatedProgramExecutable:
 
     def __init__(self, program: dict):
         from simulator.api import simulate
-        from simulator.hardware import load_target
-        from simulator.superdsc import Program
+        from target.hardware import load_target
+        from target.superdsc import Program
 
         self.program = Program.model_validate(program)
         self.hw = load_target(self.program.hardware)

@@ -112,7 +112,7 @@ def run_one(pg, hw, mode: str, time_limit_s: float, deterministic: bool) -> dict
 
 
 def run(graphs, time_limit_s: float, deterministic: bool, repeat: int, progress=None) -> list[dict]:
-    from simulator.hardware import load_target
+    from target.hardware import load_target
 
     hw = load_target()
     _register()

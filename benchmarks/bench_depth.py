@@ -64,7 +64,7 @@ def child_point(name: str, planner: str, time_limit_s: float, deterministic: boo
         from solver.spyre import repeats
 
         repeats.MIN_COPIES = 10 ** 9
-    from simulator.hardware import load_target
+    from target.hardware import load_target
     from simulator.timing import time_program
     from solver.planners import plan
 
@@ -141,7 +141,7 @@ def _breakdown(pg, report) -> dict:
 def child_passes(name: str, repeat: int) -> dict:
     """emit_program, validate_program and time_program of the heuristic plan, each timed
     alone (best of `repeat`)."""
-    from simulator.hardware import load_target
+    from target.hardware import load_target
     from simulator.timing import time_program
     from simulator.validate import validate_program
     from solver.baseline.passes import plan_heuristic

@@ -14,7 +14,7 @@ it ran on. `--write-docs` records the figure in docs/simulator-timing.md (sectio
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_simulator.py --search [--rounds 3] [--write-docs]
 
-`--search` measures the memo caches (`simulator.geometry.set_caches`) on the planners'
+`--search` measures the memo caches (`target.geometry.set_caches`) on the planners'
 pattern, reference path and cached path side by side in one run, on
 benchmarks/graphs/layers/llama31_8b_prefill512.json:
 1. the calls a deterministic cpsat plan makes to `emit_program`, `validate_program` and
@@ -156,7 +156,7 @@ def _paths(rounds: int):
     collection: yields whether the caches are on."""
     import gc
 
-    from simulator import geometry
+    from target import geometry
 
     for _ in range(max(1, rounds)):
         for on in (False, True):
@@ -190,8 +190,8 @@ def search_main(args) -> int:
 
     from lowering import lower_document
     from lowering.graph_format import GraphDocument
-    from simulator import geometry
-    from simulator.hardware import load_target
+    from target import geometry
+    from target.hardware import load_target
     from simulator.timing import time_program
     from simulator.validate import validate_program
 
@@ -309,7 +309,7 @@ def main(argv=None) -> int:
 
     from lowering import lower_document
     from lowering.graph_format import GraphDocument
-    from simulator.hardware import load_target
+    from target.hardware import load_target
     from simulator.timing import time_program
     from solver.planners import plan
 

@@ -31,8 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lowering.primitives import PrimGraph  # noqa: E402
-from simulator.hardware import load_target  # noqa: E402
+from target.primitives import PrimGraph  # noqa: E402
+from target.hardware import load_target  # noqa: E402
 from simulator.timing import time_program  # noqa: E402
 from simulator.validate import validate_program  # noqa: E402
 from solver.spyre.cost_model import predict_program_ns  # noqa: E402

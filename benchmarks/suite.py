@@ -236,7 +236,7 @@ def run_suite(suite: str, time_limit_s: float = 10.0, deterministic: bool = Fals
               graphs_dir: Path = GRAPHS_DIR, only: Optional[str] = None, hw=None,
               planners: tuple[str, ...] = PLANNER_NAMES, progress=None, numerics: bool = False) -> BenchReport:
     if hw is None:
-        from simulator.hardware import load_target
+        from target.hardware import load_target
         hw = load_target()
     rows = []
     for name, doc in load_suite(suite, graphs_dir, only):

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from lowering.primitives import (Access, Call, Const, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
+from target.primitives import (Access, Call, Const, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
                                  PrimOp, PrimTensor, ReduceBody)
-from simulator.geometry import make_layout
-from simulator.superdsc import Program
+from target.geometry import make_layout
+from target.superdsc import Program
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import OpPlan, PlanDecisions, Residency

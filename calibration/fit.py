@@ -23,7 +23,7 @@ import numpy as np
 
 from calibration.dataset import Dataset
 from calibration.evaluate import Programs, evaluate, summarize
-from simulator.hardware import TARGETS_DIR, Hardware, hardware_from_dict
+from target.hardware import TARGETS_DIR, Hardware, hardware_from_dict
 
 # The parameters the dataset decides, with the range a fit may move them in. Every other
 # number of the hardware file keeps its own source.

@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 from lowering.aten.context import row_major_strides
 from lowering.aten.views import view_strides
-from lowering.primitives import Access, CopyBody, PrimGraph, PrimOp, PrimTensor, StridedMap
+from target.primitives import Access, CopyBody, PrimGraph, PrimOp, PrimTensor, StridedMap
 
 # Producers that write their output through a per-dim Access (one iteration dim or None
 # per tensor dim), so permuting the output tensor's dims is a relabeling of the Access.

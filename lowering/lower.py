@@ -20,7 +20,7 @@ from lowering.graph_format import (
     BoolArg, DTypeArg, FloatArg, GraphConstant, GraphDocument, IntArg, ListArg, NoneArg, StrArg, SymArg, SymSize, TensorMeta,
     TensorRef,
 )
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 
 SUPPORTED_TARGETS: frozenset[str] = frozenset(HANDLERS)
 
@@ -133,7 +133,7 @@ def constant_inputs(doc: GraphDocument) -> dict[str, "np.ndarray"]:
     what a runner passes besides the caller's inputs."""
     import numpy as np
 
-    from lowering.interpreter import numpy_dtype
+    from target.interpreter import numpy_dtype
 
     out = {}
     for c in doc.constants:

@@ -44,7 +44,7 @@ from service.problems import (
 )
 from service.store import ProgramRecord, ProgramStore, describe_location, program_key
 from lowering.version import COMPILER_VERSION
-from simulator.superdsc import Program
+from target.superdsc import Program
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -669,7 +669,7 @@ def prepare_simulate(raw: bytes, limits: RequestLimits, in_worker: bool = False)
         return _graph_problem_dict(exc)
     if body.numerics and body.graph is None:
         return _problem_dict(422, "invalid_option", "numerics needs the graph document (the reference)")
-    from lowering.primitives import DTYPE_BYTES
+    from target.primitives import DTYPE_BYTES
 
     for k, tensor in enumerate(body.program.tensors):
         if tensor.dtype not in DTYPE_BYTES:

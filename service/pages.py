@@ -80,8 +80,8 @@ def _bound_ratio(stats: dict[str, Any]) -> Optional[float]:
 
 
 def _ratio(x: Optional[float]) -> str:
-    from simulator.report import _sig
-    return "-" if x is None else f"{_sig(x, 3)}×"
+    from simulator.report import sig_digits
+    return "-" if x is None else f"{sig_digits(x, 3)}×"
 
 
 def _index_model(store) -> dict[str, Any]:
@@ -204,7 +204,7 @@ def _load(store, key: str, what: str = "program"):
 
     from lowering.errors import GraphError
     from service.pipeline import load_hardware
-    from simulator.superdsc import Program
+    from target.superdsc import Program
     from simulator.timing import time_program
 
     record = store.get_program(key)

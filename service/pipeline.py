@@ -122,7 +122,7 @@ def default_planner() -> str:
 
 @lru_cache(maxsize=1)
 def _shipped_targets() -> tuple[str, ...]:
-    from simulator.hardware import list_targets
+    from target.hardware import list_targets
 
     return tuple(sorted(list_targets()))
 
@@ -136,7 +136,7 @@ def available_targets() -> list[str]:
 def load_hardware(target: str):
     """Targets are looked up by name among the shipped ones only: a client never
     names a file path."""
-    from simulator.hardware import load_target
+    from target.hardware import load_target
 
     if target not in available_targets():
         raise GraphError("unknown_target", f"unknown target {target!r}; known: {available_targets()}")
@@ -272,7 +272,7 @@ def _solution_of(program) -> Optional[str]:
 def _hint_from(hint: Optional[str]):
     if hint is None:
         return None
-    from simulator.superdsc import Program
+    from target.superdsc import Program
 
     return Program.from_json(hint)
 
@@ -400,19 +400,20 @@ def simulate_job(job: SimulateJob) -> dict[str, Any]:
     import os
     import tempfile
 
-    from simulator.api import simulate
+    from lowering import lower_document
+    from simulator.api import GraphMismatch, simulate
 
     started = time.time()
     hw = load_hardware(job.target)
-    graph = GraphDocument.from_json(job.graph) if job.graph else None
     trace_path = None
     try:
         if job.trace:
             fd, trace_path = tempfile.mkstemp(prefix="sticksat-trace-", suffix=".json")
             os.close(fd)
         try:
+            graph = lower_document(GraphDocument.from_json(job.graph)) if job.graph else None
             result = simulate(job.program, hw=hw, graph=graph, numerics=job.numerics, trace=trace_path)
-        except GraphError as exc:  # the graph given for the reference does not lower
+        except (GraphError, GraphMismatch) as exc:  # the reference graph does not lower, or is another's
             return {"valid": False, "errors": [exc.to_dict()], "graph_error": True}
         out = result.to_json()
         if trace_path is not None and result.valid and os.path.getsize(trace_path) > 0:

@@ -2,10 +2,12 @@
 
 `simulate(program, hw=None, inputs=None, graph=None, numerics=False, trace=None)`:
 1. validates (simulator/validate.py); an invalid program is neither timed nor run;
-2. times it with the timing model (simulator/timing.py) when that module is present;
+2. times it with the timing model (simulator/timing.py);
 3. with `numerics=True` runs it functionally (simulator/run.py) on `inputs` (or seeded
-   random inputs) and, given the graph it came from (PrimGraph or graph document), compares
-   every output with the reference interpreter (lowering.interpreter.interpret);
+   random inputs) and, given the primitive graph it came from (callers lower a graph document
+   first: the simulator sits below lowering), compares every output with the reference
+   interpreter (target.interpreter.interpret); GraphMismatch when the graph is not the
+   program's;
 4. with `trace=PATH` writes a Chrome/Perfetto trace of the timing (simulator/trace.py);
    with `trace=True` returns it in `SimResult.trace`.
 
@@ -20,11 +22,28 @@ from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
-from lowering.errors import GraphError
-from lowering.primitives import PrimGraph
 from simulator.run import RunError, run_program
-from simulator.superdsc import Program
+from simulator.timing import time_program
+from simulator.trace import trace_document, write_trace
 from simulator.validate import ProgramIssue, parse_program, validate_program
+from target.hardware import load_target
+from target.interpreter import InterpreterError, interpret
+from target.primitives import PrimGraph
+from target.superdsc import Program
+
+
+class GraphMismatch(ValueError):
+    """The reference graph given for numerics is not the one the program was compiled from
+    (a client's mistake: the service answers it as a 422, like a graph error)."""
+
+    code = "graph_mismatch"
+
+    def __init__(self, message: str):
+        self.message = message
+        super().__init__(f"[{self.code}] {message}")
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "message": self.message, "node": None}
 
 
 @dataclass
@@ -90,33 +109,19 @@ def random_inputs(program: Program, graph: Optional[PrimGraph] = None, seed: int
     return out
 
 
-def _as_primgraph(graph) -> PrimGraph:
-    if isinstance(graph, PrimGraph):
-        return graph
-    from lowering import lower_document
-    if isinstance(graph, (str, bytes, dict)):
-        try:
-            from lowering.validate import parse_document
-            graph = parse_document(graph)
-        except ImportError:  # pragma: no cover - validation module always present in tree
-            from lowering.graph_format import GraphDocument
-            graph = GraphDocument.model_validate(graph if isinstance(graph, dict) else __import__("json").loads(graph))
-    return lower_document(graph)
-
-
 def _check_graph_matches(prog: Program, pg: PrimGraph) -> None:
     """The reference graph must declare the program's inputs with the same
-    shapes: GraphError("graph_mismatch") otherwise (numerics with another graph)."""
+    shapes: GraphMismatch otherwise (numerics with another graph)."""
     tmap = prog.tensor_map()
     for role, names, graph_names in (("input", prog.inputs, pg.inputs),):
         if len(dict.fromkeys(names)) != len(dict.fromkeys(graph_names)):
-            raise GraphError("graph_mismatch", f"the program has {len(dict.fromkeys(names))} {role}s, "
+            raise GraphMismatch(f"the program has {len(dict.fromkeys(names))} {role}s, "
                                                f"the graph {len(dict.fromkeys(graph_names))}")
         for name in names:
             t = tmap.get(name)
             g = pg.tensors.get(name)
             if t is None or g is None or tuple(t.shape) != tuple(g.shape):
-                raise GraphError("graph_mismatch", f"program {role} {name!r} "
+                raise GraphMismatch(f"program {role} {name!r} "
                                  f"{'has shape ' + str(list(t.shape)) if t is not None else 'is undeclared'}, the graph "
                                  f"{'declares ' + str(list(g.shape)) if g is not None else 'has no such tensor'}")
 
@@ -143,10 +148,9 @@ def compare(outputs: list[np.ndarray], reference: list[np.ndarray]) -> tuple[flo
 
 
 def simulate(program: Union[Program, dict, str, bytes], hw=None, inputs: Optional[Mapping[str, np.ndarray]] = None,
-             graph=None, numerics: bool = False, trace: Union[bool, str, None] = None, seed: int = 0,
+             graph: Optional[PrimGraph] = None, numerics: bool = False, trace: Union[bool, str, None] = None, seed: int = 0,
              timing: bool = True) -> SimResult:
     if hw is None:
-        from simulator.hardware import load_target
         hw = load_target()
     prog, issues = parse_program(program)
     if prog is None:
@@ -156,23 +160,15 @@ def simulate(program: Union[Program, dict, str, bytes], hw=None, inputs: Optiona
         return SimResult(valid=False, errors=issues)
     res = SimResult(valid=True, errors=[])
     if timing:
-        try:
-            from simulator.timing import time_program
-        except ImportError:
-            time_program = None
-            res.notes.append("timing model not available")
-        if time_program is not None:
-            report = time_program(prog, hw)
-            res.timing = report
-            res.simulated_us = float(report.total_us)
-            if trace is True:
-                from simulator.trace import trace_document
-                res.trace = trace_document(report)
-            elif trace:
-                from simulator.trace import write_trace
-                write_trace(report, trace)
+        report = time_program(prog, hw)
+        res.timing = report
+        res.simulated_us = float(report.total_us)
+        if trace is True:
+            res.trace = trace_document(report)
+        elif trace:
+            write_trace(report, trace)
     if numerics or inputs is not None:
-        pg = _as_primgraph(graph) if graph is not None else None
+        pg = graph
         if pg is not None:
             _check_graph_matches(prog, pg)
         feed = dict(inputs) if inputs is not None else random_inputs(prog, pg, seed)
@@ -183,12 +179,10 @@ def simulate(program: Union[Program, dict, str, bytes], hw=None, inputs: Optiona
             res.errors.append(ProgramIssue("run_error", str(e)))
             return res
         if pg is not None:
-            from lowering.interpreter import InterpreterError, interpret
             try:
                 res.reference = interpret(pg, feed)
             except InterpreterError as e:
-                raise GraphError("graph_mismatch", f"the graph is not the one this program was compiled "
-                                                   f"from: {e}") from None
+                raise GraphMismatch(f"the graph is not the one this program was compiled from: {e}") from None
             res.max_abs_err, res.max_rel_err = compare(res.outputs, res.reference)
         else:
             res.notes.append("no graph given: outputs not compared with a reference")

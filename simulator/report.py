@@ -6,14 +6,16 @@ Numbers are formatted for people: units, 3-4 significant figures (`fmt_us`, `fmt
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
-from simulator.superdsc import LxMemory, Program
 from simulator.timing import TimingReport
+from target.hardware import load_target
+from target.superdsc import LxMemory, Program, lx_live_spans
 
 
 # -- formatting ---------------------------------------------------------------------------------
-def _sig(v: float, digits: int = 4) -> str:
+def sig_digits(v: float, digits: int = 4) -> str:
     """`v` with `digits` significant figures, never in exponent form for |v| < 1e6."""
     if v == 0:
         return "0"
@@ -25,7 +27,6 @@ def _sig(v: float, digits: int = 4) -> str:
 
 
 def _floor_log10(a: float) -> int:
-    import math
     return math.floor(math.log10(a))
 
 
@@ -37,12 +38,12 @@ def fmt_us(us: Optional[float]) -> str:
     if a == 0:
         return "0 µs"
     if a < 1:
-        return f"{_sig(us * 1e3)} ns"
+        return f"{sig_digits(us * 1e3)} ns"
     if a < 1e3:
-        return f"{_sig(us)} µs"
+        return f"{sig_digits(us)} µs"
     if a < 1e6:
-        return f"{_sig(us / 1e3)} ms"
-    return f"{_sig(us / 1e6)} s"
+        return f"{sig_digits(us / 1e3)} ms"
+    return f"{sig_digits(us / 1e6)} s"
 
 
 def fmt_s(s: Optional[float]) -> str:
@@ -54,12 +55,12 @@ def fmt_bytes(n: Optional[float]) -> str:
         return "-"
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(n) >= scale:
-            return f"{_sig(n / scale, 3)} {unit}"
+            return f"{sig_digits(n / scale, 3)} {unit}"
     return f"{int(n)} B"
 
 
 def fmt_pct(x: Optional[float]) -> str:
-    return "-" if x is None else f"{_sig(100 * x, 3)}%"
+    return "-" if x is None else f"{sig_digits(100 * x, 3)}%"
 
 
 # -- compile summary ----------------------------------------------------------------------------
@@ -107,7 +108,7 @@ def summary_lines(program: Program, timing: Optional[TimingReport]) -> list[str]
     lines.append(f"  simulated   {fmt_us(m['simulated_us'])}   predicted {fmt_us(m['predicted_us'])}")
     lb = f"  lower bound {fmt_us(m['lower_bound_us'])}"
     if m["gap_to_lower_bound"] is not None:
-        lb += f"   simulated is {_sig(1 + m['gap_to_lower_bound'], 3)}x the bound"
+        lb += f"   simulated is {sig_digits(1 + m['gap_to_lower_bound'], 3)}x the bound"
     if m["solver_gap"] is not None:
         lb += f"   solver gap {fmt_pct(m['solver_gap'])} (objective {fmt_us(m['solver_objective_us'])}, " \
               f"bound {fmt_us(m['solver_bound_us'])})"
@@ -127,7 +128,7 @@ def summary_lines(program: Program, timing: Optional[TimingReport]) -> list[str]
 import re as _re
 from dataclasses import asdict, dataclass, field
 
-from simulator.superdsc import OpDecl, TensorDecl
+from target.superdsc import OpDecl, TensorDecl
 
 _LAYER_RE = _re.compile(r"(?:layers?|blocks?|h)[._](\d+)")
 
@@ -232,7 +233,6 @@ def _operand_ids(op: OpDecl) -> list[tuple[str, str]]:
 def build_report(program: Program, timing: TimingReport, hw=None) -> Report:
     """The report model of `program` timed as `timing` (on `hw`, default the program's target)."""
     if hw is None:
-        from simulator.hardware import load_target
         hw = load_target(program.hardware)
     tmap = program.tensor_map()
     total = timing.total_us
@@ -291,7 +291,6 @@ def build_report(program: Program, timing: TimingReport, hw=None) -> Report:
 def _lx_occupancy(program: Program, timing: TimingReport) -> list[tuple[float, int]]:
     """LX bytes reserved per core over time (every core reserves the same `size_per_core`
     at the same address): steps (time us, bytes) at each op start, and the end."""
-    from simulator.superdsc import lx_live_spans
     spans = lx_live_spans(program)
     sizes = {t.id: t.memory.size_per_core for t in program.tensors if isinstance(t.memory, LxMemory)}
     steps = []
@@ -307,7 +306,7 @@ def sorted_rows(report: Report, top: Optional[int] = None) -> list[OpRow]:
     return rows[:top] if top else rows
 
 
-def _operands_text(r: OpRow) -> str:
+def operands_text(r: OpRow) -> str:
     return " ".join(f"{o.role}:{'s' + str(o.stick_dim) if o.stick_dim is not None else '-'}"
                     f"@{ {'LX': 'LX', 'LX tile': 'LXt', 'device': 'dev'}.get(o.memory, o.memory)}"
                     for o in r.operands)
@@ -326,7 +325,7 @@ def render_text(report: Report, top: Optional[int] = None) -> str:
     out.append(f"ops by simulated time ({len(rows)} of {len(report.ops)}; operands: role:stick dim@memory)")
     out += _table(["op", "source", "layer", "kind", "cores", "split", "tiles", "operands", "bound by", "time", "share"],
                   [[r.op, r.source or "-", r.layer or "-", r.opfunc, str(r.cores), r.core_split, r.temporal_tiles,
-                    _operands_text(r), r.bound_by, fmt_us(r.simulated_us), fmt_pct(r.share)] for r in rows],
+                    operands_text(r), r.bound_by, fmt_us(r.simulated_us), fmt_pct(r.share)] for r in rows],
                   right={4, 9, 10})
     layers = {}
     for r in report.ops:
@@ -339,12 +338,12 @@ def render_text(report: Report, top: Optional[int] = None) -> str:
                       [[k, fmt_us(v), fmt_pct(v / report.total_us if report.total_us else 0)]
                        for k, v in sorted(layers.items(), key=lambda kv: -kv[1])], right={1, 2})
     out.append("")
-    out.append(f"roofline (peak {_sig(report.peak_mac_per_ns)} MAC/ns, {_sig(report.peak_gbps)} GB/s device memory)")
+    out.append(f"roofline (peak {sig_digits(report.peak_mac_per_ns)} MAC/ns, {sig_digits(report.peak_gbps)} GB/s device memory)")
     out += _table(["op", "MACs", "device bytes", "MAC/byte", "MAC/ns", "% peak compute", "GB/s", "% peak bw", "bound by"],
-                  [[r.op, _sig(r.macs) if r.macs else "-", fmt_bytes(r.hbm_bytes) if r.hbm_bytes else "-",
-                    _sig(r.intensity_mac_per_byte, 3) if r.intensity_mac_per_byte else "-",
-                    _sig(r.achieved_mac_per_ns, 3) if r.achieved_mac_per_ns else "-", fmt_pct(r.compute_fraction),
-                    _sig(r.achieved_gbps, 3) if r.achieved_gbps else "-", fmt_pct(r.bandwidth_fraction), r.bound_by]
+                  [[r.op, sig_digits(r.macs) if r.macs else "-", fmt_bytes(r.hbm_bytes) if r.hbm_bytes else "-",
+                    sig_digits(r.intensity_mac_per_byte, 3) if r.intensity_mac_per_byte else "-",
+                    sig_digits(r.achieved_mac_per_ns, 3) if r.achieved_mac_per_ns else "-", fmt_pct(r.compute_fraction),
+                    sig_digits(r.achieved_gbps, 3) if r.achieved_gbps else "-", fmt_pct(r.bandwidth_fraction), r.bound_by]
                    for r in rows], right={1, 2, 3, 4, 5, 6, 7})
     out.append("")
     if report.restickifies:

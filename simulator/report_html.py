@@ -11,7 +11,7 @@ import math
 from html import escape
 from typing import Optional
 
-from simulator.report import (Report, _operands_text, _sig, fmt_bytes, fmt_pct, fmt_us, sorted_rows)
+from simulator.report import (Report, fmt_bytes, fmt_pct, fmt_us, operands_text, sig_digits, sorted_rows)
 
 _COLORS = {"pt": "#4e79a7", "sfp": "#59a14f", "dma": "#e15759"}
 _CSS = """
@@ -75,21 +75,21 @@ def roofline_svg(report: Report, width: int = 640, height: int = 400) -> str:
     parts = [f'<svg id="roofline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
     for e in range(int(math.log10(x0)), int(math.log10(x1)) + 1):
         parts.append(f'<line x1="{X(10**e):.1f}" y1="{t}" x2="{X(10**e):.1f}" y2="{height - b}" stroke="#eee"/>')
-        parts.append(_svg_text(X(10 ** e), height - b + 14, _sig(10 ** e, 3), "middle", 9))
+        parts.append(_svg_text(X(10 ** e), height - b + 14, sig_digits(10 ** e, 3), "middle", 9))
     for e in range(int(math.log10(y0)), int(math.log10(y1)) + 1):
         parts.append(f'<line x1="{l}" y1="{Y(10**e):.1f}" x2="{width - r_}" y2="{Y(10**e):.1f}" stroke="#eee"/>')
-        parts.append(_svg_text(l - 4, Y(10 ** e) + 3, _sig(10 ** e, 3), "end", 9))
+        parts.append(_svg_text(l - 4, Y(10 ** e) + 3, sig_digits(10 ** e, 3), "end", 9))
     ridge = peak / bw
     xa = max(x0, y0 / bw)
     parts.append(f'<polyline fill="none" stroke="#c00" stroke-width="2" points="{X(xa):.1f},{Y(bw * xa):.1f} '
                  f'{X(ridge):.1f},{Y(peak):.1f} {X(x1):.1f},{Y(peak):.1f}"/>')
-    parts.append(_svg_text(X(x1) - 4, Y(peak) - 5, f"peak {_sig(peak)} MAC/ns", "end", 10, 'fill="#c00"'))
-    parts.append(_svg_text(X(xa) + 6, Y(bw * xa) - 6, f"{_sig(bw)} GB/s", "start", 10, 'fill="#c00"'))
+    parts.append(_svg_text(X(x1) - 4, Y(peak) - 5, f"peak {sig_digits(peak)} MAC/ns", "end", 10, 'fill="#c00"'))
+    parts.append(_svg_text(X(xa) + 6, Y(bw * xa) - 6, f"{sig_digits(bw)} GB/s", "start", 10, 'fill="#c00"'))
     for r in pts:
         parts.append(f'<circle class="pt" cx="{X(r.intensity_mac_per_byte):.1f}" cy="{Y(r.achieved_mac_per_ns):.1f}" '
                      f'r="{3 + 6 * math.sqrt(r.share):.1f}" fill="#4e79a7" fill-opacity="0.6"><title>{escape(r.op)}: '
-                     f'{_sig(r.achieved_mac_per_ns, 3)} MAC/ns ({escape(fmt_pct(r.compute_fraction))} of peak), '
-                     f'{_sig(r.achieved_gbps or 0, 3)} GB/s, {escape(fmt_us(r.simulated_us))}</title></circle>')
+                     f'{sig_digits(r.achieved_mac_per_ns, 3)} MAC/ns ({escape(fmt_pct(r.compute_fraction))} of peak), '
+                     f'{sig_digits(r.achieved_gbps or 0, 3)} GB/s, {escape(fmt_us(r.simulated_us))}</title></circle>')
     parts.append(_svg_text((l + width - r_) / 2, height - 8, "intensity (MAC per device-memory byte)", "middle", 11))
     parts.append(_svg_text(14, (t + height - b) / 2, "achieved MAC/ns", "middle", 11,
                            f'transform="rotate(-90 14 {(t + height - b) / 2:.1f})"'))
@@ -167,14 +167,14 @@ def render_html(report: Report, diff: Optional[dict] = None, top: Optional[int] 
     notes = "".join(f"<li>{escape(n)}</li>" for n in m.get("notes", []))
     op_rows = []
     for r in rows:
-        ops_txt = escape(_operands_text(r)).replace("@LX", '@<span class="lx">LX</span>')
+        ops_txt = escape(operands_text(r)).replace("@LX", '@<span class="lx">LX</span>')
         op_rows.append([escape(r.op), escape(r.source or "-"), escape(r.layer or "-"), escape(r.opfunc),
                         str(r.cores), escape(r.core_split), escape(r.temporal_tiles), ops_txt, escape(r.bound_by),
                         escape(fmt_us(r.simulated_us)),
                         f'<span class="bar" style="width:{100 * r.share:.1f}px"></span> {escape(fmt_pct(r.share))}'])
-    roof_rows = [[escape(r.op), _sig(r.macs) if r.macs else "-", escape(fmt_bytes(r.hbm_bytes)) if r.hbm_bytes else "-",
-                  _sig(r.intensity_mac_per_byte, 3) if r.intensity_mac_per_byte else "-",
-                  escape(fmt_pct(r.compute_fraction)), _sig(r.achieved_gbps, 3) if r.achieved_gbps else "-",
+    roof_rows = [[escape(r.op), sig_digits(r.macs) if r.macs else "-", escape(fmt_bytes(r.hbm_bytes)) if r.hbm_bytes else "-",
+                  sig_digits(r.intensity_mac_per_byte, 3) if r.intensity_mac_per_byte else "-",
+                  escape(fmt_pct(r.compute_fraction)), sig_digits(r.achieved_gbps, 3) if r.achieved_gbps else "-",
                   escape(fmt_pct(r.bandwidth_fraction)), escape(r.bound_by)] for r in rows]
     rs_rows = [[escape(x.op), escape(x.tensor), f"{x.from_stick} → {x.to_stick}", escape(x.memory),
                 escape(fmt_us(x.simulated_us)), escape(", ".join(x.consumers) or "-")] for x in report.restickifies]
@@ -188,8 +188,8 @@ def render_html(report: Report, diff: Optional[dict] = None, top: Optional[int] 
              _table(["op", "source", "layer", "kind", "cores", "split", "tiles", "operands", "bound by", "time",
                      "share"], op_rows, {4, 9, 10}, "ops", op_attrs, {0: "w", 1: "w", 7: "o"}),
              "<h2>Timeline per core</h2>", timeline_svg(report),
-             f"<h2>Roofline</h2><p class='notes'>peak {_sig(report.peak_mac_per_ns)} MAC/ns (PT, all cores), "
-             f"{_sig(report.peak_gbps)} GB/s device memory; a dot per op with MACs, sized by its share of time</p>",
+             f"<h2>Roofline</h2><p class='notes'>peak {sig_digits(report.peak_mac_per_ns)} MAC/ns (PT, all cores), "
+             f"{sig_digits(report.peak_gbps)} GB/s device memory; a dot per op with MACs, sized by its share of time</p>",
              roofline_svg(report),
              _table(["op", "MACs", "device bytes", "MAC/byte", "% peak compute", "GB/s", "% peak bw", "bound by"],
                     roof_rows, {1, 2, 3, 4, 5, 6}, "roofline-table", classes={0: "w"}),

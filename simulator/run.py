@@ -7,7 +7,7 @@ each core's own slice at `lx_address`, the box the producer wrote on that core s
 layout order with the stick dim padded to whole sticks. Each op runs per core on its work
 slice (`core_slices`): the core reads its operand boxes from device memory or from ITS LX
 bytes (addresses computed from the producer's slicing), computes its slice with the
-reference semantics (lowering.interpreter.run_op on the local loop nest: float32 compute,
+reference semantics (target.interpreter.run_op on the local loop nest: float32 compute,
 float32 matmul accumulation; a grouped matmul core holding experts [g0, g1) shifts the
 per-row expert ids by g0, so it computes exactly the rows routed to its experts), and
 writes its output box back in the output's layout. A split
@@ -40,13 +40,13 @@ from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from lowering.interpreter import InterpreterError, run_op as reference_op
-from lowering.primitives import DTYPE_BYTES, Access, IterDim, PrimOp, PrimTensor
-from simulator.geometry import (
+from target.interpreter import InterpreterError, run_op as reference_op
+from target.primitives import DTYPE_BYTES, Access, IterDim, PrimOp, PrimTensor
+from target.geometry import (
     Box, box_storage_extents, core_ranges, element_strides, layout_nbytes, op_granules, parsed_prim,
     operand_box, reduction_split, tile_ranges,
 )
-from simulator.superdsc import HbmMemory, LxMemory, Program, TensorDecl, fused_group_key, tile_count
+from target.superdsc import HbmMemory, LxMemory, Program, TensorDecl, fused_group_key, tile_count
 
 _NP_DTYPES = {
     "float32": np.float32, "float16": np.float16, "float64": np.float64, "bfloat16": np.float32,

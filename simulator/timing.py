@@ -3,7 +3,7 @@
 `time_program(program, hw) -> TimingReport`. Analytic per *tile class*: the cores of an op
 whose work slices have the same extents cost the same, so an op is priced once per class
 (usually one or two classes), never per element — a real-size decoder layer times in well
-under a second. Every rate comes from the hardware file (`simulator.hardware`); nothing
+under a second. Every rate comes from the hardware file (`target.hardware`); nothing
 here is keyed on a shape, an op name or a published measurement. docs/simulator-timing.md
 derives each term.
 
@@ -49,12 +49,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from lowering.primitives import (Const, In, MatmulBody, PointwiseBody, PrimOp, ReduceBody)
-from simulator.geometry import (LRU, box_contains, box_lx_bytes, caches_enabled, core_ranges, dim_chunk,
+from target.primitives import (Const, In, MatmulBody, PointwiseBody, PrimOp, ReduceBody)
+from target.geometry import (LRU, box_contains, box_lx_bytes, caches_enabled, core_ranges, dim_chunk,
                                 flat_key, op_granules, operand_box, parsed_prim, prim_key, put_dict, put_layout, put_slices,
                                 put_tensor)
-from simulator.hardware import Hardware, load_target
-from simulator.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, lx_live_spans, tile_count
+from target.hardware import Hardware, load_target
+from target.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, lx_live_spans, tile_count
 
 _GRAPH_INPUT_ROLES = ("user_input", "parameter", "buffer", "constant")
 _TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin",

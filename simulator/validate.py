@@ -19,7 +19,7 @@ Codes (docs/simulator.md has the full table):
   multi_reduction_split more than one reduction dim split across cores
   core_slices         coreIdToWkSlice_ is not a bijection cores <-> work slices of the split
   temporal_tiles      temporal tiles name unknown dims or do not divide the per-core slice
-  op_rule             operand layouts violate the op's stick rule (lowering/op_rules.py)
+  op_rule             operand layouts violate the op's stick rule (target/op_rules.py)
   op_decl_mismatch    opfunc / ex_unit disagree with the op's loop nest (matmul on pt, the rest on sfp)
   restickify_invalid  a restickify/relayout whose src/dst are not one tensor in two layouts
   io_memory           a program input or output is not in device memory
@@ -47,6 +47,7 @@ Codes (docs/simulator.md has the full table):
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 from dataclasses import asdict, dataclass
@@ -55,14 +56,14 @@ from typing import Optional, Union
 import numpy as np
 from pydantic import ValidationError
 
-from lowering.op_rules import check_split, copy_is_alias, ex_unit, matching_choice, opfunc, split_units
-from lowering.primitives import DTYPE_BYTES, PrimOp
-from simulator.geometry import (
+from target.op_rules import check_split, copy_is_alias, ex_unit, matching_choice, opfunc, split_units
+from target.primitives import DTYPE_BYTES, PrimOp
+from target.geometry import (
     LRU, box_contains, box_lx_bytes, box_span_bytes, caches_enabled, core_ranges, flag, flat_key,
     layout_nbytes, layout_problems, op_granules, operand_box, parsed_prim, prim_key, put_dict, put_slices,
     put_tensor, reduction_split, tile_iteration_ranges, tile_operand_boxes,
 )
-from simulator.superdsc import (
+from target.superdsc import (
     PROGRAM_FORMAT, PROGRAM_VERSION, HbmMemory, LxMemory, Program, TensorDecl, fused_group_key,
     lx_live_spans,
 )
@@ -1008,8 +1009,6 @@ class _Checker:
         (the live set stays disjoint): every reported pair is real, and when any pair
         overlaps at least one is reported (at most 20). `self.overlap_tests` counts the
         tests (what the complexity test asserts on)."""
-        import bisect
-
         events = []
         for it in items:
             if it[1] > it[2] or it[4] <= it[3]:

@@ -18,9 +18,9 @@ partition says which LX live ranges are in the way (`blocked`).
 
 `fit_residencies(seq, hw)` drops residencies, the longest live range across the first
 blocked op first, until nothing is blocked (nothing to do when LX persists across bundles);
-`fit_bundles(pg, hw, decisions)` does it on plan decisions. The emitter (solver.emit) calls
-`partition` for every planner's program; planners that choose residencies call
-`fit_bundles` (solver.baseline.passes; the CP-SAT planner can do the same).
+`solver.emit.fit_bundles(pg, hw, decisions)` does it on plan decisions (it needs the
+emitter's op sequence, so it lives there). The emitter calls `partition` for every
+planner's program; planners that choose residencies call `fit_bundles`.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Partition:
 
 
 def kernel_key(kind: str, temporal_tiles: dict, cores: int, alias: bool = False) -> Optional[tuple]:
-    """The fused coarse-tiled run key of an op (simulator.superdsc.fused_group_key without
+    """The fused coarse-tiled run key of an op (target.superdsc.fused_group_key without
     the bundle): compute ops (not alias copies) with more than one temporal tile, by tile
     count and cores."""
     if kind != "compute" or alias:
@@ -155,17 +155,3 @@ def fit_residencies(seq: OpSequence, hw, starts: Iterable[int] = ()) -> list[str
         assert ranges[victim][0] < k <= ranges[victim][1]
         del ranges[victim]
         dropped.append(victim)
-
-
-def fit_bundles(pg, hw, decisions):
-    """`decisions` with the residencies `fit_residencies` drops removed, and the dropped
-    tensor ids: the program the emitter makes of it keeps every bundle within the limit
-    wherever a cut can do it (only a single op past the limit cannot be helped)."""
-    from solver.emit import op_sequence
-
-    seq, starts = op_sequence(pg, hw, decisions)
-    drop = fit_residencies(seq, hw, starts)
-    if not drop:
-        return decisions, []
-    resident = {t: r for t, r in decisions.resident.items() if t not in set(drop)}
-    return replace(decisions, resident=resident), drop

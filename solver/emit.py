@@ -19,22 +19,23 @@ It does not judge legality: the validator does (solver.planners.plan always runs
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
-from lowering.op_rules import (
+from target.op_rules import (
     ANY, StickChoice, copy_is_alias, default_choice, ex_unit, opfunc, outermost_split,
     restickify_prim, stick_options,
 )
-from lowering.primitives import PrimGraph, PrimOp, op_to_json
+from target.primitives import PrimGraph, PrimOp, op_to_json
 from lowering.version import COMPILER_VERSION
-from simulator.geometry import (
+from target.geometry import (
     LRU, caches_enabled, core_ranges, default_core_slices, flat_key, largest_tile_lx_bytes, layout_nbytes,
     make_layout, op_granules, padded, prim_key, put_dict, put_layout, put_slices,
 )
-from simulator.superdsc import (
+from target.superdsc import (
     Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
 )
-from solver.bundles import OpSequence, kernel_key, partition
+from solver.bundles import OpSequence, fit_residencies, kernel_key, partition
 from solver.plan import OpPlan, PlanDecisions, restick_id
 
 # Device-memory allocations are aligned to this many bytes (a multiple of the stick).
@@ -450,3 +451,15 @@ def _external(items: list[_Item], member: list[int], memories: dict, alias_of: d
     for k in member:
         out |= _hbm_refs(items[k], memories, alias_of)
     return out
+
+
+def fit_bundles(pg, hw, decisions):
+    """`decisions` with the residencies `fit_residencies` drops removed, and the dropped
+    tensor ids: the program the emitter makes of it keeps every bundle within the limit
+    wherever a cut can do it (only a single op past the limit cannot be helped)."""
+    seq, starts = op_sequence(pg, hw, decisions)
+    drop = fit_residencies(seq, hw, starts)
+    if not drop:
+        return decisions, []
+    resident = {t: r for t, r in decisions.resident.items() if t not in set(drop)}
+    return replace(decisions, resident=resident), drop

@@ -13,7 +13,7 @@ Per primitive op:
   Logical bytes (no stick padding), at the one-way bus rate with no read/write turnaround.
 
 Two totals:
-- `per_op_us` = sum over ops of max(compute, bytes / bandwidth) (DESIGN.md's form): a bound
+- `per_op_us` = sum over ops of max(compute, bytes / bandwidth) (a roofline per op): a bound
   for plans that run each op's loads and compute without overlapping other ops';
 - `lower_bound_us` = max(sum of compute, sum of bytes / bandwidth): also a bound when the
   simulator fuses consecutive ops into one coarse-tiled kernel whose loads overlap another
@@ -51,10 +51,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from lowering.op_rules import ANY, legal_core_splits, split_granules, stick_elems, stick_options
-from lowering.primitives import DTYPE_BYTES, PrimGraph, PrimOp
-from simulator.geometry import core_ranges, default_core_slices, operand_box
-from simulator.timing import best_matmul_rate_kind
+from target.op_rules import ANY, legal_core_splits, split_granules, stick_elems, stick_options
+from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
+from target.geometry import core_ranges, default_core_slices, operand_box
+from simulator.timing import best_matmul_rate_kind, grouped_experts_hit
 
 _LAMBDAS = tuple(i / 20 for i in range(21))
 
@@ -114,8 +114,6 @@ def _compulsory_bytes(pg: PrimGraph, op: PrimOp, acc) -> int:
     experts hit under uniform routing, simulator/timing.py "grouped matmul")."""
     n = _logical_bytes(pg, acc.tensor)
     if op.body.kind == "grouped_matmul" and acc is op.inputs[1]:
-        from simulator.timing import grouped_experts_hit
-
         G = op.iter_dims[op.body.g].size
         n = int(n * grouped_experts_hit(op.iter_dims[op.body.m].size, G) / max(1, G))
     return n

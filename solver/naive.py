@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from lowering.op_rules import ANY, check_split, default_choice, legal_core_splits, outermost_split, split_granules
-from lowering.primitives import PrimGraph, PrimOp
-from simulator.geometry import first_slice_spans, make_layout
+from target.op_rules import ANY, check_split, default_choice, legal_core_splits, outermost_split, split_granules
+from target.primitives import PrimGraph, PrimOp
+from target.geometry import first_slice_spans, make_layout
 from solver.plan import OpPlan, PlanDecisions
 
 

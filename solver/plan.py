@@ -4,7 +4,7 @@ Every planner (naive, heuristic, cpsat) fills a `PlanDecisions`; `solver.emit.em
 turns it into a SuperDSC program (restickify insertion, memory allocation, core slices,
 bundles, stats). Keys are primitive op ids and tensor ids of the PrimGraph.
 
-- `ops[op_id]` (`OpPlan`): the op's stick choice (one of `lowering.op_rules.stick_options`),
+- `ops[op_id]` (`OpPlan`): the op's stick choice (one of `target.op_rules.stick_options`),
   its core split (iteration-dim name -> factor), temporal tiles, optionally an explicit
   core -> work-slice map, and whether a copy is claimed a free alias.
 - A tensor's layout is the one its producer writes (the op's stick choice output); a graph
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from lowering.op_rules import StickChoice
+from target.op_rules import StickChoice
 
 
 def restick_id(tensor: str, stick_dim: Optional[int]) -> str:

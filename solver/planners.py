@@ -21,6 +21,8 @@ exception propagates). Without a sink, nothing changes.
 from __future__ import annotations
 
 import gc
+import importlib
+import inspect
 import logging
 import threading
 import time
@@ -28,11 +30,13 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Union
 
 from lowering.errors import GraphError
-from lowering.primitives import PrimGraph
-from simulator.superdsc import Program
+from target.primitives import PrimGraph
+from target.hardware import load_target
+from target.superdsc import Program
 from simulator.validate import ProgramIssue, validate_program
 from solver.emit import emit_program
 from solver.events import EventSink, Failed, Fallback, Finished, Phase, emit
+from solver.lower_bound import lower_bound
 from solver.naive import plan_naive
 from solver.plan import PlanDecisions
 
@@ -86,7 +90,6 @@ def ensure_registered(name: str) -> None:
     torch-spyre-coopt)."""
     if name in PLANNERS:
         return
-    import importlib
     for module in ("solver.spyre.cpsat_planner", "solver.baseline.passes",
                    "solver.baseline.coopt_ilp_solver_ortools"):
         try:
@@ -150,7 +153,6 @@ def _plan(pg: PrimGraph, hw, planner: str, time_limit_s: Optional[float], determ
           hint: Optional[Union[PlanDecisions, Program]], fallback: bool,
           events: Optional[EventSink] = None) -> Program:
     if hw is None:
-        from simulator.hardware import load_target
         hw = load_target()
     ensure_registered(planner)
     if planner not in PLANNERS:
@@ -192,7 +194,6 @@ def _next_planner(planner: str) -> Optional[str]:
 
 
 def _takes_events(fn) -> bool:
-    import inspect
     try:
         return "events" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -221,8 +222,6 @@ def _plan_with(pg: PrimGraph, hw, planner: str, time_limit_s: Optional[float], d
         raise PlanInvalid(planner, issues)
     if program.stats.lower_bound_us is None:
         # every program says how far from the machine's limit it could at best be
-        from solver.lower_bound import lower_bound
-
         with Phase(events, planner, "lower bound"):
             program.stats.lower_bound_us = lower_bound(pg, hw).lower_bound_us
     return program

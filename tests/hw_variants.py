@@ -2,7 +2,7 @@
 import json
 from typing import Optional
 
-from simulator.hardware import TARGETS_DIR, hardware_from_dict
+from target.hardware import TARGETS_DIR, hardware_from_dict
 
 
 def spyre_variant(rule: Optional[str] = None, lx_persists: Optional[bool] = None):

@@ -8,7 +8,7 @@ import torch
 from backend.capture import decomposition_table, exported_program_to_document
 from lowering import lower_document
 from lowering.graph_format import GraphDocument
-from lowering.interpreter import interpret
+from target.interpreter import interpret
 
 # Tolerances (elementwise |a-b| <= atol + rtol*|b|, on outputs normalised by their scale):
 # fp32 programs agree with eager to float32 rounding (different summation orders);

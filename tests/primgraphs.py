@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowering.primitives import (
+from target.primitives import (
     Access, Call, Const, CopyBody, FillBody, GatherBody, In, IterDim, MatmulBody, PointwiseBody,
     PrimGraph, PrimOp, PrimTensor, ReduceBody, StridedMap,
 )

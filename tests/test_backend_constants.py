@@ -89,7 +89,7 @@ def test_constant_document_lowers_and_simulates_with_its_values():
     pg = lower_document(doc)
     assert pg.tensors["c"].role == "constant" and "c" in pg.inputs
     program = plan(pg, planner="heuristic")
-    res = simulate(program, graph=doc, numerics=True)
+    res = simulate(program, graph=pg, numerics=True)
     assert res.valid and res.max_rel_err is not None and res.max_rel_err < 1e-6
     x = res.reference[0]
     assert x.shape == (2, 64) and float(x[1, 0]) == float("inf")

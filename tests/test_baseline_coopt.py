@@ -19,11 +19,11 @@ import math
 import numpy as np
 import pytest
 
-from lowering.op_rules import split_granules
-from lowering.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+from target.op_rules import split_granules
+from target.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor
 from simulator.api import simulate
-from simulator.hardware import load_target
-from simulator.superdsc import LxMemory
+from target.hardware import load_target
+from target.superdsc import LxMemory
 from solver.baseline.coopt_cost_model import (
     OVERLAP_GAMMA, kernel_ns, matmul_compute_us, matmul_reading, mem_ns,
 )

@@ -14,13 +14,13 @@ import math
 
 import pytest
 
-from lowering.op_rules import split_granules
-from lowering.primitives import (
+from target.op_rules import split_granules
+from target.primitives import (
     Access, Call, Const, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor, ReduceBody,
 )
 from simulator.api import simulate
-from simulator.hardware import load_target
-from simulator.superdsc import LxMemory
+from target.hardware import load_target
+from target.superdsc import LxMemory
 from solver.baseline.passes import plan_heuristic
 from solver.baseline.scratchpad import lx_eligible_op
 from solver.baseline.work_division import divide_work, matmul_split_cost_us

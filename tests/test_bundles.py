@@ -1,10 +1,11 @@
 """The one partition step (solver/bundles.py): bundle cuts for every planner, on the
 hardware file's rule (what the per-bundle limit counts, whether LX survives a boundary)."""
-from lowering.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
-from simulator.hardware import load_target
-from simulator.superdsc import LxMemory
+from target.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+from target.hardware import load_target
+from target.superdsc import LxMemory
 from simulator.validate import bundle_slots_of, validate_program
-from solver.bundles import OpSequence, fit_bundles, fit_residencies, partition
+from solver.bundles import OpSequence, fit_residencies, partition
+from solver.emit import fit_bundles
 from solver.emit import emit_program, op_sequence
 from solver.naive import plan_naive
 from solver.plan import Residency

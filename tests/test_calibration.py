@@ -17,7 +17,7 @@ from calibration.cases import build
 from calibration.dataset import load_dataset
 from calibration.evaluate import Programs, evaluate, summarize
 from calibration.fit import FIT_PARAMS, current_values, document_with, fit, leave_one_source_out, target_document
-from simulator.hardware import load_target
+from target.hardware import load_target
 from simulator.timing import time_program
 
 HW = load_target("spyre")

@@ -1,9 +1,9 @@
 """Chain moves in the CP-SAT planner's start (solver.spyre.chain_moves): a run of ops
 relabelled onto another stick dim at once, where no single move improves."""
-from lowering.primitives import (
+from target.primitives import (
     Access, Call, Const, CopyBody, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor, StridedMap,
 )
-from simulator.hardware import load_target
+from target.hardware import load_target
 from solver.emit import emit_program
 from solver.plan import OpPlan
 from solver.spyre.chain_moves import ChainMoves, any_operands_ok

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from service.cli import main
-from simulator.superdsc import Program
+from target.superdsc import Program
 
 META = lambda shape: {"shape": shape, "stride": [shape[1], 1], "storage_offset": 0, "dtype": "float32"}
 DOC = {

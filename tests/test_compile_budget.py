@@ -6,7 +6,7 @@ import pytest
 
 import solver.spyre.cpsat_planner as cpp
 import tests.primgraphs as primgraphs
-from simulator.hardware import load_target
+from target.hardware import load_target
 from solver.core import SolveOptions, solver_parameters
 from solver.spyre.cpsat_planner import (ABSOLUTE_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, RELATIVE_GAP_LIMIT,
                                   decisions_from_program, default_budget_s, plan_cpsat)

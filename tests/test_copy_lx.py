@@ -1,5 +1,5 @@
 """Copies read boxes, not whole tensors: the box of a copy input a core reads follows from its
-piece's strided map (simulator.geometry.copy_read_box), so a copy may read a tensor held in
+piece's strided map (target.geometry.copy_read_box), so a copy may read a tensor held in
 LX when every core reads inside the box that core wrote (the rule every reader has), and then
 moves no device bytes for it. A rotary-like graph: t = neg(x) as [L, heads*E], permuted to
 [heads, L, E], its upper halves sliced, and a cat of (slice, lower halves)."""
@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lowering.interpreter import interpret
-from lowering.primitives import (Access, Call, CopyBody, In, IterDim, PointwiseBody, PrimGraph, PrimOp,
+from target.interpreter import interpret
+from target.primitives import (Access, Call, CopyBody, In, IterDim, PointwiseBody, PrimGraph, PrimOp,
                                  PrimTensor, StridedMap)
-from simulator import geometry
+from target import geometry
 from simulator.api import compare
-from simulator.geometry import copy_read_box, operand_box, tile_iteration_ranges, tile_operand_boxes
-from simulator.hardware import load_target
+from target.geometry import copy_read_box, operand_box, tile_iteration_ranges, tile_operand_boxes
+from target.hardware import load_target
 from simulator.run import run_program
 from simulator.timing import time_program
 from simulator.validate import validate_program
@@ -246,7 +246,7 @@ def test_hold_moves_copy_readers_onto_the_cores_that_made_their_input(monkeypatc
     four heads of 8 rows). `hold_in_lx` moves them to heads x rows, each work slice on the
     core of `neg` that made it (explicit core slices: the natural order would put head h,
     rows i on core 8*h + i), holds t whole in LX; valid, faster, same numbers."""
-    from simulator.superdsc import LxMemory
+    from target.superdsc import LxMemory
     from solver.spyre.fusion import hold
     monkeypatch.setattr(hold, "HOLD_MIN_BYTES", 0)
     pg = rotary_graph()

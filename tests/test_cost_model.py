@@ -1,7 +1,7 @@
 """The planner's cost model against the simulator's timing model."""
 import pytest
 
-from simulator.hardware import load_target
+from target.hardware import load_target
 from simulator.timing import time_program
 from solver.spyre.cost_model import OpView, op_cost_parts, predict_program_us
 from solver.emit import emit_program
@@ -52,7 +52,7 @@ def test_residency_removes_device_traffic():
 def test_parts_price_every_residency_combination_exactly():
     pg, _ = softmax(M=64, N=256)
     op = pg.ops[1]  # sub(x, mx) -> sh
-    from simulator.geometry import make_layout
+    from target.geometry import make_layout
     layouts = {t: make_layout(pg.tensors[t].shape, "float16", len(pg.tensors[t].shape) - 1, HW.stick_bytes)
                for t in ("x", "mx", "sh")}
     shapes = {t: pg.tensors[t].shape for t in layouts}

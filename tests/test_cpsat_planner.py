@@ -3,8 +3,8 @@ import pytest
 
 import tests.primgraphs as primgraphs
 from simulator.api import simulate
-from simulator.hardware import load_target
-from simulator.superdsc import LxMemory
+from target.hardware import load_target
+from target.superdsc import LxMemory
 from simulator.timing import time_program
 from solver.spyre.cost_model import predict_program_us
 from solver.spyre.cpsat_planner import decisions_from_program, plan_cpsat

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from simulator.hardware import load_target  # noqa: E402
+from target.hardware import load_target  # noqa: E402
 from simulator.timing import time_program  # noqa: E402
 
 HW = load_target()

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from lowering.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimOp, PrimTensor
+from target.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimOp, PrimTensor
 from lowering.version import COMPILER_VERSION
-from simulator.hardware import load_target
-from simulator.superdsc import HbmMemory, LxMemory, Program
+from target.hardware import load_target
+from target.superdsc import HbmMemory, LxMemory, Program
 from simulator.validate import external_tensors, validate_program
 from solver.emit import EmitError, emit_program
 from solver.naive import plan_naive
@@ -79,7 +79,7 @@ def test_resident_chain_gets_lx_live_ranges_and_relayout():
 
 
 def _exp_chain(n=12):
-    from lowering.primitives import PrimGraph
+    from target.primitives import PrimGraph
     tensors = {"t0": PrimTensor("t0", (64, 64), "float16", "user_input")}
     ops = []
     for i in range(n):
@@ -156,7 +156,7 @@ def test_program_json_roundtrip():
 def test_restickify_of_a_resident_tensor_reads_what_each_core_holds():
     """k2 lives in LX sliced by batch; the copy sticked on s goes to device memory: the
     restickify follows the producer's slicing, so every core reads its own LX slice."""
-    from lowering.primitives import Const
+    from target.primitives import Const
     pg, _ = attention_scores(B=2, S=128, D=64)
     pg.tensors["k2"] = PrimTensor("k2", (2, 128, 64), "float16")
     scale = PrimOp("scale", (IterDim("b", 2), IterDim("s", 128), IterDim("d", 64)), (Access("k", (0, 1, 2)),),
@@ -197,7 +197,7 @@ def test_naive_reduces_spans_over_the_per_core_limit():
           "w": PrimTensor("w", (K, N), "float16", "parameter"), "y": PrimTensor("y", (M, N), "float16")}
     op = PrimOp("mm", (IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),
                 (Access("x", (0, 2)), Access("w", (2, 1))), Access("y", (0, 1)), MatmulBody(0, 1, 2))
-    from lowering.primitives import PrimGraph
+    from target.primitives import PrimGraph
     pg = PrimGraph("big", ts, [op], ["x", "w"], ["y"])
     d = plan_naive(pg, HW)
     split = d.ops["mm"].core_split
@@ -210,7 +210,7 @@ def test_naive_reduces_spans_over_the_per_core_limit():
 
 def _add_chain():
     """t_{i+1} = t_i + w_i over 8 ops, each reading its own parameter."""
-    from lowering.primitives import PrimGraph
+    from target.primitives import PrimGraph
     tensors = {"t0": PrimTensor("t0", (64, 64), "float16", "user_input")}
     ops = []
     for i in range(8):
@@ -245,7 +245,7 @@ def test_bundle_cut_inside_an_lx_range_where_lx_persists():
     hits (pool + t0 + w0..w3 = 6 slots, so a4 starts bundle 1), inside t4's live range
     (a3 -> a4), the program is valid and its functional run matches the interpreter. The
     same program on a target whose LX is wiped at a bundle boundary reads garbage."""
-    from lowering.interpreter import interpret
+    from target.interpreter import interpret
     from simulator.api import compare
     from simulator.run import run_program
     from tests.primgraphs import inputs_for

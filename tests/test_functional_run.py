@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lowering.interpreter import interpret
+from target.interpreter import interpret
 from simulator.api import compare, simulate
-from simulator.hardware import load_target
+from target.hardware import load_target
 from simulator.run import RunError, run_program
-from simulator.superdsc import Program
+from target.superdsc import Program
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.naive import plan_naive
@@ -200,7 +200,7 @@ def test_tiny_models_fp16(name):
 def test_lx_relayout_between_resident_tensors():
     """k2 = 0.5 k stays in LX sticked on d; the matmul needs it sticked on s: the emitter
     inserts an on-chip relayout (both resident), sliced like its consumer."""
-    from lowering.primitives import Access, Call, Const, In, PointwiseBody, PrimOp, PrimTensor, IterDim
+    from target.primitives import Access, Call, Const, In, PointwiseBody, PrimOp, PrimTensor, IterDim
     from solver.plan import restick_id
 
     pg, _ = __import__("tests.primgraphs", fromlist=["attention_scores"]).attention_scores(B=2, S=128, D=64)
@@ -233,10 +233,10 @@ def test_unpadded_merge_of_stick_rows_runs_as_an_alias_with_right_numbers():
     """[S, H, 128] -> [S, H*128] feeding a matmul (attention heads merged before the output
     projection): a free alias in fp16, and the functional run reads the same bytes."""
     import numpy as np
-    from lowering.primitives import (Access, CopyBody, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor,
+    from target.primitives import (Access, CopyBody, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor,
                                      StridedMap)
     from simulator.api import simulate
-    from simulator.hardware import load_target
+    from target.hardware import load_target
     from solver.planners import plan
     S, H, D, N = 64, 4, 128, 64
     ts = {"x": PrimTensor("x", (S, H, D), "float16", "user_input"),

@@ -3,7 +3,7 @@ timing model runs faster as one fused kernel, and never makes a plan slower."""
 from dataclasses import replace
 
 import tests.primgraphs as primgraphs
-from simulator.hardware import load_target
+from target.hardware import load_target
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.spyre.cpsat_planner import plan_cpsat
@@ -74,7 +74,7 @@ def test_fused_group_member_reads_a_result_on_chip_only_from_its_own_core():
 
 def _two_readers_of_x(rows, cols):
     """x -> neg -> t1 and x -> exp -> t2: two members of one kernel read the same input."""
-    from lowering.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+    from target.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
     t = {"x": PrimTensor("x", (rows, cols), "float16", "user_input"),
          "t1": PrimTensor("t1", (rows, cols), "float16"), "t2": PrimTensor("t2", (rows, cols), "float16")}
     dims = (IterDim("r", rows), IterDim("c", cols))
@@ -117,7 +117,7 @@ def test_a_lone_prefill_matmul_is_tiled_so_its_loads_overlap_its_compute():
 
 def _two_matmuls(M=512, K=2048, N=2048):
     """z = (x @ w1) @ w2: two prefill-sized matmuls back to back, each a run of its own."""
-    from lowering.primitives import Access, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor
+    from target.primitives import Access, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor
     ts = {t.id: t for t in (PrimTensor("x", (M, K), "float16", "user_input"),
                             PrimTensor("w1", (K, N), "float16", "parameter"),
                             PrimTensor("w2", (N, N), "float16", "parameter"),
@@ -177,7 +177,7 @@ def test_split_k_matmul_is_resplit_when_tiling_would_beat_it(monkeypatch):
 
 def _gated(M=512, K=2048, N=2048):
     """z = (x @ w1) * (x @ w2): a gated MLP's two projections reading the same rows."""
-    from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
+    from target.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
                                      PrimOp, PrimTensor)
     ts = {t.id: t for t in (PrimTensor("x", (M, K), "float16", "user_input"),
                             PrimTensor("w1", (K, N), "float16", "parameter"),
@@ -217,7 +217,7 @@ def _two_heads(M=512, K=4096, N=1024):
     """exp(x @ wq + bq) + neg(x @ wk + bk): two projections of the same rows with bias adds,
     each heading a chain of its own; the chain order runs each chain straight into the final
     add, so the two matmuls are not adjacent."""
-    from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
+    from target.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
                                      PrimOp, PrimTensor)
     from solver.spyre.schedule import chain_order
     names = [("x", (M, K), "user_input"), ("wq", (K, N), "parameter"), ("wk", (K, N), "parameter"),
@@ -275,7 +275,7 @@ def _projection_then_row_stats(M=512, K=4096, N=4096):
     RMSNorm after an attention output projection; the reduction runs over the dim the
     matmul's cores split, under another name (as lowering names it: d2 in the chain, r2 in
     the reduction)."""
-    from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
+    from target.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
                                      PrimOp, PrimTensor, ReduceBody)
     ts = {t.id: t for t in (PrimTensor("x", (M, K), "float16", "user_input"),
                             PrimTensor("w", (K, N), "float16", "parameter"),
@@ -321,7 +321,7 @@ def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following
     core reads the slice it made, keeps t1 whole in LX, and the program is valid and faster;
     a kernel reading it follows whole; with no split to follow, t1 stays in device memory."""
     from solver.spyre.fusion import hold
-    from simulator.superdsc import LxMemory
+    from target.superdsc import LxMemory
     from tests.test_timing import _plan, unary_chain
     pg = unary_chain(2048, 2048, n_ops=3)
     d = _plan({"op1": {"r": 32}, "op2": {"c": 32}, "op3": {"c": 32}}, tiles={"op1": {"r": 4}})
@@ -355,7 +355,7 @@ def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following
 
 def _projection_plus_resident(M=512, K=4096, N=4096):
     """z = exp(r) + x @ w, exp(r) held in LX on its own split."""
-    from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
+    from target.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
                                      PrimOp, PrimTensor)
     ts = {t.id: t for t in (PrimTensor("x", (M, K), "float16", "user_input"),
                             PrimTensor("w", (K, N), "float16", "parameter"),
@@ -377,7 +377,7 @@ def test_a_matmul_takes_its_readers_split_so_its_result_stays_in_lx(monkeypatch)
     operand would then be on other cores), so the matmul takes the add's split and its
     result is held whole in LX: valid, faster, no device traffic for y."""
     from solver.spyre.fusion import hold
-    from simulator.superdsc import LxMemory
+    from target.superdsc import LxMemory
     from solver.plan import OpPlan, Residency
     pg = _projection_plus_resident()
     d = PlanDecisions("test", ops={"a": OpPlan(core_split={"m": 8, "n": 4}),
@@ -403,7 +403,7 @@ def test_a_kernel_takes_the_split_its_member_reads_a_held_result_in(monkeypatch)
     cannot change split alone, so the whole kernel (matmul and add) takes the split under
     which the add reads what its own core made, and exp(r) stays whole in LX."""
     from solver.spyre.fusion import hold
-    from simulator.superdsc import LxMemory
+    from target.superdsc import LxMemory
     from solver.plan import OpPlan
     pg = _projection_plus_resident()
     d = PlanDecisions("test", ops={"a": OpPlan(core_split={"m": 8, "n": 4}),
@@ -432,7 +432,7 @@ def test_following_stops_at_a_held_result_a_matmul_reads_and_drops_its_residency
     split, but the matmul cannot follow op2: t2 goes to device memory instead (any split
     reads it there) and the matmul keeps its split."""
     from solver.spyre.fusion import hold
-    from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
+    from target.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
                                      PrimOp, PrimTensor)
     from solver.plan import OpPlan, Residency
     M, N = 512, 2048
@@ -500,7 +500,7 @@ def test_a_following_kernel_takes_fewer_tiles_where_its_tiled_dim_is_now_split()
     column split to read t1 from LX: each core then holds 1/32 of the columns, so the kernel
     takes 64 / 32 = 2 tiles (one count for both members), and the program is valid."""
     from solver.spyre.fusion import hold
-    from simulator.superdsc import LxMemory
+    from target.superdsc import LxMemory
     pg, d, prog, (ops, drop) = _three_op_chain(1024, 8192, {"op1": {"c": 32}, "op2": {"r": 32}, "op3": {"r": 32}},
                                                {"op1": {"r": 4}, "op2": {"c": 64}, "op3": {"c": 64}})
     assert ops["op2"].temporal_tiles == ops["op3"].temporal_tiles == {"c": 2} and not drop
@@ -571,7 +571,7 @@ def _residual_after_scaled(rows=2048, cols=2048):
     """x -> op1 -> t1 (a residual); y -> scale -> ty; add(t1, ty): the scaling of another
     branch runs in one kernel with the add reading t1, as a split-K result's scaling and the
     final residual add of a layer do."""
-    from lowering.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+    from target.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
     f16 = "float16"
     ts = {n: PrimTensor(n, (rows, cols), f16, role) for n, role in
           (("x", "user_input"), ("y", "user_input"), ("t1", "intermediate"), ("ty", "intermediate"),
@@ -589,7 +589,7 @@ def test_a_held_results_reader_brings_its_kernel_mates_along():
     with `scale`, which does not read t1, on column slices. Holding t1 moves `add` to the row
     split and `scale` with it (the same split of its result), so the kernel stays whole."""
     from solver.spyre.fusion import hold
-    from simulator.superdsc import LxMemory
+    from target.superdsc import LxMemory
     from tests.test_timing import _plan
     pg = _residual_after_scaled()
     d = _plan({"op1": {"r": 32}, "scale": {"c": 32}, "add": {"c": 32}},
@@ -611,7 +611,7 @@ def _scaled_rows(rows=512, cols=4096):
     """t1 = -x on fp32 rows; y = t1 * v[row]: an RMSNorm's apply reading its fp32 input and
     the per-row vector, sticked along the rows (16 sticks of 32 fp32 for 512 rows), so the
     apply takes at most 16 row slices."""
-    from lowering.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+    from target.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
     f32 = "float32"
     ts = {t.id: t for t in (PrimTensor("x", (rows, cols), f32, "user_input"), PrimTensor("v", (rows,), f32, "user_input"),
                             PrimTensor("t1", (rows, cols), f32), PrimTensor("y", (rows, cols), f32))}
@@ -627,9 +627,9 @@ def test_two_kernels_that_cannot_follow_each_other_meet_on_one_split():
     vector has 16 sticks) and runs on 32 column slices, so t1 goes through device memory and
     op1 is no matmul to take op2's split. `meet.meet_splits` moves both to a common split of
     t1's dims; `hold.hold_in_lx` keeps the fastest valid one with t1 held in LX."""
-    from lowering.op_rules import legal_core_splits
-    from simulator.geometry import op_granules
-    from simulator.superdsc import LxMemory
+    from target.op_rules import legal_core_splits
+    from target.geometry import op_granules
+    from target.superdsc import LxMemory
     from solver.spyre.fusion import hold, meet
     from tests.test_timing import _plan
     pg = _scaled_rows()

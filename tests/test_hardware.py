@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from simulator.hardware import (HardwareError, TARGETS_DIR, hardware_from_dict, list_targets,
+from target.hardware import (HardwareError, TARGETS_DIR, hardware_from_dict, list_targets,
                                 load_target)
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from lowering.op_rules import legal_core_splits, split_granules
-from lowering.primitives import (
+from target.op_rules import legal_core_splits, split_granules
+from target.primitives import (
     Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor, ReduceBody,
 )
 from simulator.api import simulate
-from simulator.hardware import load_target
-from simulator.superdsc import HbmMemory, LxMemory
+from target.hardware import load_target
+from target.superdsc import HbmMemory, LxMemory
 from solver.baseline.passes import plan_heuristic
 from solver.baseline.propagate_layouts import beam_search_layouts
 from solver.baseline.scratchpad import LxBuffer, greedy_place

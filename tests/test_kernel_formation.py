@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import tests.primgraphs as primgraphs
-from lowering.interpreter import interpret
-from lowering.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor
-from simulator.hardware import load_target
+from target.interpreter import interpret
+from target.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+from target.hardware import load_target
 from simulator.run import run_program
-from simulator.superdsc import LxMemory
+from target.superdsc import LxMemory
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.emit import EmitError, emit_program

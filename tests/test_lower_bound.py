@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from lowering.primitives import Access, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor
-from simulator.hardware import load_target
+from target.primitives import Access, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor
+from target.hardware import load_target
 from simulator.timing import time_program
 from solver.emit import emit_program
 from solver.lower_bound import lower_bound
@@ -106,7 +106,7 @@ def test_split_bound_below_every_split_and_above_the_plain_bound(shape):
     does not charge, so the two bounds may coincide; where every 32-core split needs a wide
     fan-out or a ring combine (16 x 4096 x 64: M holds 16 rows, N one stick) the split
     bound is above the plain one."""
-    from lowering.op_rules import legal_core_splits, split_granules, stick_options
+    from target.op_rules import legal_core_splits, split_granules, stick_options
     from simulator.validate import validate_program
     pg = _matmul(*shape)
     op = pg.ops[0]
@@ -146,7 +146,7 @@ def test_split_bound_holds_for_matmuls_sharing_an_input():
     simulates below the bound. (The bound charges no delivery for a tensor two ops read:
     one fused kernel may deliver it once, at the narrower fan-out.)"""
     import random
-    from lowering.op_rules import legal_core_splits, split_granules, stick_options
+    from target.op_rules import legal_core_splits, split_granules, stick_options
     from simulator.validate import validate_program
     pg = _shared_input_pair(256, 1024, 2048)
     lb = lower_bound(pg, HW)
@@ -178,8 +178,8 @@ def test_split_bound_holds_when_a_split_reduction_result_is_read_back():
     """A matmul whose reduction dim is split writes its combined result to device memory, and
     the op reading it loads it back from there: every split of the matmul, with its reader
     tiled into one kernel with it or not, simulates at or above the bound."""
-    from lowering.op_rules import legal_core_splits, split_granules, stick_options
-    from lowering.primitives import Call, In, PointwiseBody
+    from target.op_rules import legal_core_splits, split_granules, stick_options
+    from target.primitives import Call, In, PointwiseBody
     from simulator.validate import validate_program
     M, K, N = 128, 4096, 1024
     ts = [PrimTensor("x", (M, K), "float16", "user_input"), PrimTensor("w", (K, N), "float16", "parameter"),
@@ -222,7 +222,7 @@ def test_bmm_bound_charges_the_best_rate_any_layout_gives(batch):
     whatever its layouts (simulator.timing._matmul_layout_rate), so both bounds charge its
     MACs at that rate; a narrower batch runs at the sustained rate. Every stick choice and
     legal split of the bmm simulates at or above the bound, and the bound is not vacuous."""
-    from lowering.op_rules import ANY, legal_core_splits, split_granules, stick_options
+    from target.op_rules import ANY, legal_core_splits, split_granules, stick_options
     from simulator.validate import validate_program
     M, K, N = 256, 128, 256
     pg = _bmm(batch, M, K, N)

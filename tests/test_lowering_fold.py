@@ -9,13 +9,13 @@ import torch
 
 from lowering import lower_document
 from lowering.fold_layouts import fold_layouts, permutation_of
-from lowering.interpreter import interpret
-from lowering.op_rules import copy_is_reshape
-from lowering.primitives import (
+from target.interpreter import interpret
+from target.op_rules import copy_is_reshape
+from target.primitives import (
     Access, Call, CopyBody, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor, StridedMap,
 )
 from simulator.api import simulate
-from simulator.hardware import load_target
+from target.hardware import load_target
 from solver.baseline.passes import plan_heuristic
 from solver.planners import plan
 from solver.spyre.strategies import GraphContext, op_strategies

@@ -6,8 +6,8 @@ import pytest
 from lowering import SUPPORTED_TARGETS, lower_document, node_supported
 from lowering.errors import GraphError
 from lowering.graph_format import GraphDocument
-from lowering.interpreter import InterpreterError, interpret, round_bfloat16
-from lowering.primitives import (
+from target.interpreter import InterpreterError, interpret, round_bfloat16
+from target.primitives import (
     Access, CopyBody, FillBody, GatherBody, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor, StridedMap,
     graph_from_json, graph_to_json, In, Const, Call,
 )
@@ -184,7 +184,7 @@ def test_fill_iota_and_missing_input():
 def test_interpreter_erf_matches_math_erf():
     import math
 
-    from lowering.interpreter import _erf
+    from target.interpreter import _erf
 
     x = np.concatenate([np.linspace(-7, 7, 20001), [0.0, 1e-9, -3e-30, np.inf, -np.inf]])
     want = np.array([math.erf(v) for v in x])

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from lowering.interpreter import interpret
+from target.interpreter import interpret
 from tests.lowering_helpers import assert_close, capture_with_values, eager_outputs
 from tests.models import TINY_MODEL_NAMES, tiny_model
 from lowering import lower_document

@@ -13,7 +13,7 @@ import torch
 
 from lowering import lower_document, node_supported
 from lowering.graph_format import GraphDocument
-from lowering.interpreter import interpret
+from target.interpreter import interpret
 from tests.lowering_helpers import DocBuilder, assert_close, to_numpy
 
 FLOATS = [torch.float32, torch.float16]
@@ -134,8 +134,8 @@ def test_grouped_mm_matches_torch(dtype, counts):
 def test_grouped_matmul_core_splits_are_legal_and_run_exactly():
     """Every planner's program for a grouped matmul validates; a split over experts (g)
     and over k run to the interpreter's numbers on the simulator."""
-    from lowering.op_rules import legal_core_splits, split_granules, stick_options
-    from simulator.hardware import load_target
+    from target.op_rules import legal_core_splits, split_granules, stick_options
+    from target.hardware import load_target
     from simulator.run import run_program
     from solver.emit import emit_program
     from solver.naive import plan_naive
@@ -205,7 +205,7 @@ def _moe_block(seed: int = 0):
 @pytest.mark.parametrize("planner", ["naive", "heuristic", "cpsat"])
 def test_every_planner_runs_an_moe_layer(planner):
     from simulator.api import compare, random_inputs
-    from simulator.hardware import load_target
+    from target.hardware import load_target
     from simulator.run import run_program
     from solver.planners import plan
     from tests.lowering_helpers import capture_with_values, eager_outputs

@@ -1,11 +1,11 @@
-"""Layout rules and core-split legality of the primitive ops (lowering/op_rules.py)."""
+"""Layout rules and core-split legality of the primitive ops (target/op_rules.py)."""
 import pytest
 
-from lowering.op_rules import (
+from target.op_rules import (
     ANY, check_split, copy_is_alias, default_choice, legal_core_splits, matching_choice,
     split_granules, stick_options,
 )
-from lowering.primitives import Access, Call, CopyBody, In, IterDim, PointwiseBody, PrimOp, StridedMap
+from target.primitives import Access, Call, CopyBody, In, IterDim, PointwiseBody, PrimOp, StridedMap
 from tests.primgraphs import attention_scores, copies, mlp, softmax, colsum
 
 STICK = 128
@@ -113,7 +113,7 @@ def test_reduction_split_on_non_stick_dim_allowed():
 
 
 def test_outermost_split_skips_dims_no_core_count_divides():
-    from lowering.op_rules import outermost_split
+    from target.op_rules import outermost_split
     op = PrimOp("p", (IterDim("b", 1), IterDim("t", 197), IterDim("h", 768)), (Access("x", (0, 1, 2)),),
                 Access("y", (0, 1, 2)), PointwiseBody(Call("exp", (In(0),))))
     gran = split_granules(op, [2], 2, ["float16", "float16"], STICK)

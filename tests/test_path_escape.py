@@ -60,7 +60,7 @@ def program(server):
 
 @pytest.mark.parametrize("target", HOSTILE_TARGETS)
 def test_load_hardware_never_resolves_a_client_string_as_a_path(target, monkeypatch):
-    import simulator.hardware as hardware
+    import target.hardware as hardware
 
     calls = []
     monkeypatch.setattr(hardware, "load_target", lambda *a, **k: calls.append(a))

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from lowering.primitives import Access, Call, Const, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
-from simulator.hardware import load_target
+from target.primitives import Access, Call, Const, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+from target.hardware import load_target
 from simulator.validate import validate_program
 from solver import planners
 from solver.plan import PlanDecisions, Residency

@@ -19,12 +19,12 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from lowering.interpreter import interpret  # noqa: E402
-from lowering.primitives import (  # noqa: E402
+from target.interpreter import interpret  # noqa: E402
+from target.primitives import (  # noqa: E402
     Access, Call, Const, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor, ReduceBody,
 )
 from simulator.api import compare  # noqa: E402
-from simulator.hardware import load_target  # noqa: E402
+from target.hardware import load_target  # noqa: E402
 from simulator.run import run_program  # noqa: E402
 from simulator.validate import validate_program  # noqa: E402
 from solver import planners  # noqa: E402

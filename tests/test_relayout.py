@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowering.primitives import Access, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor
+from target.primitives import Access, IterDim, MatmulBody, PrimGraph, PrimOp, PrimTensor
 from simulator.api import simulate
-from simulator.hardware import load_target
+from target.hardware import load_target
 from simulator.timing import time_program
 from solver.emit import emit_program
 from solver.baseline.passes import plan_heuristic

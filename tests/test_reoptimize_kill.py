@@ -61,7 +61,7 @@ def test_killed_run_then_rerun_processes_each_graph_once(store_url, tmp_path):
             assert r.run_id == summary["run_id"]
     assert store.integrity_errors() == []
     from service import pipeline
-    from simulator.superdsc import Program
+    from target.superdsc import Program
     from simulator.validate import validate_program
 
     hw = pipeline.load_hardware("spyre")

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from lowering.primitives import Access, Call, IterDim, In, PointwiseBody, PrimGraph, PrimOp, PrimTensor
-from simulator.hardware import load_target
+from target.primitives import Access, Call, IterDim, In, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+from target.hardware import load_target
 from simulator.timing import time_program
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre import repeats, windows

@@ -5,7 +5,7 @@ import pytest
 
 from service.cli import main
 from simulator.report import fmt_bytes, fmt_us, summary
-from simulator.superdsc import Program
+from target.superdsc import Program
 from simulator.timing import time_program
 
 from tests.test_cli_compile_simulate import DOC

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from simulator.hardware import load_target
+from target.hardware import load_target
 from simulator.validate import _Checker, validate_program
 from solver.planners import plan
 from tests.primgraphs import softmax

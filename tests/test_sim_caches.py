@@ -1,4 +1,4 @@
-"""The memo caches of the validator, the timing model and the emitter (simulator.geometry
+"""The memo caches of the validator, the timing model and the emitter (target.geometry
 `set_caches`) change no result: every emit / validate / time call a planner makes gives the
 same programs, the same issues in the same order and the same timings to the last bit with
 the caches on (cold and warm) as on the reference path; and a program that differs from one
@@ -15,10 +15,10 @@ import solver.emit as emit_mod
 from benchmarks.bench_simulator import canonical, record_calls, sim_functions
 from lowering import lower_document
 from lowering.graph_format import GraphDocument
-from simulator import geometry
-from simulator.geometry import make_layout
-from simulator.hardware import load_target
-from simulator.superdsc import CoreSlice, HbmMemory, LxMemory, Program
+from target import geometry
+from target.geometry import make_layout
+from target.hardware import load_target
+from target.superdsc import CoreSlice, HbmMemory, LxMemory, Program
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.planners import plan
@@ -272,8 +272,8 @@ def test_emit_lx_sizes_follow_the_plan(hw, gpt2_cpsat):
     one LX producer's split or tiles give that producer's tensor its own size."""
     from dataclasses import replace
 
-    from lowering.op_rules import legal_core_splits
-    from simulator.geometry import op_granules
+    from target.op_rules import legal_core_splits
+    from target.geometry import op_granules
     pg, calls, _ = gpt2_cpsat
     d = next(a[2] for n, a, _ in reversed(calls) if n == "emit_program" and a[2].resident)
     prims = {op.id: op for op in pg.ops}

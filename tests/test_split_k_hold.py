@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from lowering.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor
-from simulator.hardware import load_target
-from simulator.superdsc import LxMemory
+from target.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+from target.hardware import load_target
+from target.superdsc import LxMemory
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
@@ -131,7 +131,7 @@ def test_reader_at_the_producing_kernels_tile_count_stays_a_kernel_of_its_own(mo
     a split-K reader tiled like the kernel that made its input would join that kernel and
     read other cores' parts mid-loop (invalid). The step cuts a bundle on each side of the
     reader (LX persists across it), so that variant is valid and the reader runs alone."""
-    from simulator.superdsc import tile_count
+    from target.superdsc import tile_count
     from solver.spyre.split_k_hold import _kernel_members, _kernel_splits, _reader_split, _try
     from solver.spyre.tile_buffers import kernel_numbers
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from lowering import lower_document
-from lowering.op_rules import stick_options
-from lowering.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+from target.op_rules import stick_options
+from target.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
 from lowering.validate import parse_document
-from simulator.hardware import load_target
+from target.hardware import load_target
 from solver.spyre.cpsat_planner import build_model
 from solver.baseline.passes import plan_heuristic
 from solver.spyre.schedule import chain_order

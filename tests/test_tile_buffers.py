@@ -6,16 +6,16 @@ import copy
 import numpy as np
 import pytest
 
-from lowering.interpreter import interpret
-from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp,
+from target.interpreter import interpret
+from target.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp,
                                  PrimTensor, ReduceBody)
 from simulator.api import compare
-from simulator.geometry import core_ranges, default_core_slices, make_layout, op_granules, operand_box, tile_ranges
-from simulator.hardware import load_target
+from target.geometry import core_ranges, default_core_slices, make_layout, op_granules, operand_box, tile_ranges
+from target.hardware import load_target
 from simulator.run import RunError, fused_kernels, run_program
-from simulator.superdsc import Program
+from target.superdsc import Program
 from simulator.timing import time_program
-from simulator.geometry import tile_iteration_ranges, tile_operand_boxes
+from target.geometry import tile_iteration_ranges, tile_operand_boxes
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from tests.primgraphs import inputs_for, mlp

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from lowering.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
+from target.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
                                  PrimOp, PrimTensor, ReduceBody)
-from simulator.geometry import make_layout
-from simulator.hardware import TARGETS_DIR, hardware_from_dict, load_target
+from target.geometry import make_layout
+from target.hardware import TARGETS_DIR, hardware_from_dict, load_target
 from simulator.timing import time_program
 from simulator.trace import trace_document, write_trace
 from simulator.validate import validate_program
@@ -342,7 +342,7 @@ def test_trace_is_a_loadable_chrome_trace(tmp_path):
 
 
 def test_copy_reads_only_the_elements_its_pieces_take():
-    from lowering.primitives import CopyBody, StridedMap
+    from target.primitives import CopyBody, StridedMap
     rows, cols = 1024, 2048
     t = {"x": PrimTensor("x", (rows, cols), F16, "user_input"), "y": PrimTensor("y", (rows, cols // 2), F16)}
     op = PrimOp("slice", (IterDim("r", rows), IterDim("c", cols // 2)), (Access("x", (0, None)),),
@@ -354,7 +354,7 @@ def test_copy_reads_only_the_elements_its_pieces_take():
 
 
 def test_naive_plan_with_gather_fill_and_scan_times_every_op():
-    from lowering.primitives import FillBody, GatherBody
+    from target.primitives import FillBody, GatherBody
     from solver.planners import plan
     vocab, hidden, seq = 1000, 256, 64
     t = {"table": PrimTensor("table", (vocab, hidden), F16, "parameter"),

@@ -4,8 +4,8 @@ import copy
 
 import pytest
 
-from lowering.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
-from simulator.hardware import load_target
+from target.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+from target.hardware import load_target
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.naive import plan_naive
@@ -141,7 +141,7 @@ def test_multi_reduction_split():
     s = PrimTensor("s", (1, 1), "float16")
     op = PrimOp("tot", (IterDim("a", 64, "reduction"), IterDim("b", 128, "reduction")),
                 (Access("x", (0, 1)),), Access("s", (None, None)),
-                __import__("lowering.primitives", fromlist=["ReduceBody"]).ReduceBody("sum"))
+                __import__("target.primitives", fromlist=["ReduceBody"]).ReduceBody("sum"))
     pg = PrimGraph("tot", {"x": x, "s": s}, [op], ["x"], ["s"])
     d = _d(plan(pg, HW, planner="naive"))
     o = d["ops"][0]

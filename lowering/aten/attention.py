@@ -9,7 +9,7 @@ from lowering.aten.matmul import emit_matmul
 from lowering.aten.pointwise import emit_pointwise
 from lowering.aten.reductions import emit_softmax
 from lowering.aten.views import reshape
-from lowering.primitives import Access, Const, FillBody
+from target.primitives import Access, Const, FillBody
 
 
 def _iota(ctx: Ctx, node: NodeArgs, length: int, out_id: str) -> View:

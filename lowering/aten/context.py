@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from lowering.errors import GraphError
-from lowering.primitives import (
+from target.primitives import (
     Access, Body, CopyBody, Expr, IterDim, PrimOp, PrimTensor, StridedMap,
 )
 
@@ -264,6 +264,6 @@ class Ctx:
 
 
 def expr_fn(fn: str, *args: Expr, **attrs) -> Expr:
-    from lowering.primitives import Call
+    from target.primitives import Call
 
     return Call(fn, tuple(args), tuple(sorted(attrs.items())))

@@ -11,7 +11,7 @@ from lowering.aten.matmul import emit_matmul
 from lowering.aten.pointwise import emit_pointwise
 from lowering.aten.reductions import emit_reduce
 from lowering.aten.views import pad_view, reshape
-from lowering.primitives import Const, StridedMap
+from target.primitives import Const, StridedMap
 
 
 class Unavailable:

@@ -10,8 +10,8 @@ import numpy as np
 from lowering.aten.context import INT_DTYPES, Ctx, NodeArgs, View, register
 from lowering.aten.pointwise import broadcast_shapes
 from lowering.aten.views import norm_dim, slice_view
-from lowering.interpreter import round_bfloat16
-from lowering.primitives import Access, FillBody, GatherBody, IterDim
+from target.interpreter import round_bfloat16
+from target.primitives import Access, FillBody, GatherBody, IterDim
 
 
 def emit_gather(ctx: Ctx, node: NodeArgs, table: View, out_shape: Sequence[int],

@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 
 from lowering.aten.context import Ctx, NodeArgs, View, expr_fn, register
 from lowering.aten.pointwise import as_operand, broadcast_shapes, emit_pointwise
-from lowering.primitives import Access, Const, IterDim, MatmulBody
+from target.primitives import Access, Const, IterDim, MatmulBody
 
 
 def emit_matmul(ctx: Ctx, node: NodeArgs, x: View, y: View, out_dtype: str, out_id: str,

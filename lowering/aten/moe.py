@@ -34,7 +34,7 @@ import numpy as np
 from lowering.aten.context import FLOAT_DTYPES, INT_DTYPES, Ctx, NodeArgs, View, expr_fn, register
 from lowering.aten.indexing import emit_gather
 from lowering.aten.views import norm_dim
-from lowering.primitives import (Access, Const, Expr, FillBody, GroupedMatmulBody, In, IterDim, ReduceBody,
+from target.primitives import (Access, Const, Expr, FillBody, GroupedMatmulBody, In, IterDim, ReduceBody,
                                  StridedMap)
 
 _INF = float("inf")

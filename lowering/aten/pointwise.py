@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence, Union
 
 from lowering.aten.context import Ctx, NodeArgs, Scalar, View, expr_fn, register
 from lowering.aten.dtypes import float_result, is_float, result_type
-from lowering.primitives import Access, Const, Expr, In, PointwiseBody
+from target.primitives import Access, Const, Expr, In, PointwiseBody
 
 Operand = Union[View, Scalar]
 

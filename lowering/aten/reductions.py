@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 from lowering.aten.context import Ctx, NodeArgs, View, expr_fn, numel, register
 from lowering.aten.dtypes import float_result, is_float
 from lowering.aten.views import norm_dim
-from lowering.primitives import Access, Const, Expr, In, IterDim, ReduceBody
+from target.primitives import Access, Const, Expr, In, IterDim, ReduceBody
 
 
 def reduce_dims(node: NodeArgs, x: View, dims) -> list[int]:

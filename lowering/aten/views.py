@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from lowering.aten.context import Ctx, NodeArgs, View, numel, register
-from lowering.primitives import StridedMap
+from target.primitives import StridedMap
 
 
 def norm_dim(node: NodeArgs, dim: int, rank: int) -> int:

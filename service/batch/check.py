@@ -138,7 +138,7 @@ def check_one(name: str, source: str, load, options, baseline: Optional[dict[str
               allow_fallback: bool) -> CheckCase:
     from lowering.errors import GraphError
     from service import pipeline
-    from simulator.superdsc import Program
+    from target.superdsc import Program
     from simulator.validate import validate_program
 
     case = CheckCase(name=name, source=source)

@@ -187,7 +187,7 @@ def validate_and_time(program_json: str, stats: dict[str, Any], target: str) -> 
     None when it is valid and the simulator times it at the stats' simulated_us, else
     what is wrong. Rewrites stats["simulated_us"] with the simulator's own number."""
     from service import pipeline
-    from simulator.superdsc import Program
+    from target.superdsc import Program
     from simulator.timing import time_program
     from simulator.validate import validate_program
 

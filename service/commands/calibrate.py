@@ -28,7 +28,7 @@ def run(args) -> int:
     from calibration.evaluate import Programs, evaluate, reserved_summary, summarize
     from calibration.fit import document_with, fit, leave_one_source_out, target_document, write_fit
     from calibration.report import markdown, plot, summary_text, text_table
-    from simulator.hardware import TARGETS_DIR, hardware_from_dict, load_target
+    from target.hardware import TARGETS_DIR, hardware_from_dict, load_target
 
     if args.write and not args.fit:
         print("--write needs --fit", file=sys.stderr)

@@ -43,7 +43,7 @@ def load_primgraph(path: str):
 
 def run(args) -> int:
     from lowering.errors import GraphError
-    from simulator.hardware import load_target
+    from target.hardware import load_target
     from solver.planners import PlanInvalid, PlannerFailed, plan
 
     try:

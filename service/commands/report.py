@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 
 def _load(path: str, hw):
-    from simulator.superdsc import Program
+    from target.superdsc import Program
     from simulator.timing import time_program
     from simulator.validate import validate_program
 
@@ -38,7 +38,7 @@ def _load(path: str, hw):
 def run(args) -> int:
     from pydantic import ValidationError
 
-    from simulator.hardware import list_targets, load_target
+    from target.hardware import list_targets, load_target
     from simulator.report import build_report, diff_programs, render_diff_text, render_text
 
     try:

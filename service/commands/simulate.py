@@ -21,8 +21,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from simulator.api import simulate
-    from simulator.hardware import load_target
+    from simulator.api import GraphMismatch, simulate
+    from target.hardware import load_target
 
     try:
         hw = load_target(args.hardware)
@@ -46,10 +46,9 @@ def run(args) -> int:
             err = {"code": getattr(e, "code", "io"), "message": getattr(e, "message", str(e))}
             print(json.dumps({"valid": False, "errors": [err], "simulated_us": None, "graph_error": True}))
             return 2
-    from lowering.errors import GraphError
     try:
         res = simulate(text, hw, graph=graph, numerics=args.numerics, trace=args.trace, seed=args.seed)
-    except GraphError as e:  # the graph given for the reference is not this program's
+    except GraphMismatch as e:  # the graph given for the reference is not this program's
         print(json.dumps({"valid": False, "errors": [e.to_dict()], "simulated_us": None, "graph_error": True}))
         return 2
     out = res.to_json()

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from lowering.primitives import DTYPE_BYTES, PrimOp
+from target.primitives import DTYPE_BYTES, PrimOp
 from solver.baseline.work_division import matmul_axes, matmul_execution_us, matmul_preferences_us
 
 # PR #3810: "A value of 0.46 is sent to the solver, so that the solver minimizes both

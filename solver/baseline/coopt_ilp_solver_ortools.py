@@ -50,18 +50,20 @@ from typing import Optional
 import numpy as np
 from ortools.sat.python import cp_model
 
-from lowering.op_rules import legal_core_splits
-from lowering.primitives import PrimGraph, PrimOp
-from simulator.geometry import (
+from simulator.validate import validate_program
+from target.op_rules import legal_core_splits
+from target.primitives import PrimGraph, PrimOp
+from target.geometry import (
     box_lx_bytes, core_ranges, default_core_slices, first_slice_spans, layout_nbytes, make_layout, operand_box,
     padded, reduction_split,
 )
 from solver.baseline.coopt_cost_model import OVERLAP_GAMMA, bytes_ns, kernel_ns, op_compute_us
 from solver.baseline.passes import (
-    _covers, _per_core_boxes, _Step, divide_steps, linear_weight_sticks, plan_heuristic,
+    boxes_cover, per_core_boxes, WorkStep, divide_steps, linear_weight_sticks, plan_heuristic,
 )
 from solver.baseline.propagate_layouts import beam_search_layouts
 from solver.baseline.scratchpad import lx_eligible_op
+from solver.emit import emit_program, fit_bundles
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.planners import register
 
@@ -81,7 +83,7 @@ _FINISH_SHARE = 0.15
 
 @dataclass
 class _OpVars:
-    step: _Step
+    step: WorkStep
     dtypes: list[str]
     divisions: list[dict[str, int]]
     lits: list = field(default_factory=list)       # one-hot literals (None for a fixed op)
@@ -100,7 +102,7 @@ class _Buffer:
     offset: object = None
 
 
-def _candidate_divisions(st: _Step, dtypes: list[str], shapes, stick_of, hw) -> tuple[list[dict], bool]:
+def _candidate_divisions(st: WorkStep, dtypes: list[str], shapes, stick_of, hw) -> tuple[list[dict], bool]:
     """Upstream's division menu of one op: every legal split (span-checked) for the kinds it
     enumerates, else the committed (greedy) division alone. Returns (menu, fixed)."""
     prim = st.prim
@@ -161,7 +163,7 @@ def _build_steps(pg: PrimGraph, hw):
     return steps, step_dtypes, choices, stick_of, shapes, dtypes, input_sticks
 
 
-def _static_bars(pg: PrimGraph, steps: list[_Step], shapes) -> dict[str, str]:
+def _static_bars(pg: PrimGraph, steps: list[WorkStep], shapes) -> dict[str, str]:
     """Per intermediate, the allocator's division-independent reason it may not reside
     (upstream `residency_reason`); a buffer not listed is an LX candidate."""
     outputs = set(pg.outputs)
@@ -187,7 +189,7 @@ def _static_bars(pg: PrimGraph, steps: list[_Step], shapes) -> dict[str, str]:
             bars[t] = "indirect read"
         else:
             full = tuple((0, n) for n in shapes[t])
-            if any(not _covers(_per_core_boxes(steps[r], i, shapes[t]).values(), full) for r, i in uses):
+            if any(not boxes_cover(per_core_boxes(steps[r], i, shapes[t]).values(), full) for r, i in uses):
                 bars[t] = "partial read"
     return bars
 
@@ -445,10 +447,6 @@ def _fit_bundles(pg: PrimGraph, hw, decisions: PlanDecisions) -> int:
     """The shared bundle fit every planner that chooses residencies runs (solver.bundles:
     residencies whose live range keeps a bundle over the external-tensor limit leave LX,
     where the target's LX contents do not cross bundles); 0 where there is none."""
-    try:
-        from solver.bundles import fit_bundles
-    except ImportError:     # the validator loop below still drops what does not fit
-        return 0
     fitted, dropped = fit_bundles(pg, hw, decisions)
     decisions.resident = fitted.resident
     return len(dropped)
@@ -471,9 +469,6 @@ def mem_ns_units(r_ns: int, w_ns: int, turnaround: float) -> float:
 def _drop_until_valid(pg: PrimGraph, hw, decisions: PlanDecisions, max_rounds: int = 20) -> Optional[int]:
     """Emit and validate; drop the residencies the validator names until it passes. Returns
     how many were dropped, or None when the plan still fails with nothing left to drop."""
-    from simulator.validate import validate_program
-    from solver.emit import emit_program
-
     dropped = 0
     for _ in range(max_rounds):
         try:

@@ -30,24 +30,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from lowering.op_rules import (
-    ANY, check_split, copy_is_alias, restickify_prim, split_granules,
+from target.op_rules import (
+    ANY, check_split, copy_is_alias, restickify_prim, split_granules, stick_options,
 )
-from lowering.primitives import PrimGraph, PrimOp
-from simulator.geometry import (
+from target.primitives import PrimGraph, PrimOp
+from target.geometry import (
     box_contains, box_lx_bytes, core_ranges, default_core_slices, make_layout, operand_box, padded,
     reduction_split,
 )
-from simulator.superdsc import CoreSlice
+from target.superdsc import CoreSlice
 from solver.baseline.propagate_layouts import BEAM_WIDTH, beam_search_layouts
 from solver.baseline.scratchpad import LxBuffer, greedy_place, lx_eligible_op
 from solver.baseline.work_division import divide_work
-from solver.bundles import fit_bundles
+from solver.emit import fit_bundles
+from solver.naive import span_reduced_split
 from solver.plan import OpPlan, PlanDecisions, Residency, restick_id
 from solver.planners import register
 
 @dataclass
-class _Step:
+class WorkStep:
     """One op of the program in emitted order (compute op or inserted restickify)."""
 
     prim: PrimOp
@@ -65,8 +66,6 @@ def linear_weight_sticks(pg: PrimGraph) -> dict[str, int]:
     (`dim_order=[1, 0]`), the stick `x @ Wᵀ` needs; every other input keeps the default
     (last dim). A Linear weight is recognized by its use: a 2-D parameter read by a matmul as
     its y operand with the stick rule on tensor dim 0 (W read transposed)."""
-    from lowering.op_rules import stick_options
-
     out: dict[str, int] = {}
     for op in pg.ops:
         if op.body.kind == "grouped_matmul":
@@ -88,9 +87,6 @@ def _grouped_span_split(op: PrimOp, split: dict[str, int], gran, sticks, ch, sha
     """A grouped matmul's split brought under the per-core span limit the way torch-spyre's
     span-reduction pass does (solver/naive.py: span_reduced_split): its expert weights
     exceed the limit unless the experts (or their rows) are divided among the cores."""
-    from simulator.geometry import make_layout
-    from solver.naive import span_reduced_split
-
     names = [a.tensor for a in op.inputs] + [op.output.tensor]
     all_sticks = list(sticks) + [ch.output]
     layouts = {n: make_layout(shapes[n], dtypes[n], s, hw.stick_bytes) for n, s in zip(names, all_sticks)}
@@ -119,7 +115,7 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
 
     outputs = set(pg.outputs)
 
-    def keep_ownership(source: str, step: _Step, producer_step: dict[str, _Step]) -> _Step:
+    def keep_ownership(source: str, step: WorkStep, producer_step: dict[str, WorkStep]) -> WorkStep:
         prod = producer_step.get(source)
         if lx_planning and lx_planner_relayout and prod is not None and source not in outputs \
                 and _may_stay_in_lx(prod):
@@ -159,14 +155,14 @@ class DividedSteps:
     pass inserts), each with its division: what the layout and work-division passes give
     every later pass (LX planning here, the co-optimizer's menus)."""
 
-    steps: list[_Step]
+    steps: list[WorkStep]
     step_dtypes: list[list[str]]              # per step: its inputs' dtypes, then the output's
     op_plans: dict[str, OpPlan]               # per graph op: stick choice, split, alias
-    restick_steps: dict[str, _Step]           # per restick id
+    restick_steps: dict[str, WorkStep]           # per restick id
 
 
 def divide_steps(pg: PrimGraph, hw, layouts, stick_of: dict, shapes: dict, dtypes: dict,
-                 restick_hook: Optional[Callable[[str, _Step, dict], _Step]] = None) -> DividedSteps:
+                 restick_hook: Optional[Callable[[str, WorkStep, dict], WorkStep]] = None) -> DividedSteps:
     """Walk the ops in order: insert a restickify (its greedy division) for each input the
     op's stick choice needs in another layout, read it from the copy, and divide the op
     (`divide_work`). `restick_hook(source, step, producer_step)` may replace a new
@@ -174,7 +170,7 @@ def divide_steps(pg: PrimGraph, hw, layouts, stick_of: dict, shapes: dict, dtype
     `stick_of`, `shapes`, `dtypes` gain the restickified copies."""
     stick_bytes = hw.stick_bytes
     out = DividedSteps([], [], {}, {})
-    producer_step: dict[str, _Step] = {}
+    producer_step: dict[str, WorkStep] = {}
     for op in pg.ops:
         ch = layouts.choices[op.id]
         effective = []
@@ -191,7 +187,7 @@ def divide_steps(pg: PrimGraph, hw, layouts, stick_of: dict, shapes: dict, dtype
                 stick_of[rid], shapes[rid], dtypes[rid] = spec, shapes[t], dtypes[t]
                 prim = restickify_prim(f"restick:{rid}", t, rid, shapes[t])
                 gran = split_granules(prim, [stick_of[t]], spec, [dtypes[t]] * 2, stick_bytes)
-                step = _Step(prim, divide_work(prim, gran, hw, [dtypes[t]] * 2), gran, restick_of=rid)
+                step = WorkStep(prim, divide_work(prim, gran, hw, [dtypes[t]] * 2), gran, restick_of=rid)
                 if restick_hook is not None:
                     step = restick_hook(t, step, producer_step)
                 out.restick_steps[rid] = step
@@ -210,7 +206,7 @@ def divide_steps(pg: PrimGraph, hw, layouts, stick_of: dict, shapes: dict, dtype
         out.op_plans[op.id] = OpPlan(stick=ch, core_split=split, alias=alias)
         prim = op if tuple(reads) == op.inputs else PrimOp(op.id, op.iter_dims, tuple(reads), op.output,
                                                            op.body, op.source)
-        out.steps.append(_Step(prim, split, gran, alias=alias))
+        out.steps.append(WorkStep(prim, split, gran, alias=alias))
         out.step_dtypes.append(dts)
         producer_step[op.output.tensor] = out.steps[-1]
     return out
@@ -226,12 +222,12 @@ def _free_alias(op: PrimOp, stick_of, shapes, dtypes, stick_bytes: int) -> bool:
                          stick_bytes)
 
 
-def _may_stay_in_lx(step: _Step) -> bool:
+def _may_stay_in_lx(step: WorkStep) -> bool:
     """The producer-side gates of LX eligibility (the reader-side ones need every reader)."""
     return not step.alias and lx_eligible_op(step.prim) and not reduction_split(step.prim, step.split)
 
 
-def _follow_ownership(producer: _Step, restick: _Step) -> Optional[_Step]:
+def _follow_ownership(producer: WorkStep, restick: WorkStep) -> Optional[WorkStep]:
     """The restickify `restick` sliced the way `producer` wrote its source, core by core
     (PR #4153: ownership is preserved through a restickify, so each core copies what it
     holds); None when the producer's split does not index the tensor (a split along a dim
@@ -251,10 +247,10 @@ def _follow_ownership(producer: _Step, restick: _Step) -> Optional[_Step]:
         return None  # the producer splits the copy's stick dim finer than whole sticks
     src = producer.slices if producer.slices is not None else default_core_slices(producer.prim, producer.split)
     slices = [CoreSlice(core=c.core, slice={rename[n]: v for n, v in c.slice.items()}) for c in src]
-    return _Step(restick.prim, split, restick.granules, restick_of=restick.restick_of, slices=slices)
+    return WorkStep(restick.prim, split, restick.granules, restick_of=restick.restick_of, slices=slices)
 
 
-def _per_core_boxes(step: _Step, operand: int, shape) -> dict:
+def per_core_boxes(step: WorkStep, operand: int, shape) -> dict:
     if step.slices is not None:
         slices = step.slices
     else:
@@ -263,7 +259,7 @@ def _per_core_boxes(step: _Step, operand: int, shape) -> dict:
             for c, rng in core_ranges(step.prim, step.split, slices, step.granules).items()}
 
 
-def _lx_buffers(pg: PrimGraph, steps: list[_Step], stick_of, shapes, dtypes, hw,
+def _lx_buffers(pg: PrimGraph, steps: list[WorkStep], stick_of, shapes, dtypes, hw,
                 relayout: bool = True) -> list[LxBuffer]:
     """Candidate LX buffers in program order, upstream's eligibility rules applied
     (solver.baseline.scratchpad names them)."""
@@ -288,12 +284,12 @@ def _lx_buffers(pg: PrimGraph, steps: list[_Step], stick_of, shapes, dtypes, hw,
             continue  # restickify barrier: a restickify reads device memory
         if any(steps[r].prim.body.kind == "gather" and i == 0 for r, i in uses):
             continue  # read through an index (upstream's indirect-access gate)
-        written = _per_core_boxes(st, -1, shapes[t])
+        written = per_core_boxes(st, -1, shapes[t])
         full = tuple((0, n) for n in shapes[t])
         ok = True
         for r, i in uses:
-            read = _per_core_boxes(steps[r], i, shapes[t])
-            if not _covers(read.values(), full):
+            read = per_core_boxes(steps[r], i, shapes[t])
+            if not boxes_cover(read.values(), full):
                 ok = False  # read only in part (upstream's partial-read gate)
                 break
             if any(c not in written or not box_contains(written[c], b) for c, b in read.items()):
@@ -307,7 +303,7 @@ def _lx_buffers(pg: PrimGraph, steps: list[_Step], stick_of, shapes, dtypes, hw,
     return buffers
 
 
-def _covers(boxes, full) -> bool:
+def boxes_cover(boxes, full) -> bool:
     """Whether the boxes' bounding box is the whole tensor (a box: (lo, hi) per dim)."""
     boxes = [b for b in boxes if all(hi > lo for lo, hi in b)]
     if not boxes:

@@ -3,7 +3,7 @@ over the candidates with cost = elements restickified.
 
 Reimplements torch-spyre's `propagate_layouts.py` (which candidate output layouts an op
 offers) and `optimize_restickify.py` (`beam_global_min_cost`) on our primitive ops; the
-stick rules themselves come from `lowering.op_rules.stick_options`, never re-encoded here.
+stick rules themselves come from `target.op_rules.stick_options`, never re-encoded here.
 
 Upstream behaviour kept on purpose (it is the baseline):
 - graph inputs have exactly one layout, the one they were transferred in (stick on the
@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from lowering.op_rules import ANY, StickChoice, default_choice, stick_options
-from lowering.primitives import PrimGraph, PrimOp
-from simulator.geometry import make_layout
+from target.op_rules import ANY, StickChoice, default_choice, stick_options
+from target.primitives import PrimGraph, PrimOp
+from target.geometry import make_layout
 
 BEAM_WIDTH = 64
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from lowering.primitives import Call, PrimOp
+from target.primitives import Call, PrimOp
 
 # Upstream OP_OUTPUT_NOT_GOOD_FOR_LX_REUSE (scratchpad/utils.py, a denylist since PR #4065;
 # it replaced the allowlist OP_OUTPUT_GOOD_FOR_LX_REUSE): a strided direct conv miscomputes

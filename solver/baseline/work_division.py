@@ -13,8 +13,8 @@ Two passes, every op divided by exactly one of them:
    largest divisor of its size that does not exceed the cores still free; then, if cores
    remain and the op reduces, the single reduction dim that splits the most takes them.
 
-Sizes are in split units (`lowering.op_rules.split_units`: whole sticks along a stick
-dim), so every split is legal by construction (`lowering.op_rules.check_split`).
+Sizes are in split units (`target.op_rules.split_units`: whole sticks along a stick
+dim), so every split is legal by construction (`target.op_rules.check_split`).
 """
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from lowering.op_rules import split_units
-from lowering.primitives import DTYPE_BYTES, PrimOp
+from target.op_rules import split_units
+from target.primitives import DTYPE_BYTES, PrimOp
 
 # Upstream's own tuning of its matmul split chooser (torch_spyre/_inductor/work_division.py,
 # the constants above `_matmul_execution_cost`). They rank splits; they are not facts about
 # the hardware, so they stay here and not in the target. The hardware rates the formula
 # uses (PT peak MACs per core, PT rows per pass, peak device-memory bandwidth) are read
-# from `simulator.hardware`.
+# from `target.hardware`.
 TARGET_PT_PASSES = 5               # per-core M of this many PT passes keeps the pipeline full
 TARGET_M_TIE_PASSES = 4            # M lanes wanted: M // (this * rows per pass)
 PT_EFFICIENCY_EXPONENT = 0.25      # short-M compute derate (target_rows / m_tile) ** this

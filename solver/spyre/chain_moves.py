@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from lowering.op_rules import ANY, StickChoice, stick_options
+from target.op_rules import ANY, StickChoice, stick_options
 from solver.spyre.cost_model import to_units
 from solver.spyre.strategies import compatible_residency
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Mapping, Optional, Sequence
 
-from lowering.primitives import PrimOp, op_to_json
-from simulator.geometry import default_core_slices, parsed_prim
-from simulator.superdsc import CoreSlice, HbmMemory, Layout, LxMemory, Program
+from target.primitives import PrimOp, op_to_json
+from target.geometry import default_core_slices, parsed_prim
+from target.superdsc import CoreSlice, HbmMemory, Layout, LxMemory, Program
 from simulator.timing import OpTimer
 
 GRAPH_INPUT_ROLES = ("user_input", "parameter", "buffer", "constant")

@@ -64,10 +64,10 @@ from typing import Optional, Union
 
 from ortools.sat.python import cp_model
 
-from lowering.op_rules import default_choice, matching_choice, outermost_split, restickify_prim, split_granules
-from lowering.primitives import PrimGraph
-from simulator.geometry import parsed_prim
-from simulator.superdsc import LxMemory, Program, fused_group_key
+from target.op_rules import default_choice, matching_choice, outermost_split, restickify_prim, split_granules
+from target.primitives import PrimGraph
+from target.geometry import parsed_prim
+from target.superdsc import LxMemory, Program, fused_group_key
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.core import SolveOptions, gap_of, solver_parameters

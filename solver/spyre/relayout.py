@@ -22,8 +22,8 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph
-from simulator.superdsc import LxMemory, Program, lx_live_spans
+from target.primitives import PrimGraph
+from target.superdsc import LxMemory, Program, lx_live_spans
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program

@@ -39,7 +39,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from lowering.primitives import PrimGraph, PrimTensor, body_to_json
+from target.primitives import PrimGraph, PrimTensor, body_to_json
 from solver.plan import OpPlan, PlanDecisions
 
 # A block shorter than this is not worth a representative solve (the seams would dominate).

@@ -1,6 +1,6 @@
 """Op order: a topological order that runs each chain of ops straight into its consumer.
 
-Only consecutive ops can form a fused coarse-tiled kernel (`simulator.superdsc.
+Only consecutive ops can form a fused coarse-tiled kernel (`target.superdsc.
 fused_group_key`), so the order a graph arrives in decides which chains can fuse at all.
 Captured graphs list ops in source order, which often puts an independent branch in the
 middle of a chain: in a gated MLP `silu(x @ Wg) * (x @ Wu)` the up projection sits between
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 
 
 def _cones(pg: PrimGraph) -> list[int]:

@@ -29,8 +29,8 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph, PrimOp
-from simulator.superdsc import HbmMemory, Program
+from target.primitives import PrimGraph, PrimOp
+from target.superdsc import HbmMemory, Program
 from solver.plan import PlanDecisions
 from solver.spyre.fusion.split_maps import factored_split, nearby_factors, result_split, split_through
 from solver.spyre.fusion.trial import issues_of, trial, valid_program

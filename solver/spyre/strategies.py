@@ -1,8 +1,8 @@
 """Strategy space of each primitive op: stick choice x core split x temporal tiling
 (x free-alias for copies), with its per-core slices and its cost parts.
 
-All rules come from `lowering.op_rules` (stick options, split granules, legal core splits,
-alias test) and all geometry from `simulator.geometry`; nothing is re-encoded here.
+All rules come from `target.op_rules` (stick options, split granules, legal core splits,
+alias test) and all geometry from `target.geometry`; nothing is re-encoded here.
 
 - Core splits: `legal_core_splits` (whole sticks on stick dims, even, product <= cores, at
   most one reduction dim), at most two split dims, using at least a quarter of the most
@@ -29,11 +29,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from lowering.op_rules import (
+from target.op_rules import (
     ANY, StickChoice, check_split, copy_is_alias, legal_core_splits, split_granules, stick_options,
 )
-from lowering.primitives import DTYPE_BYTES, PrimGraph, PrimOp
-from simulator.geometry import (
+from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
+from target.geometry import (
     box_lx_bytes, core_ranges, default_core_slices, dim_chunk, make_layout, operand_box, padded,
     reduction_split,
 )
@@ -221,7 +221,7 @@ def _grouped_spans_fit(op: PrimOp, ctx: GraphContext, split: dict[str, int], gra
     """A grouped (mixture-of-experts) matmul's expert weights are the largest tensor of a
     layer (Mixtral-8x7B: 1.8 GB): a split whose first core would span more than
     `per_core_span_bytes` of an operand is no strategy (the validator refuses it)."""
-    from simulator.geometry import first_slice_spans
+    from target.geometry import first_slice_spans
 
     names = [a.tensor for a in op.inputs] + [op.output.tensor]
     spans = first_slice_spans(op, split, gran, {n: layouts[n] for n in names},

@@ -1,7 +1,7 @@
 """Tile buffers: a result that a fused coarse-tiled kernel makes and uses up itself needs no
 full-size home.
 
-In a fused kernel (`simulator.superdsc.fused_group_key`) the tile loop runs every member
+In a fused kernel (`target.superdsc.fused_group_key`) the tile loop runs every member
 on tile j before tile j+1, so a result whose producer and readers all belong to the kernel
 only ever exists one tile at a time on each core. Left in device memory it is written
 there whole (and its write costs bus time, even though the readers take it on chip); as a
@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph
-from simulator.geometry import core_ranges, largest_tile_lx_bytes, op_granules, padded, parsed_prim
-from simulator.superdsc import HbmMemory, LxMemory, Program, fused_group_key, lx_live_spans
+from target.primitives import PrimGraph
+from target.geometry import core_ranges, largest_tile_lx_bytes, op_granules, padded, parsed_prim
+from target.superdsc import HbmMemory, LxMemory, Program, fused_group_key, lx_live_spans
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import PlanDecisions, Residency

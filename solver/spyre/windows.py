@@ -24,8 +24,8 @@ import time
 from dataclasses import replace
 from typing import Callable, Optional
 
-from lowering.op_rules import default_choice
-from lowering.primitives import PrimGraph
+from target.op_rules import default_choice
+from target.primitives import PrimGraph
 from solver.plan import OpPlan, PlanDecisions
 
 WINDOW_OPS = 120

@@ -1,7 +1,7 @@
 """Fused coarse-tiled kernels: core splits, temporal tiles and tile buffers for runs of
 consecutive compute ops.
 
-The timing model (`simulator.superdsc.fused_group_key`, `simulator.timing` `close_group`)
+The timing model (`target.superdsc.fused_group_key`, `simulator.timing` `close_group`)
 runs consecutive compute ops of one bundle with the same temporal tiling (T > 1) on the
 same core count as one coarse-tiled fused kernel, as torch-spyre's back end does: each
 core loads each box of an external device-memory tensor once, a member's result is on chip

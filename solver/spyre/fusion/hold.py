@@ -9,11 +9,11 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from lowering.op_rules import legal_core_splits
-from lowering.primitives import PrimGraph, PrimOp
-from simulator.geometry import (box_contains, core_ranges, default_core_slices, layout_nbytes, op_granules,
+from target.op_rules import legal_core_splits
+from target.primitives import PrimGraph, PrimOp
+from target.geometry import (box_contains, core_ranges, default_core_slices, layout_nbytes, op_granules,
                                 operand_box)
-from simulator.superdsc import CoreSlice, Program, fused_group_key
+from target.superdsc import CoreSlice, Program, fused_group_key
 from simulator.timing import time_program
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.fusion.meet import meet_splits, tiles_that_fit

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from lowering.op_rules import legal_core_splits
-from lowering.primitives import PrimGraph, PrimOp
-from simulator.geometry import op_granules
-from simulator.superdsc import Program
+from target.op_rules import legal_core_splits
+from target.primitives import PrimGraph, PrimOp
+from target.geometry import op_granules
+from target.superdsc import Program
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.fusion.split_maps import factored_split, nearby_factors, result_split, split_through
 from solver.spyre.tile_buffers import kernel_numbers

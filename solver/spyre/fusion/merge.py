@@ -8,10 +8,10 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from lowering.op_rules import legal_core_splits
-from lowering.primitives import PrimGraph
-from simulator.geometry import op_granules, parsed_prim
-from simulator.superdsc import Program, fused_group_key
+from target.op_rules import legal_core_splits
+from target.primitives import PrimGraph
+from target.geometry import op_granules, parsed_prim
+from target.superdsc import Program, fused_group_key
 from solver.plan import PlanDecisions
 from solver.spyre.fusion.runs import find_runs, tile_dims
 from solver.spyre.fusion.split_maps import from_head

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 from solver.plan import OpPlan, PlanDecisions
 
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 from solver.plan import OpPlan
 from solver.spyre.fusion.trial import issues_of, trial
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph
+from target.primitives import PrimGraph
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.fusion.runs import span_us, with_tiles
 from solver.spyre.fusion.trial import issues_of, trial

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from lowering.op_rules import split_units
-from lowering.primitives import PrimOp
-from simulator.geometry import box_contains, core_ranges, op_granules, operand_box, parsed_prim, reduction_split
-from simulator.superdsc import Program
+from target.op_rules import split_units
+from target.primitives import PrimOp
+from target.geometry import box_contains, core_ranges, op_granules, operand_box, parsed_prim, reduction_split
+from target.superdsc import Program
 from simulator.timing import TimingReport
 from solver.plan import OpPlan, PlanDecisions
 

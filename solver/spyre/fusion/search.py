@@ -40,8 +40,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from lowering.primitives import PrimGraph
-from simulator.superdsc import Program
+from target.primitives import PrimGraph
+from target.superdsc import Program
 from simulator.timing import TimingReport, time_program
 from solver.emit import emit_program
 from solver.plan import PlanDecisions

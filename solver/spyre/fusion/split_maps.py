@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from lowering.primitives import PrimOp
+from target.primitives import PrimOp
 from solver.plan import OpPlan
 
 

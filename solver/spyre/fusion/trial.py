@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from lowering.primitives import PrimGraph
-from simulator.superdsc import Program
+from target.primitives import PrimGraph
+from target.superdsc import Program
 from simulator.timing import TimingReport, time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from lowering.op_rules import legal_core_splits
-from lowering.primitives import PrimGraph
-from simulator.geometry import layout_nbytes, op_granules, parsed_prim
-from simulator.superdsc import Program
+from target.op_rules import legal_core_splits
+from target.primitives import PrimGraph
+from target.geometry import layout_nbytes, op_granules, parsed_prim
+from target.superdsc import Program
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.fusion.runs import without_run_cuts
 from solver.spyre.fusion.split_maps import from_head, from_producer, head_split

@@ -1,5 +1,5 @@
 """Reference interpreter of the primitive loop-nest IR, written from the op definitions in
-lowering/primitives.py (never by calling torch): the numerics every planned program is
+target/primitives.py (never by calling torch): the numerics every planned program is
 checked against.
 
 Semantics (the simulator follows the same): float16/bfloat16 tensors are stored in their
@@ -15,7 +15,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from lowering.primitives import (
+from target.primitives import (
     Access, Call, Const, CopyBody, Expr, FillBody, GatherBody, GroupedMatmulBody, In, MatmulBody, PointwiseBody, PrimGraph, PrimOp,
     ReduceBody,
 )

@@ -1,4 +1,4 @@
-"""The hardware description: one JSON data file per target (simulator/targets/<name>.json).
+"""The hardware description: one JSON data file per target (target/targets/<name>.json).
 
 This module is the only reader of those files. Every parameter in a target file is an
 object {"value": ..., "unit": ..., "source": ...} or {..., "assumption": true,
@@ -495,7 +495,7 @@ def _load_cached(path: str, mtime_ns: int) -> Hardware:
 
 
 def load_target(name_or_path: Union[str, Path] = "spyre") -> Hardware:
-    """Load a target by name (simulator/targets/<name>.json) or by file path."""
+    """Load a target by name (target/targets/<name>.json) or by file path."""
     path = _resolve(name_or_path)
     return _load_cached(str(path), path.stat().st_mtime_ns)
 

@@ -100,9 +100,9 @@ class OpDecl(_Model):
     # opfunc: matmul, pointwise fn name, reduce fn, gather, copy, fill, restickify, relayout
     opfunc: str
     ex_unit: Literal["pt", "sfp", "dma"]
-    # The primitive loop nest (lowering.primitives.op_to_json form). Restickify/relayout
+    # The primitive loop nest (target.primitives.op_to_json form). Restickify/relayout
     # ops carry the identity nest over dims d0, d1, ... from src to dst
-    # (lowering.op_rules.restickify_prim), so splits and slices work the same for them.
+    # (target.op_rules.restickify_prim), so splits and slices work the same for them.
     prim: Optional[dict] = None
     # restickify/relayout ops: src -> dst, same logical tensor in another layout.
     src: Optional[str] = None

@@ -20,7 +20,7 @@ for a size-1 broadcast dim). The body is one of a few kinds:
 
 All stick, split and residency decisions are expressed over iteration dims, so the
 solver and simulator never look at aten targets. The op rules (which iteration dim each
-operand's stick may sit on) live in ``lowering/op_rules.py`` beside these definitions.
+operand's stick may sit on) live in ``target/op_rules.py`` beside these definitions.
 """
 from __future__ import annotations
 

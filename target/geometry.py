@@ -25,9 +25,9 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequenc
 
 import numpy as np
 
-from lowering.op_rules import ANY, split_granules, stick_elems
-from lowering.primitives import DTYPE_BYTES, Access, PrimOp, op_from_json, op_to_json
-from simulator.superdsc import CoreSlice, Layout
+from target.op_rules import ANY, split_granules, stick_elems
+from target.primitives import DTYPE_BYTES, Access, PrimOp, op_from_json, op_to_json
+from target.superdsc import CoreSlice, Layout
 
 Range = tuple[int, int]
 Box = tuple[Range, ...]

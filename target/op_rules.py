@@ -1,5 +1,5 @@
 """Layout rules of the primitive ops: where each operand's stick may sit, and which core
-splits are legal. They live here, beside the op definitions (lowering/primitives.py), and
+splits are legal. They live here, beside the op definitions (target/primitives.py), and
 nowhere else: the planners enumerate them, the emitter follows them, the validator checks
 programs against them.
 
@@ -11,7 +11,7 @@ Vocabulary
   operand's stick (or `ANY`, or None for a rank-0 tensor), and the iteration dim the sticks
   run along (`stick_iter`).
 
-The rules, following torch-spyre's `propagate_layouts.py` (DESIGN.md "Layout rules"):
+The rules, following torch-spyre's `propagate_layouts.py` (how it assigns each operand its stick):
 - matmul: x sticked on k, y sticked on n, output sticked on n (x's padded K lanes meet
   y's zero-padded K rows).
 - grouped_matmul (mixture-of-experts expert matmul): as matmul — x sticked on k, the
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from math import gcd
 from typing import Iterable, Optional, Sequence
 
-from lowering.primitives import (
+from target.primitives import (
     DTYPE_BYTES, Access, IterDim, PointwiseBody, PrimOp, In,
 )
 
