@@ -679,7 +679,9 @@ class OpTimer:
         if is_matmul:
             stall, inside = matmul_layout_stall(prim, self.tensors, hw)
             if stall > 0:
-                ot.effects.append(f"batch-inside {'+'.join(inside)} +{stall * 1e3:.2f} ps/MAC")
+                kind = " (projection)" if _matmul_batches(prim)[0] == [] or not [
+                    i for i in _matmul_batches(prim)[0] if prim.iter_dims[i].size > 1] else ""
+                ot.effects.append(f"batch-inside {'+'.join(inside)}{kind} +{stall * 1e3:.2f} ps/MAC")
             rate = hw.pt_mac_per_ns(dtype_in, "sustained")
             stick = hw.elems_per_stick(dtype_in)
             for ci, cl in enumerate(classes):
