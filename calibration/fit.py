@@ -42,8 +42,6 @@ FIT_PARAMS: dict[str, tuple[float, float]] = {
     "dram_core_read_gbps": (5.0, 150.0),
     "dram_partial_machine_fraction": (0.2, 1.0),
     "dram_raw_turnaround_ns_per_byte": (1e-6, 0.05),
-    # temporal tiles ("Overlap and temporal tiles")
-    "loop_overhead_us": (0.01, 50.0),
     "host_call_overhead_us": (100.0, 10000.0),
 }
 
