@@ -120,10 +120,15 @@ def plot(results: list[PointResult], path: str) -> None:
         rat = [r for r in results if r.family == fam and r.simulated_ratio is not None]
         if rat:
             bx.scatter([r.measured_ratio for r in rat], [r.simulated_ratio for r in rat], label=fam, s=22)
+    from calibration.evaluate import reserved_summary
+
+    pairs = reserved_summary(results)["ratios"]
+    if pairs:
+        bx.scatter([x["measured_ratio"] for x in pairs], [x["simulated_ratio"] for x in pairs], marker="D", s=34,
+                   facecolors="none", edgecolors="k", label="reserved pairs (not fitted)")
     for a, title, unit in ((ax, "absolute times", "us"), (bx, "ratios between two plans of one shape", "ratio")):
-        lo, hi = a.get_xlim()
-        lo2, hi2 = a.get_ylim()
-        lo, hi = max(1e-3, min(lo, lo2)), max(hi, hi2)
+        vals = [v for c in a.collections for xy in c.get_offsets() for v in xy if v > 0]
+        lo, hi = (min(vals) / 1.5, max(vals) * 1.5) if vals else (1e-3, 1.0)
         xs = [lo, hi]
         a.plot(xs, xs, "k-", lw=0.8)
         a.plot(xs, [x * 1.2 for x in xs], "k:", lw=0.6)
