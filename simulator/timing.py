@@ -361,15 +361,6 @@ class OpTimer:
     def dram_ns(self, r: float, w: float, cores: int, gbps: Optional[float] = None) -> float:
         return self.hw.dram_ns(r, w, gbps=gbps, cores=cores)
 
-    def _previous_output(self, k: int) -> Optional[str]:
-        """The tensor the op before op `k` wrote (None for the first op or a non-op)."""
-        if k <= 0 or k > len(self.p.ops):
-            return None
-        prev = self.p.ops[k - 1]
-        if prev.prim is None or prev.alias:
-            return None
-        return parsed_prim(prev.prim).output.tensor
-
     def _geometry(self, op: OpDecl) -> "_OpGeometry":
         """What of an op's timing does not depend on where its operands live: its loop nest,
         tile classes and per-core operand boxes. Memoized per op: the cost model prices one
@@ -562,10 +553,11 @@ class OpTimer:
 
         # temporal tiles: an input the tiled dims do not index is the same box every tile,
         # and it is read again each tile (the loop's body reloads its operands; only an LX
-        # resident escapes). Reading what the previous op just wrote to device memory pays
-        # the write drain (`dram_raw_turnaround_ns_per_byte`).
+        # resident escapes). Reading from device memory what a kernel of the program wrote
+        # there (an intermediate) pays the write drain (`dram_raw_turnaround_ns_per_byte`):
+        # on the device the dependent read follows its producer; the charge stays with the
+        # reading op so the planner's per-op cost model sees it too.
         raw_bytes = 0.0
-        prev_out = self._previous_output(k)
         for o in operands:
             unique = read_unique.get(id(o))
             if unique is None:
@@ -577,7 +569,7 @@ class OpTimer:
                 ot.effects.append(f"re-read x{again}: {o.tensor.id}")
                 for ci in core_bytes:
                     core_bytes[ci] += o.per_core[ci] / max(1, o.replication) * (again - 1)
-            if o.tensor.id == prev_out:
+            if o.tensor.role not in _GRAPH_INPUT_ROLES:
                 raw_bytes += unique
         # K tiles: the output is revisited every tile; its fp32 partial sums stay on chip
         # when they fit in the LX the plan leaves free, else each further K tile reads and
