@@ -261,10 +261,17 @@ def exported_program_to_document(ep: "torch.export.ExportedProgram", name: str =
         InputKind.BUFFER: "buffer",
         InputKind.CONSTANT_TENSOR: "constant",
     }
+    gm = ep.graph_module
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     kinds, names = [], []
-    for spec in ep.graph_signature.input_specs:
+    for spec, node in zip(ep.graph_signature.input_specs, placeholders):
         if spec.kind not in kind_of:
             raise CaptureError(f"exported input {spec.arg.name} of kind {spec.kind.name} is not supported")
+        if spec.kind != InputKind.USER_INPUT and not node.users:
+            # a weight or lifted constant nothing reads (e.g. an attention module's empty
+            # placeholder tensors): not part of the computation, so not an input of the document
+            gm.graph.erase_node(node)
+            continue
         kinds.append(kind_of[spec.kind])
         names.append(spec.target or spec.arg.name)
-    return graph_to_document(ep.graph_module, kinds, names, name=name)
+    return graph_to_document(gm, kinds, names, name=name)

@@ -25,6 +25,12 @@ Suites:
   LlamaModel does), the 32-layer stack decoding one token against a 2048-token KV cache per
   layer, GPT-2 small (embeddings, 12 blocks, final norm; 512 tokens) and BERT-base
   (embeddings, 12 encoder layers, no pooler; 512 tokens).
+- serving: one Granite-3.3-8B layer at the shapes a vLLM Spyre deployment compiles at
+  warmup: prefill of 512, 1024, 2048 and 4096 tokens; decode of one token per sequence at
+  batch 1, 4, 8, 16 and 32 against KV caches of 1024-8192 tokens (benchmarks/bench_serving.py).
+- irregular: whole models without one repeated block: a T5-base encoder-decoder (12+12),
+  a ViT-B/16 encoder feeding a GPT-2 decoder's cross-attention (12+12), and Qwen1.5-MoE-A2.7B
+  shapes with dense and sparse layers alternating (24 layers, from token embeddings).
 - moe: the sparse mixture-of-experts block of Mixtral-8x7B (hidden 4096, expert FFN 14336,
   8 experts, top-2; router, routing, grouped expert matmuls, scatter back) over a 512-token
   prefill and one decode token, with transformers' default `grouped_mm` experts.
@@ -203,13 +209,13 @@ def _decoder_prefill(family: str, cfg_fn: Callable, seq: int, **cfg_kw):
     return build
 
 
-def _decoder_decode(family: str, cfg_fn: Callable, past: int, **cfg_kw):
+def _decoder_decode(family: str, cfg_fn: Callable, past: int, batch: int = 1, **cfg_kw):
     def build():
         cfg = cfg_fn(**cfg_kw)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         model = DecoderDecode(family, cfg).eval()
-        kv = (1, cfg.num_key_value_heads, past, head_dim)
-        return model, (_input(1, 1, cfg.hidden_size), _input(*kv), _input(*kv))
+        kv = (batch, cfg.num_key_value_heads, past, head_dim)
+        return model, (_input(batch, 1, cfg.hidden_size), _input(*kv), _input(*kv))
     return build
 
 
@@ -403,6 +409,103 @@ def _bmm(b: int, m: int, k: int, n: int):
     return build
 
 
+class LastHiddenFromEmbeddings(torch.nn.Module):
+    """A transformers base model from token embeddings to its last hidden state."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs_embeds):
+        return self.model(inputs_embeds=inputs_embeds).last_hidden_state
+
+
+class EncoderDecoderLastHidden(torch.nn.Module):
+    """An encoder-decoder base model (source ids, target ids) -> the decoder's last hidden state."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, decoder_input_ids):
+        return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids,
+                          use_cache=False).last_hidden_state
+
+
+class ImageToTextLogitsFree(torch.nn.Module):
+    """A vision encoder-decoder (pixels, text ids) -> the decoder's last hidden state: the
+    ViT encoder's output feeds every decoder layer's cross-attention."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values, decoder_input_ids):
+        enc = self.model.encoder(pixel_values=pixel_values).last_hidden_state
+        out = self.model.decoder.transformer(input_ids=decoder_input_ids, encoder_hidden_states=enc,
+                                             use_cache=False)
+        return out.last_hidden_state
+
+
+def _t5(layers: int, src: int, tgt: int, **cfg_kw):
+    """T5-base's shapes (d_model 768, 12 heads of 64, FFN 3072, relative position buckets):
+    `layers` encoder and `layers` decoder layers, a `src`-token source, a `tgt`-token target."""
+    def build():
+        from transformers import T5Config, T5Model
+
+        kw = dict(d_model=768, d_kv=64, d_ff=3072, num_layers=layers, num_decoder_layers=layers, num_heads=12,
+                  relative_attention_num_buckets=32, relative_attention_max_distance=128, vocab_size=32128,
+                  feed_forward_proj="relu", layer_norm_epsilon=1e-6)
+        kw.update(cfg_kw)
+        cfg = T5Config(**kw)
+        cfg._attn_implementation = "sdpa"
+        return EncoderDecoderLastHidden(T5Model(cfg)).eval(), (_ids_input(src), _ids_input(tgt))
+    return build
+
+
+def _vit_gpt2(image: int, patch: int, tgt: int, **cfg_kw):
+    """An image-captioning vision encoder-decoder: ViT-B/16 (12 layers, 768) feeding a GPT-2
+    small decoder (12 layers, 768) whose every block cross-attends to the image tokens."""
+    def build():
+        from transformers import GPT2Config, ViTConfig, VisionEncoderDecoderConfig, VisionEncoderDecoderModel
+
+        enc = ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                        image_size=image, patch_size=patch, hidden_act="gelu", layer_norm_eps=1e-12)
+        dec = GPT2Config(n_embd=768, n_head=12, n_inner=3072, n_layer=12, n_positions=1024, vocab_size=50257,
+                         layer_norm_epsilon=1e-5, activation_function="gelu_new", use_cache=False,
+                         add_cross_attention=True, is_decoder=True, **cfg_kw)
+        from transformers.initialization import no_init_weights
+
+        cfg = VisionEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
+        for c in (cfg, cfg.encoder, cfg.decoder):
+            c._attn_implementation = "sdpa"
+        with no_init_weights():   # ViT's truncated-normal init reads values, which fake tensors lack
+            model = VisionEncoderDecoderModel(cfg)
+        return ImageToTextLogitsFree(model).eval(), (_input(1, 3, image, image), _ids_input(tgt))
+    return build
+
+
+def _qwen2_moe_alternating(layers: int, seq: int, **cfg_kw):
+    """Qwen1.5-MoE-A2.7B's shapes (hidden 2048, 60 experts of FFN 1408, top-4, a shared
+    expert of FFN 5632) with every second layer dense (`decoder_sparse_step=2`, dense FFN
+    5632): sparse and dense layers alternate."""
+    def build():
+        from transformers import Qwen2MoeConfig, Qwen2MoeModel
+
+        kw = dict(hidden_size=2048, num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16,
+                  intermediate_size=5632, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                  num_experts=60, num_experts_per_tok=4, decoder_sparse_step=2, vocab_size=151936,
+                  max_position_embeddings=8192, rms_norm_eps=1e-6, norm_topk_prob=False)
+        kw.update(cfg_kw)
+        cfg = Qwen2MoeConfig(**kw)
+        cfg._attn_implementation = "sdpa"
+        cfg._experts_implementation = "grouped_mm"
+        # from embeddings, as the depth stacks: the 151936 x 2048 token table (622 MB) is past
+        # the per-core span limit for a gather (docs/benchmarks.md "Suite irregular")
+        return LastHiddenFromEmbeddings(Qwen2MoeModel(cfg)).eval(), (_input(1, seq, cfg.hidden_size),)
+    return build
+
+
 _TINY_DEC = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                  intermediate_size=128, vocab_size=128, max_position_embeddings=256,
                  rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
@@ -443,6 +546,19 @@ SUITES: dict[str, dict[str, Callable]] = {
     "moe": {
         "mixtral8x7b_moe_prefill512": _moe_block(512),
         "mixtral8x7b_moe_decode1": _moe_block(1),
+    },
+    # What a vLLM Spyre deployment of Granite-3.3-8B compiles at warmup: prefill of 512 to
+    # 4096 tokens, and decode at batch 1-32 against KV caches of 1k-8k tokens (one layer each).
+    "serving": {
+        **{f"granite33_8b_prefill{seq}": _decoder_prefill("granite", granite33_8b_config, seq)
+           for seq in (512, 1024, 2048, 4096)},
+        **{f"granite33_8b_decode_b{b}_kv{kv}": _decoder_decode("granite", granite33_8b_config, kv, batch=b)
+           for b in (1, 4, 8, 16, 32) for kv in (1024, 2048, 4096, 8192)},
+    },
+    "irregular": {
+        "t5_base_12x12_src512_tgt128": _t5(12, 512, 128),
+        "vit_b16_gpt2_12x12_img224_tgt64": _vit_gpt2(224, 16, 64),
+        "qwen15_moe_a27b_x24_alt_prefill512": _qwen2_moe_alternating(24, 512),
     },
 }
 

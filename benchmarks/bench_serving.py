@@ -1,0 +1,139 @@
+"""The serving warmup set (issue 26): what a vLLM Spyre deployment of Granite-3.3-8B compiles,
+cold and with plan transfer, and the simulated time per token it gets.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_serving.py [--time-limit 10]
+        [--deterministic] [--only decode_b8] [--json out.json]
+
+Graphs: benchmarks/graphs/serving/ (one layer each; make_graphs.py --suite serving). Per graph:
+- `heuristic`: the torch-spyre baseline's plan (simulated µs);
+- `cold`: the CP-SAT planner from nothing at the time limit (wall s of `plan()`, simulated µs);
+- `transfer`: the plan of the previous shape of the same structure (the next smaller prefill,
+  or the same batch at the next smaller KV length) carried over with `solver.spyre.transfer` and
+  repaired (wall s, simulated µs), then used as the start of a CP-SAT search of
+  `--transfer-limit` seconds (`hinted`: wall s including the transfer, simulated µs);
+  the first shape of each family has no source and is compiled cold only.
+Per-token times multiply one layer by the model's 40 layers: a decode step of batch B gives
+B tokens (time per step and tokens per second), a prefill of S tokens one time to first token.
+Every program is validated by `plan()` or by the transfer's own check before it is timed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.suite import machine_info, read_document_text  # noqa: E402
+from lowering import lower_document  # noqa: E402
+from lowering.graph_format import GraphDocument  # noqa: E402
+from simulator.timing import time_program  # noqa: E402
+from solver.planners import plan  # noqa: E402
+from solver.spyre.transfer import program_decisions, structure_key, transfer_decisions  # noqa: E402
+from target.hardware import load_target  # noqa: E402
+
+GRAPHS = ROOT / "benchmarks" / "graphs" / "serving"
+LAYERS = 40   # Granite-3.3-8B
+_NAME = re.compile(r"granite33_8b_(?:prefill(?P<seq>\d+)|decode_b(?P<b>\d+)_kv(?P<kv>\d+))$")
+
+
+def _shape(name: str) -> tuple[str, int, int]:
+    """(family, batch, length): prefill graphs are one family ordered by length; decode graphs
+    one family per batch size ordered by KV length."""
+    m = _NAME.match(name)
+    if m is None:
+        raise ValueError(f"not a serving graph: {name}")
+    if m["seq"]:
+        return "prefill", 1, int(m["seq"])
+    return f"decode_b{m['b']}", int(m["b"]), int(m["kv"])
+
+
+def _load(name: str):
+    path = GRAPHS / f"{name}.json"
+    return lower_document(GraphDocument.from_json(read_document_text(path)))
+
+
+def run(time_limit_s: float, transfer_limit_s: float, deterministic: bool, only: str = "") -> dict:
+    hw = load_target()
+    names = sorted((p.name[:-5] for p in GRAPHS.glob("*.json")), key=lambda n: _shape(n))
+    names = [n for n in names if only in n]
+    previous: dict[str, tuple] = {}     # family -> (pg, program) of its last shape
+    rows = []
+    for name in names:
+        family, batch, length = _shape(name)
+        pg = _load(name)
+        row = {"graph": name, "family": family, "batch": batch, "length": length}
+        row["heuristic_us"] = time_program(plan(pg, hw, "heuristic", fallback=False), hw).total_us
+        t = time.perf_counter()
+        cold = plan(pg, hw, "cpsat", time_limit_s=time_limit_s, deterministic=deterministic, fallback=False)
+        row["cold_s"] = time.perf_counter() - t
+        row["cold_us"] = time_program(cold, hw).total_us
+        source = previous.get(family)
+        if source is not None and structure_key(source[0]) == structure_key(pg):
+            t = time.perf_counter()
+            moved = transfer_decisions(source[0], program_decisions(*source), pg, hw)
+            row["transfer_s"] = time.perf_counter() - t
+            if moved is not None:
+                row["transfer_us"] = time_program(moved.program, hw).total_us
+                row["transfer_repairs"] = len(moved.repairs)
+                hinted = plan(pg, hw, "cpsat", time_limit_s=transfer_limit_s, deterministic=deterministic,
+                              hint=moved.decisions, fallback=False)
+                row["hinted_s"] = time.perf_counter() - t
+                row["hinted_us"] = time_program(hinted, hw).total_us
+        elif source is not None:
+            row["transfer_note"] = "structure differs from the previous shape"
+        previous[family] = (pg, cold)
+        per_step_ms = row["cold_us"] * LAYERS / 1e3
+        row["step_ms_40_layers"] = per_step_ms
+        if family != "prefill":
+            row["tokens_per_s"] = batch / (per_step_ms / 1e3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_info(),
+            "time_limit_s": time_limit_s, "transfer_limit_s": transfer_limit_s,
+            "deterministic": deterministic, "rows": rows}
+
+
+def table(report: dict) -> str:
+    out = ["| graph | heuristic µs | cold s | cold µs | transfer s | transfer µs | hinted s | hinted µs | "
+           "cold/transfer time | hinted/cold µs | 40-layer step ms | tokens/s |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def f(v, fmt="{:,.1f}"):
+        return "-" if v is None else fmt.format(v)
+
+    for r in report["rows"]:
+        speed = r["cold_s"] / r["hinted_s"] if r.get("hinted_s") else None
+        ratio = r["hinted_us"] / r["cold_us"] if r.get("hinted_us") else None
+        out.append(f"| {r['graph']} | {f(r['heuristic_us'])} | {f(r['cold_s'], '{:.2f}')} | {f(r['cold_us'])} | "
+                   f"{f(r.get('transfer_s'), '{:.2f}')} | {f(r.get('transfer_us'))} | "
+                   f"{f(r.get('hinted_s'), '{:.2f}')} | {f(r.get('hinted_us'))} | {f(speed, '{:.1f}x')} | "
+                   f"{f(ratio, '{:.3f}')} | {f(r['step_ms_40_layers'], '{:.2f}')} | "
+                   f"{f(r.get('tokens_per_s'), '{:,.0f}')} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=10.0, help="cold CP-SAT limit per graph, s")
+    ap.add_argument("--transfer-limit", type=float, default=1.0,
+                    help="CP-SAT limit of the search started from a transferred plan, s")
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--only", default="", help="graphs whose name contains this")
+    ap.add_argument("--json", type=Path, help="write the report here")
+    args = ap.parse_args(argv)
+    report = run(args.time_limit, args.transfer_limit, args.deterministic, args.only)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    print(table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Plan transfer (solver/spyre/transfer.py): a plan of one size of a graph carried to another."""
+import pytest
+
+import tests.primgraphs as primgraphs
+from simulator.api import simulate
+from simulator.timing import time_program
+from simulator.validate import validate_program
+from solver.planners import plan
+from solver.spyre.transfer import NotTransferable, program_decisions, structure_key, transfer_decisions
+from target.hardware import load_target
+
+HW = load_target()
+FAST = dict(time_limit_s=5, deterministic=True)
+
+
+def test_sizes_of_one_graph_share_a_structure_key_and_other_graphs_do_not():
+    assert structure_key(primgraphs.mlp(M=64)[0]) == structure_key(primgraphs.mlp(M=512, K=256)[0])
+    assert structure_key(primgraphs.mlp()[0]) != structure_key(primgraphs.softmax()[0])
+
+
+@pytest.mark.parametrize("builder, kw", [("softmax", dict(M=512, N=1024)), ("mlp", dict(M=256, K=512, N=384)),
+                                         ("attention_scores", dict(B=4, S=256))])
+def test_a_plan_carried_to_its_own_size_is_the_same_plan(builder, kw):
+    """Every decision of the program survives the round trip program -> decisions -> program."""
+    pg, _ = getattr(primgraphs, builder)(**kw)
+    program = plan(pg, HW, "cpsat", **FAST)
+    moved = transfer_decisions(pg, program_decisions(pg, program), pg, HW)
+    assert moved is not None and moved.repairs == []
+    assert time_program(moved.program, HW).total_us == time_program(program, HW).total_us
+
+
+@pytest.mark.parametrize("builder, small, large", [
+    ("softmax", dict(M=256, N=1024), dict(M=1024, N=1024)),
+    ("mlp", dict(M=128, K=512, N=384), dict(M=512, K=512, N=384)),
+    ("attention_scores", dict(B=2, S=128), dict(B=4, S=256)),
+])
+@pytest.mark.parametrize("direction", ["up", "down"])
+def test_a_transferred_plan_is_valid_and_numerically_right(builder, small, large, direction):
+    src_kw, dst_kw = (small, large) if direction == "up" else (large, small)
+    src, _ = getattr(primgraphs, builder)(**src_kw)
+    dst, _ = getattr(primgraphs, builder)(**dst_kw)
+    program = plan(src, HW, "cpsat", **FAST)
+    moved = transfer_decisions(src, program_decisions(src, program), dst, HW)
+    assert moved is not None
+    assert validate_program(moved.program, HW) == []
+    res = simulate(moved.program, HW, inputs=primgraphs.inputs_for(dst), graph=dst, numerics=True)
+    assert res.valid and res.max_rel_err < 2e-2, res.errors
+
+
+def test_a_split_the_new_size_does_not_divide_shrinks_to_the_nearest_factor_that_does():
+    """The softmax rows split 32 ways at M=512; at M=36 no split of 32 divides the rows, and
+    the nearest factor below that does (18) takes its place."""
+    src, _ = primgraphs.softmax(M=512, N=256)
+    dst, _ = primgraphs.softmax(M=36, N=256)
+    program = plan(src, HW, "cpsat", **FAST)
+    d = program_decisions(src, program)
+    assert any(p.core_split.get("m") == 32 for p in d.ops.values())
+    moved = transfer_decisions(src, d, dst, HW)
+    assert moved is not None
+    splits = {op.id: op.core_split.get("m", 1) for op in moved.program.ops if op.kind == "compute"}
+    assert all(36 % f == 0 for f in splits.values()), splits
+    assert any("m split 32 -> 18" in r for r in moved.repairs), moved.repairs
+
+
+def test_a_tiled_dim_keeps_its_tile_extent():
+    """A dim twice as long gets twice the tiles, so each tile's LX buffer keeps its size."""
+    src, _ = primgraphs.softmax(M=512, N=1024)
+    dst, _ = primgraphs.softmax(M=1024, N=1024)
+    program = plan(src, HW, "cpsat", **FAST)
+    d = program_decisions(src, program)
+    for p in d.ops.values():
+        p.temporal_tiles = {"m": 2}
+    moved = transfer_decisions(src, d, dst, HW)
+    assert moved is not None
+    assert {moved.decisions.ops[op.id].temporal_tiles.get("m") for op in dst.ops} == {4}
+
+
+def test_graphs_of_another_structure_are_refused():
+    src, _ = primgraphs.mlp()
+    program = plan(src, HW, "heuristic")
+    with pytest.raises(NotTransferable):
+        transfer_decisions(src, program_decisions(src, program), primgraphs.softmax()[0], HW)
