@@ -6,7 +6,10 @@ Two layers:
   a node or input, that node's id.
 - `validate_document` checks what the schema cannot express: unique ids, references that
   resolve, a graph that is a DAG in definition order, static sizes, structurally
-  consistent metadata, and (optionally) that every op can be lowered.
+  consistent metadata, and (optionally) that every op can be lowered, with its arguments
+  matching the op's schema: no more positional arguments than it takes, no keyword it
+  does not have, none given twice, none required left out (`op_schemas.json`, generated
+  from torch's operator registry by scripts/gen_op_schemas.py; the service has no torch).
 
 Shape/dtype errors that need shape inference (e.g. matmul inner sizes) are raised by the
 lowering with the same codes (`shape_mismatch`, `dtype_mismatch`).
@@ -16,6 +19,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterator, Union
 
 from pydantic import ValidationError
@@ -411,10 +416,56 @@ def _plain(arg: Any) -> Any:
     return getattr(arg, "value", None)
 
 
+@lru_cache(maxsize=1)
+def op_schemas() -> dict[str, dict[str, Any]]:
+    """Target -> {"args": positional parameter names, "required": how many of them have no
+    default, "kwargs": keyword-only parameter names} (lowering/op_schemas.json)."""
+    data = json.loads(Path(__file__).with_name("op_schemas.json").read_text())
+    return data["ops"]
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names) if names else "none"
+
+
+def signature_problems(node: Node) -> list[GraphError]:
+    """The node's arguments against its target's schema (nothing for a target without
+    one): extra positional arguments, unknown keywords and arguments given both ways are
+    `unexpected_argument`; a required parameter given neither way is `missing_argument`."""
+    schema = op_schemas().get(node.target)
+    if schema is None:
+        return []
+    params, keyword_only = schema["args"], schema["kwargs"]
+    out: list[GraphError] = []
+    n = len(node.args)
+    if n > len(params):
+        out.append(GraphError("unexpected_argument",
+                              f"node '{node.id}' passes {n} positional arguments to {node.target}, which takes at "
+                              f"most {len(params)} ({_names(params)})", node.id))
+    positional = set(params[:n])
+    for key in node.kwargs:
+        if key in positional:
+            out.append(GraphError("unexpected_argument", f"node '{node.id}' passes {key!r} to {node.target} both by "
+                                                         f"position and by keyword", node.id))
+        elif key not in params and key not in keyword_only:
+            out.append(GraphError("unexpected_argument",
+                                  f"node '{node.id}' passes keyword {key!r} to {node.target}, which has no such "
+                                  f"parameter (it takes {_names(params + keyword_only)})", node.id))
+    missing = [p for p in params[:schema["required"]] if p not in positional and p not in node.kwargs]
+    if missing:
+        out.append(GraphError("missing_argument", f"node '{node.id}' leaves out the required argument"
+                                                  f"{'s' if len(missing) > 1 else ''} {_names(missing)} of "
+                                                  f"{node.target}", node.id))
+    return out
+
+
 def _check_support(doc: GraphDocument) -> list[GraphError]:
     from lowering import node_supported
 
     supported = supported_targets()
+    signatures = [p for n in doc.nodes if n.target in supported for p in signature_problems(n)]
+    if signatures:  # the support check reads arguments by position: it needs them right
+        return signatures
     missing = [n for n in doc.nodes if n.target not in supported]
     refused = [n for n in doc.nodes if n.target in supported and not node_supported(
         n.target, [_plain(a) for a in n.args], {k: _plain(v) for k, v in n.kwargs.items()})]

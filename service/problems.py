@@ -28,6 +28,7 @@ _TITLES = {
     500: "Internal error",
     503: "Service unavailable",
     504: "Deadline exceeded",
+    507: "Insufficient storage",
 }
 
 
@@ -60,6 +61,27 @@ class ProblemError(Exception):
         self.errors = errors
         self.headers = headers or {}
         self.title = title
+
+
+# The store's own failures (service.store.StoreError subclasses, by `code`): not the
+# client's mistake and not a bug, so neither 4xx nor 500. A damaged database stays damaged
+# until it is restored (docs/reliability.md, "The store"): 503, and /readyz says so
+# (`ProgramStore.health()`); a full disk may clear: 507 with a Retry-After.
+STORE_PROBLEMS: dict[str, tuple[int, str, Optional[int]]] = {
+    # code: (status, what the detail says next, Retry-After seconds or None)
+    "store_damaged": (503, "the program store is damaged; the operator restores it from a backup", 60),
+    "store_full": (507, "the program store's disk is full", 30),
+}
+
+
+def store_problem(exc: Exception) -> ProblemError:
+    """The problem document for a `service.store.StoreError` (by its `code`); any other
+    store error is a 500 `store_error`."""
+    code = getattr(exc, "code", "store_error")
+    status, what, retry = STORE_PROBLEMS.get(code, (500, "the program store failed", None))
+    headers = {"Retry-After": str(retry)} if retry else None
+    return ProblemError(status, code if code in STORE_PROBLEMS else "store_error", f"{what}: {exc}",
+                        headers=headers)
 
 
 def problem_body(status: int, code: str, detail: str, *, node: Optional[str] = None,

@@ -21,11 +21,22 @@ blocked op first, until nothing is blocked (nothing to do when LX persists acros
 `solver.emit.fit_bundles(pg, hw, decisions)` does it on plan decisions (it needs the
 emitter's op sequence, so it lives there). The emitter calls `partition` for every
 planner's program; planners that choose residencies call `fit_bundles`.
+
+A cut between ops cannot help a single op that references more tensors than a bundle
+takes (`aten.cat` of six program inputs: six inputs and the output, seven slots of six).
+`split_wide_copies(pg, hw)` rewrites such a copy, before any planner sees the graph, into
+a tree of copies that each fit: consecutive pieces along the concatenated dim are
+gathered into intermediate tensors (device-memory intermediates share the pool's one
+slot), and the op then assembles the output from those. Every piece keeps its map, so the
+values are the same; the tree costs one extra pass over the data.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional
+
+from lowering.aten.context import copy_op, row_major_strides
+from target.primitives import PrimGraph, PrimOp, PrimTensor, StridedMap
 
 
 @dataclass(frozen=True)
@@ -155,3 +166,101 @@ def fit_residencies(seq: OpSequence, hw, starts: Iterable[int] = ()) -> list[str
         assert ranges[victim][0] < k <= ranges[victim][1]
         del ranges[victim]
         dropped.append(victim)
+
+
+# -- ops wider than a bundle ---------------------------------------------------------------
+
+def op_slots(op: PrimOp, io, hw) -> int:
+    """The bundle slots `op` takes on its own, counting the pool (a graph with a split op
+    has device-memory intermediates), every operand in device memory."""
+    return hw.bundle_slots({a.tensor for a in op.inputs} | {op.output.tensor}, io, True)
+
+
+def _worst_slots(names: set[str], hw) -> int:
+    """The slots `names` take if each may be a program input or output: the planner may
+    make a copy a free alias, and an intermediate that an output aliases is then counted
+    as that output. A split sized by this count fits whatever the planner aliases."""
+    return hw.bundle_slots(names, names, True)
+
+
+def _slab_dim(op: PrimOp, out: PrimTensor) -> Optional[int]:
+    """The dim along which every piece of copy `op` is a full slab of the output (a cat's
+    dim), or None when the pieces are not such slabs."""
+    body = op.body
+    rank = len(out.shape)
+    for d in range(rank):
+        if all(offs[j] == 0 and m.shape[j] == out.shape[j]
+               for m, offs in zip(body.maps, body.out_offsets) for j in range(rank) if j != d):
+            return d
+    return None
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}.{n}"
+    taken.add(name)
+    return name
+
+
+def _split_copy(op: PrimOp, tensors: dict[str, PrimTensor], op_ids: set[str], io, hw) -> Optional[list[PrimOp]]:
+    """Copies that together do what `op` does, each within the bundle limit (the last one
+    writes `op`'s output under `op`'s id), or None when `op` cannot be split so."""
+    out = tensors[op.output.tensor]
+    d = _slab_dim(op, out)
+    if d is None or len(op.inputs) < 2:
+        return None
+    limit = hw.bundle_tensor_limit
+    order = sorted(range(len(op.inputs)), key=lambda p: op.body.out_offsets[p][d])
+    chunks: list[list[int]] = [[]]
+    for p in order:
+        trial = chunks[-1] + [p]
+        names = {op.inputs[q].tensor for q in trial} | {f"{out.id}.part"}
+        if chunks[-1] and _worst_slots(names, hw) > limit:
+            chunks.append([p])
+        else:
+            chunks[-1] = trial
+    if len(chunks) == len(order):
+        return None  # a chunk of one piece is no smaller: the limit is too tight to split
+    made: list[PrimOp] = []
+    assembled: list[tuple[str, StridedMap, tuple[int, ...]]] = []
+    for k, chunk in enumerate(chunks):
+        lo = op.body.out_offsets[chunk[0]][d]
+        hi = max(op.body.out_offsets[p][d] + op.body.maps[p].shape[d] for p in chunk)
+        shape = tuple(hi - lo if j == d else s for j, s in enumerate(out.shape))
+        tid = _fresh(f"{out.id}.part{k}", set(tensors))
+        tensors[tid] = PrimTensor(tid, shape, out.dtype, "intermediate")
+        pieces = [(op.inputs[p].tensor, op.body.maps[p],
+                   tuple(o - lo if j == d else o for j, o in enumerate(op.body.out_offsets[p]))) for p in chunk]
+        made.append(copy_op(tensors, _fresh(f"{op.id}.part{k}", op_ids), tid, pieces, op.body.pad_value,
+                            op.source))
+        offset = tuple(lo if j == d else 0 for j in range(len(shape)))
+        assembled.append((tid, StridedMap(shape, row_major_strides(shape), 0), offset))
+    final = copy_op(tensors, op.id, out.id, assembled, op.body.pad_value, op.source)
+    if _worst_slots({a.tensor for a in final.inputs} | {out.id}, hw) > limit:
+        rest = _split_copy(final, tensors, op_ids, io, hw)
+        if rest is None:
+            return None
+        return made + rest
+    return made + [final]
+
+
+def split_wide_copies(pg: PrimGraph, hw) -> PrimGraph:
+    """`pg` with every copy that takes more bundle slots than a bundle has rewritten into
+    a tree of copies that fit (module docstring); `pg` itself when none is too wide. An op
+    that cannot be split stays as it is (the validator then names it)."""
+    if hw.bundle_tensor_limit_rule == "none":
+        return pg
+    io = set(pg.inputs) | set(pg.outputs)
+    limit = hw.bundle_tensor_limit
+    if not any(op.kind == "copy" and op_slots(op, io, hw) > limit for op in pg.ops):
+        return pg
+    tensors = dict(pg.tensors)
+    op_ids = {op.id for op in pg.ops}
+    ops: list[PrimOp] = []
+    for op in pg.ops:
+        wide = op.kind == "copy" and op_slots(op, io, hw) > limit
+        split = _split_copy(op, tensors, op_ids, io, hw) if wide else None
+        ops.extend(split or [op])
+    return replace(pg, tensors=tensors, ops=ops)

@@ -34,6 +34,8 @@ from target.primitives import PrimGraph
 from target.hardware import load_target
 from target.superdsc import Program
 from simulator.validate import ProgramIssue, validate_program
+from solver.bundles import split_wide_copies
+from solver.capacity import check_fits
 from solver.emit import emit_program
 from solver.events import EventSink, Failed, Fallback, Finished, Phase, emit
 from solver.lower_bound import lower_bound
@@ -105,7 +107,14 @@ def plan(pg: PrimGraph, hw=None, planner: str = DEFAULT_PLANNER, time_limit_s: O
          fallback: bool = True, events: Optional[EventSink] = None) -> Program:
     """The validated program of `planner` for `pg`; on failure the next planner of
     `FALLBACK_CHAIN` (unless `fallback` is False: then `PlannerFailed`). `events`: an
-    optional progress sink (module docstring)."""
+    optional progress sink (module docstring).
+
+    Before any planner runs: a graph with a tensor the device cannot hold is refused
+    (`solver.capacity.DoesNotFit`, a GraphError), and a copy wider than a bundle becomes a
+    tree of copies that fit (`solver.bundles.split_wide_copies`)."""
+    hw = hw or load_target()
+    check_fits(pg, hw)
+    pg = split_wide_copies(pg, hw)
     if events is None:
         with _few_full_collections():
             return _plan(pg, hw, planner, time_limit_s, deterministic, hint, fallback)

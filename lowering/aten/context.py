@@ -33,6 +33,34 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def copy_op(tensors: dict[str, PrimTensor], op_id: str, out_tid: str,
+            pieces: Sequence[tuple[str, StridedMap, tuple[int, ...]]], pad_value: float, source: str) -> PrimOp:
+    """The `copy` op assembling tensor `out_tid` from `pieces` (input tensor id, strided
+    map over its row-major elements, offset of the piece in the output): one iteration dim
+    per output dim of size > 1; an input dim is indexed by the output iteration dim its
+    map walks with the input's own row-major stride (None when no dim does). The one
+    place a copy's operand maps are derived (the lowering's copies, and the solver's
+    split of a copy wider than a bundle: solver.bundles.split_wide_copies)."""
+    out = tensors[out_tid]
+    iters, out_dims = Ctx.iter_dims_for(out.shape)
+    inputs = []
+    for base_id, smap, _ in pieces:
+        base = tensors[base_id]
+        bstr = row_major_strides(base.shape)
+        dims: list[Optional[int]] = []
+        for b in range(len(base.shape)):
+            hit = None
+            if base.shape[b] > 1:
+                for j, (sz, st) in enumerate(zip(smap.shape, smap.strides)):
+                    if st == bstr[b] and sz > 1 and sz <= base.shape[b] and out_dims[j] is not None:
+                        hit = out_dims[j]
+                        break
+            dims.append(hit)
+        inputs.append(Access(base_id, tuple(dims)))
+    body = CopyBody(tuple(p[1] for p in pieces), tuple(tuple(p[2]) for p in pieces), pad_value)
+    return PrimOp(op_id, tuple(iters), tuple(inputs), Access(out_tid, tuple(out_dims)), body, source)
+
+
 def numel(shape: Sequence[int]) -> int:
     n = 1
     for s in shape:
@@ -203,24 +231,8 @@ class Ctx:
 
     def emit_copy(self, out_tid: str, pieces: Sequence[tuple[str, StridedMap, tuple[int, ...]]],
                   pad_value: float, source: str) -> PrimOp:
-        out = self.tensors[out_tid]
-        iters, out_dims = self.iter_dims_for(out.shape)
-        inputs = []
-        for base_id, smap, offs in pieces:
-            base = self.tensors[base_id]
-            bstr = row_major_strides(base.shape)
-            dims: list[Optional[int]] = []
-            for b in range(len(base.shape)):
-                hit = None
-                if base.shape[b] > 1:
-                    for j, (sz, st) in enumerate(zip(smap.shape, smap.strides)):
-                        if st == bstr[b] and sz > 1 and sz <= base.shape[b] and out_dims[j] is not None:
-                            hit = out_dims[j]
-                            break
-                dims.append(hit)
-            inputs.append(Access(base_id, tuple(dims)))
-        body = CopyBody(tuple(p[1] for p in pieces), tuple(tuple(p[2]) for p in pieces), pad_value)
-        return self.emit(out_tid, iters, inputs, Access(out_tid, tuple(out_dims)), body, source)
+        op = copy_op(self.tensors, out_tid, out_tid, pieces, pad_value, source)
+        return self.emit(op.id, op.iter_dims, op.inputs, op.output, op.body, source)
 
     # -- iteration dims --------------------------------------------------------------
     @staticmethod

@@ -254,23 +254,28 @@ def write_baseline(path: str, result: CheckResult, options, tolerance_pct: float
 
 def write_junit(path: str, result: CheckResult) -> None:
     """JUnit XML: one testsuite, one testcase per graph; a failed case has a <failure>
-    whose message says why (type: compile | validation | fallback | regression | timing)."""
+    whose message says why (type: compile | validation | fallback | regression | timing).
+    Every text from a graph (its name, messages quoting node ids) goes through
+    `printable`: XML 1.0 has no way to write most control characters, so one left as it
+    is makes the whole report ill-formed."""
+    from service.batch.common import printable as p
+
     suite = ET.Element("testsuite", name="sticksat check", tests=str(len(result.cases)),
                        failures=str(len(result.failures)), errors="0", skipped="0",
                        time=f"{sum(c.seconds for c in result.cases):.3f}")
     props = ET.SubElement(suite, "properties")
     for k, v in result.options.items():
-        ET.SubElement(props, "property", name=str(k), value=str(v))
+        ET.SubElement(props, "property", name=p(k), value=p(v))
     for case in result.cases:
-        tc = ET.SubElement(suite, "testcase", classname="sticksat.check", name=case.name, file=case.source,
+        tc = ET.SubElement(suite, "testcase", classname="sticksat.check", name=p(case.name), file=p(case.source),
                            time=f"{case.seconds:.3f}")
         if case.failed:
-            failure = ET.SubElement(tc, "failure", message=case.message, type=case.reason or "failure")
-            failure.text = json.dumps({**asdict(case), "change": case.change}, indent=1)
+            failure = ET.SubElement(tc, "failure", message=p(case.message), type=case.reason or "failure")
+            failure.text = json.dumps({**asdict(case), "change": case.change}, indent=1)  # ASCII, escaped
         else:
             out = ET.SubElement(tc, "system-out")
-            out.text = (f"simulated_us={case.simulated_us} baseline_us={case.baseline_us} "
-                        f"planner={case.planner} status={case.solver_status} {case.message}").strip()
+            out.text = p(f"simulated_us={case.simulated_us} baseline_us={case.baseline_us} "
+                         f"planner={case.planner} status={case.solver_status} {case.message}".strip())
     root = ET.Element("testsuites", name="sticksat check", tests=suite.get("tests"),
                       failures=suite.get("failures"), errors="0", time=suite.get("time"))
     root.append(suite)

@@ -4,6 +4,7 @@ the lower bound, planner, compiler version, hardware digest, when solved, comple
 proven optimal)."""
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 from service.store import ProgramRecord, ProgramStore
@@ -141,3 +142,62 @@ def compile_into_store(store: ProgramStore, graph_hash: str, planner: Optional[s
         hardware_digest=hw.digest))
     store.put_program(slot.record(outcome.program, outcome.stats, outcome.solution, outcome.complete))
     return store.get_program(key)
+
+
+def adopt_programs(store: ProgramStore, target: Optional[str] = None,
+                   from_version: Optional[str] = None) -> list[dict[str, Any]]:
+    """Adopt another build's programs deliberately: for every stored graph without a
+    complete row of this build under /compile's default key, the fastest row another
+    build made for the same target (or only rows of `from_version`) is validated and timed
+    again by this build's simulator, and stored under this build's key (complete, its
+    stats saying `adopted_from`), so /compile serves it and `sticksat reoptimize` starts
+    from it. A row that no longer validates is left where it is. One result per graph:
+    {graph_hash, name, outcome: adopted | current | none | invalid, from_version, reason}.
+
+    Build fingerprints (lowering.version) key every build apart, so nothing is adopted
+    unless asked: an old program may be slower than what this build plans, or planned by
+    a planner with a bug this build fixed; the re-validation on this build's simulator is
+    what makes adopting it safe."""
+    from dataclasses import replace
+
+    from lowering.version import COMPILER_VERSION
+    from service import pipeline
+    from service.batch.reoptimize import validate_and_time
+    from service.store import program_key
+
+    options = pipeline.resolve_options(None, None, False, target)
+    hw = pipeline.load_hardware(options.target)
+    key_hash = options.options_hash()
+    out: list[dict[str, Any]] = []
+    for graph_hash, name in store.graph_hashes():
+        key = program_key(graph_hash, COMPILER_VERSION, key_hash, hw.digest)
+        row: dict[str, Any] = {"graph_hash": graph_hash, "name": name, "outcome": "none", "from_version": None,
+                               "reason": None, "key": key}
+        current = store.get_program(key)
+        if current is not None and current.complete:
+            row["outcome"] = "current"
+            out.append(row)
+            continue
+        others = [p for p in store.programs_for_graph(graph_hash)
+                  if p.compiler_version != COMPILER_VERSION and p.hardware == hw.name
+                  and (from_version is None or p.compiler_version == from_version)]
+        reasons = []
+        for old in sorted(others, key=_sim):
+            stats = dict(old.stats)
+            problem = validate_and_time(old.program, stats, options.target)
+            if problem:
+                reasons.append(f"{old.compiler_version}: {problem}")
+                continue
+            now = time.time()
+            stats["adopted_from"] = {"compiler_version": old.compiler_version, "key": old.key,
+                                     "hardware_digest": old.hardware_digest, "simulated_us": _sim(old)}
+            store.put_program(replace(old, key=key, compiler_version=COMPILER_VERSION, options_hash=key_hash,
+                                      options=options.solve_dict(), hardware_digest=hw.digest, stats=stats,
+                                      complete=True, created_at=now, updated_at=now))
+            row.update(outcome="adopted", from_version=old.compiler_version)
+            break
+        else:
+            if reasons:
+                row.update(outcome="invalid", reason="; ".join(reasons)[:500])
+        out.append(row)
+    return out

@@ -52,9 +52,11 @@ def run(args) -> int:
                       file=sys.stderr)
                 return 2
 
+    from service.batch.common import printable
+
     def progress(i, n, name):
         if name is not None and not args.json:
-            print(f"[{i + 1}/{n}] {name}", file=sys.stderr, flush=True)
+            print(f"[{i + 1}/{n}] {printable(name)}", file=sys.stderr, flush=True)
 
     try:
         result = run_check(args.location, baseline_path=args.baseline, tolerance_pct=args.tolerance,
@@ -62,10 +64,10 @@ def run(args) -> int:
                            target=args.target, allow_fallback=args.allow_fallback,
                            update_baseline=args.update_baseline, progress=progress)
     except (BaselineError, FileNotFoundError) as exc:
-        print(f"sticksat check: {exc}", file=sys.stderr)
+        print(f"sticksat check: {printable(str(exc))}", file=sys.stderr)
         return 2
     except GraphError as exc:  # a bad --planner or --target
-        print(f"sticksat check: {exc.code}: {exc.message}", file=sys.stderr)
+        print(f"sticksat check: {exc.code}: {printable(exc.message)}", file=sys.stderr)
         return 2
     if args.junit:
         try:
@@ -77,7 +79,7 @@ def run(args) -> int:
         print(json.dumps(result.to_json(), indent=1))
     else:
         print_table(TABLE_HEADERS, table_rows(result),
-                    title=f"sticksat check {args.location}: {len(result.cases)} graphs, "
+                    title=f"sticksat check {printable(args.location)}: {len(result.cases)} graphs, "
                           f"{len(result.failures)} failed")
         if args.update_baseline:
             print(f"baseline written: {args.baseline}")
