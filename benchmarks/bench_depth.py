@@ -61,9 +61,9 @@ def child_point(name: str, planner: str, time_limit_s: float, deterministic: boo
     the windows path on the same graphs."""
     t0 = time.perf_counter()
     if windows_only:
-        from solver.spyre import repeats
+        from solver.spyre import budget
 
-        repeats.MIN_COPIES = 10 ** 9
+        budget.MIN_COPIES = 10 ** 9
     from target.hardware import load_target
     from simulator.timing import time_program
     from solver.planners import plan
@@ -99,7 +99,8 @@ def _breakdown(pg, report) -> dict:
     """Where the simulated time goes, by the planner's own block detection: each copy's op
     times (sums of op durations; ops run one after another), the rest, and restickifies at
     seams (a restickify of a tensor produced in another segment than the op after it)."""
-    from solver.spyre.repeats import MIN_COPIES, find_repeats
+    from solver.spyre.budget import MIN_COPIES
+    from solver.spyre.depth.repeats import find_repeats
     from solver.spyre.schedule import chain_order
 
     ordered = chain_order(pg)

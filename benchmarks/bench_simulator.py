@@ -118,7 +118,7 @@ def record_calls(fn):
     import importlib
 
     for m in ("solver.planners", "solver.spyre.cpsat_planner", "solver.spyre.fusion", "solver.spyre.relayout",
-              "solver.spyre.repeats", "solver.spyre.tile_buffers"):
+              "solver.spyre.depth", "solver.spyre.tile_buffers", "solver.oracle"):
         importlib.import_module(m)  # before patching: a lazy import would bind the unpatched function
     funcs = sim_functions()
     calls: list = []

@@ -36,7 +36,8 @@ from target.hardware import load_target  # noqa: E402
 from simulator.timing import time_program  # noqa: E402
 from simulator.validate import validate_program  # noqa: E402
 from solver.spyre.cost_model import predict_program_ns  # noqa: E402
-from solver.spyre.cpsat_planner import build_model, decisions_from_program  # noqa: E402
+from solver.spyre.model import build_model  # noqa: E402
+from solver.spyre.start import decisions_from_program  # noqa: E402
 from solver.emit import emit_program  # noqa: E402
 from solver.lower_bound import lower_bound  # noqa: E402
 from solver.plan import Residency  # noqa: E402

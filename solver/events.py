@@ -19,7 +19,7 @@ from typing import Callable, Optional, Union
 log = logging.getLogger("sticksat")
 
 # the phases a plan goes through, in order (a planner may skip some; "plan" wraps a planner
-# that emits no phases of its own; "repeats": the CP-SAT planner's depth step, solver.spyre.repeats)
+# that emits no phases of its own; "repeats": the CP-SAT planner's depth step, solver.spyre.depth)
 PHASES = ("repeats", "hint", "strategies", "local search", "solve", "fusion", "plan", "validation", "lower bound")
 
 
@@ -58,6 +58,21 @@ class Incumbent:
 
 
 @dataclass(frozen=True)
+class StepFinished:
+    """A post-solve step of the CP-SAT planner ran (inside the "fusion" phase; recorded by the
+    runner, solver.spyre.post_solve): its status (accepted, not faster, invalid, no
+    candidate), its seconds, and the simulated gain it was accepted with (us, 0 otherwise)."""
+
+    planner: str
+    step: str
+    status: str
+    seconds: float
+    gain_us: float
+    t: float = field(default_factory=time.perf_counter)
+    kind: str = "step_finished"
+
+
+@dataclass(frozen=True)
 class Fallback:
     planner: str
     next_planner: str
@@ -88,7 +103,7 @@ class Failed:
     kind: str = "failed"
 
 
-Event = Union[PhaseStarted, PhaseFinished, Incumbent, Fallback, Finished, Failed]
+Event = Union[PhaseStarted, PhaseFinished, Incumbent, StepFinished, Fallback, Finished, Failed]
 EventSink = Callable[[Event], None]
 
 

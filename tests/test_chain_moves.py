@@ -7,7 +7,8 @@ from target.hardware import load_target
 from solver.emit import emit_program
 from solver.plan import OpPlan
 from solver.spyre.chain_moves import ChainMoves, any_operands_ok
-from solver.spyre.cpsat_planner import build_model
+from solver.spyre.local_search import local_search
+from solver.spyre.model import build_model
 from simulator.validate import validate_program
 
 HW = load_target()
@@ -87,11 +88,11 @@ def test_chain_move_finds_the_alias_plan_single_moves_cannot():
     assert copy_cost > 0
     before = _objective(sm, pg, start)
     # single moves alone: every one adds a restickify (or breaks the alias's operand rule)
-    single = sm.local_search(start, None, chains=False)
+    single = local_search(sm, start, None, chains=False)
     assert _objective(sm, pg, single) == before
     assert not single.ops["copy"].alias
     # the chain move relabels neg, mul, add (and the weight) onto C; the copy becomes free
-    moved = sm.local_search(start, None, chains=True)
+    moved = local_search(sm, start, None, chains=True)
     assert moved.ops["copy"].alias
     assert moved.input_sticks["w"] == 2
     assert all(moved.ops[o].stick.output == 2 for o in ("neg", "mul", "add"))
@@ -108,7 +109,7 @@ def test_no_chain_move_helps_leaves_the_plan_unchanged():
     sm, S, start, _ = _wrong_stick_start(pg)
     assert any(True for _ in ChainMoves(sm).moves(
         {op.id: sm.strategy_index(op.id, start.ops[op.id]) for op in pg.ops}, {"w": 1}, set()))
-    out = sm.local_search(start, None, chains=True)
+    out = local_search(sm, start, None, chains=True)
     assert _key(out) == _key(start)
     assert _objective(sm, pg, out) == _objective(sm, pg, start)
 
@@ -118,7 +119,7 @@ def test_chain_moves_are_deterministic():
     runs = []
     for _ in range(2):
         sm, _, start, picks = _wrong_stick_start(pg)
-        runs.append((_key(sm.local_search(start, None, max_passes=3)),
+        runs.append((_key(local_search(sm, start, None, max_passes=3)),
                      [(m.picks, m.inputs) for m in ChainMoves(sm).moves(picks, {"w": 1}, set())]))
     assert runs[0] == runs[1]
 

@@ -4,12 +4,16 @@ here measures wall time (the machines are shared and noisy): they check what the
 asks CP-SAT for and what it reports."""
 import pytest
 
-import solver.spyre.cpsat_planner as cpp
 import tests.primgraphs as primgraphs
 from target.hardware import load_target
 from solver.core import SolveOptions, solver_parameters
-from solver.spyre.cpsat_planner import (ABSOLUTE_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, RELATIVE_GAP_LIMIT,
-                                  decisions_from_program, default_budget_s, plan_cpsat)
+from solver.spyre import budget as knobs
+from solver.spyre import single, solve
+from solver.spyre.budget import ABSOLUTE_GAP_LIMIT, DEFAULT_TIME_LIMIT_S, RELATIVE_GAP_LIMIT, default_budget_s
+from solver.spyre.cpsat_planner import plan_cpsat
+from solver.spyre.local_search import local_search
+from solver.spyre.model import build_model
+from solver.spyre.start import decisions_from_program
 from solver.plan import OpPlan
 from solver.planners import plan
 from solver.spyre.schedule import chain_order
@@ -54,12 +58,12 @@ class _Recorder:
 
     def __init__(self, monkeypatch):
         self.options: list[SolveOptions] = []
-        real = cpp.solver_parameters
+        real = solve.solver_parameters
 
         def record(options):
             self.options.append(options)
             return real(options)
-        monkeypatch.setattr(cpp, "solver_parameters", record)
+        monkeypatch.setattr(solve, "solver_parameters", record)
 
 
 def _note(d, prefix):
@@ -77,7 +81,7 @@ def test_small_graph_stops_within_the_gap_on_a_budget_below_the_limit(monkeypatc
     for o in rec.options:
         assert o.relative_gap_limit == RELATIVE_GAP_LIMIT and o.absolute_gap_limit == ABSOLUTE_GAP_LIMIT
         if deterministic:  # the deterministic clock is a share of the budget, not of the limit
-            assert o.deterministic_time <= cpp.DETERMINISTIC_PER_SECOND * budget
+            assert o.deterministic_time <= knobs.DETERMINISTIC_PER_SECOND * budget
         else:
             assert o.time_limit_s <= budget
     st = d.stats
@@ -92,7 +96,7 @@ def test_the_callers_limit_caps_the_budget(monkeypatch):
     rec = _Recorder(monkeypatch)
     d = plan_cpsat(pg, HW, time_limit_s=0.4, deterministic=True)
     assert float(_note(d, "budget:").split()[1]) <= 0.4
-    assert all(o.deterministic_time <= cpp.DETERMINISTIC_PER_SECOND * 0.4 + 1e-12 for o in rec.options)
+    assert all(o.deterministic_time <= knobs.DETERMINISTIC_PER_SECOND * 0.4 + 1e-12 for o in rec.options)
 
 
 def test_fixed_budget_is_the_old_behaviour(monkeypatch):
@@ -121,8 +125,8 @@ def test_local_search_prices_moves_as_the_objective_does():
     pg, _ = primgraphs.attention_scores()
     pg = chain_order(pg)
     start = plan_naive(pg, HW)
-    _, S, sm = cpp.build_model(pg, HW, start)
-    d = sm.local_search(start, None)
+    _, S, sm = build_model(pg, HW, start)
+    d = local_search(sm, start, None)
     picks = {op.id: sm.strategy_index(op.id, d.ops.get(op.id, OpPlan())) for op in pg.ops}
     assert None not in picks.values()
     inputs = {t: d.input_sticks.get(t) for t in sm.ctx.free_inputs}
@@ -161,7 +165,7 @@ def test_never_slower_than_the_heuristic_in_its_own_order(monkeypatch):
         d = plan_naive(pg, hw)
         d.stats.update(predicted_us=1e9, notes=["a bad plan"])
         return d
-    monkeypatch.setattr(cpp, "_plan_chain_ordered", slow)
+    monkeypatch.setattr(single, "plan_chain_ordered", slow)
     d = plan_cpsat(pg, HW, deterministic=True)
     assert d.planner == "cpsat" and d.stats["predicted_us"] == pytest.approx(predict_program_us(heur, HW))
     assert "own op order" in d.stats["notes"][-1]

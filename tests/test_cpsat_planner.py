@@ -7,7 +7,8 @@ from target.hardware import load_target
 from target.superdsc import LxMemory
 from simulator.timing import time_program
 from solver.spyre.cost_model import predict_program_us
-from solver.spyre.cpsat_planner import decisions_from_program, plan_cpsat
+from solver.spyre.cpsat_planner import plan_cpsat
+from solver.spyre.start import decisions_from_program
 from solver.planners import plan
 
 HW = load_target()
@@ -91,14 +92,15 @@ def test_a_hint_whose_residencies_do_not_validate_loses_those_not_its_decisions(
     ones the validator names), not the whole hint for the naive plan."""
     from dataclasses import replace
 
-    from solver.spyre.cpsat_planner import _hint_repaired, _program_or_none
+    from solver.oracle import checked_program
+    from solver.spyre.start import hint_repaired
 
     pg, _ = primgraphs.softmax(M=64, N=256)
     d = decisions_from_program(pg, plan(pg, HW, "heuristic"))
     bad = replace(d, resident={t: replace(r, lx_address=0) for t, r in d.resident.items()})
-    prog, issues = _program_or_none(pg, HW, bad)
+    prog, issues = checked_program(pg, HW, bad)
     assert prog is None and {i.code for i in issues} == {"lx_overlap"}
-    fixed, prog = _hint_repaired(pg, HW, bad, issues)
+    fixed, prog = hint_repaired(pg, HW, bad, issues)
     assert prog is not None and fixed.ops == bad.ops
     assert set(fixed.resident) and set(fixed.resident) < set(bad.resident)
     out = plan_cpsat(pg, HW, hint=bad, **FAST)

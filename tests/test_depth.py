@@ -73,19 +73,19 @@ def test_the_returned_plan_is_the_hint_when_the_composed_one_is_slower(llama6, h
     every op on one core): the hint comes back, with its status and a note saying so."""
     from solver.naive import plan_naive
     from solver.planners import plan
-    from solver.spyre import windows
+    from solver.spyre.depth import repeats
 
-    real = windows.solve_segment
+    real = repeats.solve_segment
 
     def naive_segment(pg, idx, hw, **kw):
         if kw.get("name", "").startswith("representative"):
-            from solver.spyre.repeats import subgraph
+            from solver.spyre.depth.segments import subgraph
 
             d = plan_naive(subgraph(pg, idx, "naive"), hw)
             d.stats = {"predicted_us": None, "solver_status": "NAIVE"}
-            return d
+            return d, "representative: naive plan (test)"
         return real(pg, idx, hw, **kw)
-    monkeypatch.setattr(windows, "solve_segment", naive_segment)
+    monkeypatch.setattr(repeats, "solve_segment", naive_segment)
     program = plan(llama6, HW, "cpsat", time_limit_s=4, deterministic=True, fallback=False)
     notes = program.stats.notes
     assert program.stats.solver_status == "HINT", notes
@@ -101,25 +101,26 @@ def test_wall_clock_reserve_follows_the_measured_hint_simulation(llama6, heurist
     copy, which keeps its heuristic plan, and the result is still valid and no slower than
     the hint."""
     from solver.planners import plan
-    from solver.spyre import repeats
+    from solver.spyre import budget as knobs
+    from solver.spyre.depth import repeats
 
-    real = repeats._timed_hint_report
+    real = repeats.timed_hint_report
 
     def slow(pg, hw, hint_d):
         us, report, _ = real(pg, hw, hint_d)
         return us, report, 2.0
-    monkeypatch.setattr(repeats, "_timed_hint_report", slow)
+    monkeypatch.setattr(repeats, "timed_hint_report", slow)
     program = plan(llama6, HW, "cpsat", time_limit_s=6, fallback=False)
     notes = program.stats.notes
     budget = next(n for n in notes if n.startswith("budget:"))
-    kept = repeats.RESERVE_BASE_S + repeats.RESERVE_POST_FACTOR * 2.0
+    kept = knobs.RESERVE_BASE_S + knobs.RESERVE_POST_FACTOR * 2.0
     assert kept > 6 and f"{kept:.1f} s of it kept" in budget, budget
     assert any(n.startswith("representative:") and "heuristic plan" in n for n in notes), notes
     assert time_program(program, HW).total_us <= heuristic_us * (1 + 1e-9)
 
     det = plan(llama6, HW, "cpsat", time_limit_s=6, deterministic=True, fallback=False)
     budget = next(n for n in det.stats.notes if n.startswith("budget:"))
-    kept = repeats.RESERVE_BASE_S + repeats.RESERVE_S_PER_OP * len(llama6.ops)
+    kept = knobs.RESERVE_BASE_S + knobs.RESERVE_S_PER_OP * len(llama6.ops)
     assert f"{kept:.1f} s of it kept" in budget, budget
 
 
@@ -130,7 +131,7 @@ def test_representative_draws_keep_the_fastest(llama6, heuristic_us):
     import re
 
     from solver.planners import plan
-    from solver.spyre import repeats
+    from solver.spyre import budget
 
     program = plan(llama6, HW, "cpsat", time_limit_s=30, deterministic=True, fallback=False)
     notes = program.stats.notes
@@ -142,7 +143,7 @@ def test_representative_draws_keep_the_fastest(llama6, heuristic_us):
     assert time_program(program, HW).total_us <= heuristic_us * (1 + 1e-9)
     again = plan(llama6, HW, "cpsat", time_limit_s=30, deterministic=True, fallback=False)
     assert time_program(again, HW).total_us == time_program(program, HW).total_us
-    assert repeats.REPRESENTATIVE_MAX_DRAWS >= len(draws)
+    assert budget.REPRESENTATIVE_MAX_DRAWS >= len(draws)
 
 
 def test_four_layer_tiny_llama_matches_eager_through_the_repeated_path(monkeypatch):

@@ -154,7 +154,7 @@ def test_split_k_matmul_is_resplit_when_tiling_would_beat_it(monkeypatch):
     drops the residencies of its operands (their boxes change)."""
     from solver.plan import OpPlan, Residency
     from solver.spyre.fusion import resplit_for_tiling
-    from solver.spyre.cpsat_planner import build_model
+    from solver.spyre.model import build_model
     pg = _two_matmuls()
     d = PlanDecisions("test", ops={"mm1": OpPlan(core_split={"m": 4, "n": 8}),
                                    "mm2": OpPlan(core_split={"m": 8, "k": 4})},

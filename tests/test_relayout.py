@@ -36,7 +36,8 @@ def test_restickify_between_resident_tensors_becomes_an_lx_relayout():
         d.ops[op].core_split = {"b": 32}
     prog = emit_program(pg, HW, d)
     assert [c for c, _ in relayout_candidates(pg, prog)] == ["ks"]
-    new_d, new_prog, notes, gain_us = add_lx_relayouts(pg, HW, d, prog)
+    got = add_lx_relayouts(pg, HW, d, prog)
+    new_d, new_prog, notes, gain_us = got.decisions, got.program, got.notes, got.gain_us
     assert [o.kind for o in new_prog.ops if o.src == "ks"] == ["relayout"]
     assert gain_us > 0 and time_program(new_prog, HW).total_us < time_program(prog, HW).total_us
     assert "ks" in new_d.resident and notes
@@ -49,12 +50,12 @@ def test_restickify_between_resident_tensors_becomes_an_lx_relayout():
 def test_cpsat_planner_finishes_with_relayouts():
     """The planner's steps after the solve end with this one (the CP-SAT model itself prices
     restickifies through device memory and does not choose splits for a relayout)."""
-    from solver.spyre.cpsat_planner import _finish
+    from solver.spyre.steps import post_solve
     pg = projected_keys()
     d = plan_heuristic(pg, HW)
     for op in ("proj", "scores"):
         d.ops[op].core_split = {"b": 32}
-    notes: list = []
-    out, gain_ns = _finish(pg, HW, d, notes, None, {}, fuse=False)
+    after = post_solve(pg, HW, d, deadline=None, strategies={}, fuse=False)
+    out, gain_ns, notes = after.decisions, after.gain_ns(), after.notes
     assert "ks" in out.resident and gain_ns > 0
     assert any(n.startswith("lx relayout: ks") for n in notes)

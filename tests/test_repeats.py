@@ -1,4 +1,4 @@
-"""Repeated structure (solver/spyre/repeats.py) and windows (solver/spyre/windows.py): the
+"""Repeated structure (solver/spyre/depth/repeats.py) and windows (solver/spyre/depth/windows.py): the
 block detection, the renaming of a copied plan, the window tiling, and the planner's depth
 step on a tiny 6-layer Llama (one copy solved, reused, one valid program never slower than
 the heuristic) and on a graph planned in windows."""
@@ -13,8 +13,9 @@ from target.primitives import Access, Call, IterDim, In, PointwiseBody, PrimGrap
 from target.hardware import load_target
 from simulator.timing import time_program
 from solver.plan import OpPlan, PlanDecisions, Residency
-from solver.spyre import repeats, windows
-from solver.spyre.repeats import copy_decisions, copy_map, find_repeats, op_signatures
+from solver.spyre import budget
+from solver.spyre.depth import repeats, segments, windows
+from solver.spyre.depth.repeats import copy_decisions, copy_map, find_repeats, op_signatures
 from solver.spyre.schedule import chain_order
 
 torch = pytest.importorskip("torch")
@@ -184,9 +185,9 @@ def test_irregular_graph_is_planned_in_windows(monkeypatch):
     from solver.planners import plan
 
     pg = _tiny_llama(1)
-    monkeypatch.setattr(repeats, "WINDOWS_ABOVE_OPS", 30)
-    monkeypatch.setattr(windows, "WINDOW_OPS", 40)
-    monkeypatch.setattr(windows, "MIN_WINDOW_S", 0.2)
+    monkeypatch.setattr(budget, "WINDOWS_ABOVE_OPS", 30)
+    monkeypatch.setattr(budget, "WINDOW_OPS", 40)
+    monkeypatch.setattr(budget, "MIN_WINDOW_S", 0.2)
     program = plan(pg, HW, "cpsat", time_limit_s=6, deterministic=True, fallback=False)
     notes = program.stats.notes
     assert notes[0].startswith(f"windows: {len(pg.ops)} ops"), notes
@@ -205,7 +206,7 @@ def test_partial_copy_keeps_only_residencies_inside_and_never_an_output():
         d.ops[f"b1_{j}"] = OpPlan(core_split={"d1": 4})
     # b1_5 is read by b1_6 only; b1_1 is produced before the part that is copied
     d.resident = {"b1_5": Residency(0, 64), "b1_1": Residency(64, 64)}
-    readers = windows.reader_index(pg)
+    readers = segments.reader_index(pg)
     # the last 3 positions of block 1 (ops 13..15) onto ops 5..7 of block 0
     src, dst = list(range(13, 16)), list(range(5, 8))
     out = repeats.partial_copy(pg, d, src, dst, readers)

@@ -11,12 +11,17 @@ from target.superdsc import LxMemory
 from simulator.timing import time_program
 from simulator.validate import validate_program
 from solver.emit import emit_program
-from solver.spyre import cpsat_planner
+from solver.spyre import steps
 from solver.spyre.cpsat_planner import plan_cpsat
 from solver.spyre.split_k_hold import hold_for_split_k, split_k_candidates
 
 HW = load_target("spyre")
 
+
+
+def _without_split_k(monkeypatch):
+    """The planner's post-solve steps without the split-K step (and so without its runner-up)."""
+    monkeypatch.setattr(steps, "POST_SOLVE_STEPS", tuple(s for s in steps.POST_SOLVE_STEPS if s.name != "split-K"))
 
 def gated_mlp(M: int, K: int, F: int, extra_reader: bool = False) -> PrimGraph:
     """y = down(silu(gate(x)) * up(x)); `extra_reader`: the product is also a graph output's
@@ -62,7 +67,7 @@ def test_down_projection_reads_the_held_product_split_k(monkeypatch):
     h = program.tensor_map()["h"]
     assert isinstance(h.memory, LxMemory) and not h.memory.per_tile
     # the step is what made it: without it the same solve ends slower, with h in device memory
-    monkeypatch.setattr(cpsat_planner, "hold_for_split_k", lambda *a, **k: None)
+    _without_split_k(monkeypatch)
     d0 = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
     program0, us0 = _simulated(pg, d0)
     assert not isinstance(program0.tensor_map()["h"].memory, LxMemory)
@@ -71,10 +76,10 @@ def test_down_projection_reads_the_held_product_split_k(monkeypatch):
 
 def test_nothing_moves_when_the_result_has_another_reader(monkeypatch):
     pg = gated_mlp(512, 2048, 8192, extra_reader=True)
-    monkeypatch.setattr(cpsat_planner, "hold_for_split_k", lambda *a, **k: None)
+    _without_split_k(monkeypatch)
     d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
     program, us = _simulated(pg, d)
-    assert hold_for_split_k(pg, HW, d, program, us) is None
+    assert hold_for_split_k(pg, HW, d, program, us).best is None
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.5])
@@ -86,36 +91,33 @@ def test_only_faster_plans_are_returned(scale):
     program, us = _simulated(pg, d)
     got = hold_for_split_k(pg, HW, d, program, us * scale)
     if scale < 1.0:
-        assert got is None
-    elif got is not None:
-        assert got[1] < us
-        assert _simulated(pg, got[0])[1] == pytest.approx(got[1])
+        assert got.best is None
+    elif got.best is not None:
+        assert got.us < us
+        assert _simulated(pg, got.best[0])[1] == pytest.approx(got.us)
 
 
 def test_the_fastest_slower_variant_is_handed_back_for_a_second_look(monkeypatch):
-    """Told a time no variant beats, the step returns nothing, and with `runner_up` it hands
-    back its fastest valid variant (the planner judges it again after its last fewer-tiles
+    """Told a time no variant beats, the step returns nothing better, and hands back its
+    fastest valid variant as `runner_up` (the planner judges it again after its last fewer-tiles
     pass); when a variant is faster, that one is returned and nothing is handed back."""
     from solver.spyre.fusion.trial import issues_of
 
     pg = gated_mlp(512, 2048, 8192)
-    monkeypatch.setattr(cpsat_planner, "hold_for_split_k", lambda *a, **k: None)
+    _without_split_k(monkeypatch)
     d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
     program, us = _simulated(pg, d)
-    runner_up: list = []
-    assert hold_for_split_k(pg, HW, d, program, us * 0.5, runner_up=runner_up) is None
-    assert len(runner_up) == 1
-    variant = runner_up[0]
+    got = hold_for_split_k(pg, HW, d, program, us * 0.5)
+    assert got.best is None and got.runner_up is not None
+    variant = got.runner_up
     assert not issues_of(variant, HW) and variant[2].total_us >= us * 0.5
     split = variant[0].ops["down"].core_split
     assert split.get("k", 1) > 1
     assert isinstance(variant[1].tensor_map()["h"].memory, LxMemory)
     # the fastest: no variant the step would try at the told time of its own is faster
     improved = hold_for_split_k(pg, HW, d, program, variant[2].total_us + 1e-6)
-    assert improved is not None and improved[1] == pytest.approx(variant[2].total_us)
-    runner_up.clear()
-    assert hold_for_split_k(pg, HW, d, program, variant[2].total_us + 1e-6, runner_up=runner_up) is not None
-    assert runner_up == []
+    assert improved.best is not None and improved.us == pytest.approx(variant[2].total_us)
+    assert improved.runner_up is None
 
 
 def test_candidates_are_k_reads_of_single_reader_intermediates():
@@ -137,7 +139,7 @@ def test_reader_at_the_producing_kernels_tile_count_stays_a_kernel_of_its_own(mo
 
     assert HW.lx_persists_across_bundles
     pg = gated_mlp(512, 2048, 8192)
-    monkeypatch.setattr(cpsat_planner, "hold_for_split_k", lambda *a, **k: None)
+    _without_split_k(monkeypatch)
     d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
     program, _ = _simulated(pg, d)
     members = _kernel_members(program, "prod")
@@ -170,22 +172,18 @@ def test_a_step_cut_by_the_deadline_says_so():
     time left they add no such note."""
     import time
 
-    from solver.spyre.fusion.retile import fewer_tiles
+    from solver.spyre.fusion.retile import fewer_tiles_pass
     from solver.spyre.fusion.trial import trial
 
     pg = gated_mlp(512, 2048, 8192)
     d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5, fuse=False)
     program, us = _simulated(pg, d)
-    cut: list[str] = []
-    assert hold_for_split_k(pg, HW, d, program, us, time.perf_counter() - 1.0, cut) is None
-    assert cut == ["split-K: stopped early (time limit)"]
-    cut.clear()
-    hold_for_split_k(pg, HW, d, program, us, None, cut)
-    assert cut == []
+    got = hold_for_split_k(pg, HW, d, program, us, time.perf_counter() - 1.0)
+    assert got.best is None and got.cut
+    assert not hold_for_split_k(pg, HW, d, program, us, None).cut
     # a plan with a kernel that loses to loop overhead: fewer tiles has trials to make
     tiled = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
     tr = trial(pg, HW, tiled)
-    fewer_tiles(pg, HW, tr, None, 0.0, cut_notes=cut)
-    assert cut == []
-    fewer_tiles(pg, HW, tr, time.perf_counter() - 1.0, 0.0, cut_notes=cut)
-    assert cut == ["fewer tiles: stopped early (time limit) after 0 trials"]
+    assert fewer_tiles_pass(pg, HW, tr, None, 0.0)[1] == []
+    assert fewer_tiles_pass(pg, HW, tr, time.perf_counter() - 1.0, 0.0)[1] == [
+        "fewer tiles: stopped early (time limit) after 0 trials"]

@@ -11,7 +11,7 @@ from target.op_rules import stick_options
 from target.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
 from lowering.validate import parse_document
 from target.hardware import load_target
-from solver.spyre.cpsat_planner import build_model
+from solver.spyre.model import build_model
 from solver.baseline.passes import plan_heuristic
 from solver.spyre.schedule import chain_order
 from solver.spyre.strategies import GraphContext, compatible_residency, make_strategy

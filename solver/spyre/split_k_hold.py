@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from target.primitives import PrimGraph, PrimOp
 from target.superdsc import HbmMemory, Program
+from solver.oracle import valid_program
 from solver.plan import PlanDecisions
 from solver.spyre.fusion.split_maps import factored_split, nearby_factors, result_split, split_through
-from solver.spyre.fusion.trial import issues_of, trial, valid_program
+from solver.spyre.fusion.trial import issues_of, trial
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers
 
 _READER_TILES = (64, 32, 16, 8)     # tried along the reader's N, most first (double buffering)
@@ -93,16 +94,29 @@ def split_k_candidates(pg: PrimGraph) -> list[tuple[PrimOp, int]]:
     return out
 
 
+@dataclass
+class SplitK:
+    """What `hold_for_split_k` found: the faster plan's trial (decisions, program, report)
+    and notes, or None; when nothing was faster, the fastest valid variant's trial
+    (`runner_up`: the producing kernel it re-tiled at more tiles may underfill, which the
+    planner's last fewer-tiles pass repairs, so the planner judges it again after that
+    pass); `cut`: the deadline stopped the step before it tried every variant."""
+
+    best: Optional[tuple] = None
+    notes: list[str] = field(default_factory=list)
+    runner_up: Optional[tuple] = None
+    cut: bool = False
+
+    @property
+    def us(self) -> Optional[float]:
+        return None if self.best is None else self.best[2].total_us
+
+
 def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, current_us: float,
-                     deadline: Optional[float] = None, cut_notes: Optional[list[str]] = None,
-                     runner_up: Optional[list] = None) -> Optional[tuple[PlanDecisions, float, list[str]]]:
+                     deadline: Optional[float] = None) -> SplitK:
     """`d` with matmul readers moved to split-K over results held in LX (module docstring),
-    one reader at a time, each change kept only when the whole program simulates faster.
-    Returns (plan, simulated us, notes), or None when nothing improved; a note goes to
-    `cut_notes` when the deadline stopped the step before it tried every variant. When
-    nothing improved and `runner_up` is given, the fastest valid variant's trial goes to it:
-    the producing kernel it re-tiled at more tiles may underfill, which the planner's last
-    fewer-tiles pass repairs, so the planner judges it again after that pass."""
+    one reader at a time, each change kept only when the whole program simulates faster
+    than `current_us` (`SplitK`)."""
     producer_of = {op.output.tensor: op for op in pg.ops}
     best, notes = None, []
     fastest = None   # the fastest valid variant of any reader, faster than the plan or not
@@ -127,13 +141,10 @@ def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, curr
             best = found
             notes.append(f"split-K over a held result: {reader.id} split {found[0].ops[reader.id].core_split} "
                          f"reads {t} from LX, simulated {cur_us:.1f} -> {found[2].total_us:.1f} us")
-    if timing.get("cut") and cut_notes is not None:
-        cut_notes.append("split-K: stopped early (time limit)")
+    cut = bool(timing.get("cut"))
     if best is None:
-        if runner_up is not None and fastest is not None:
-            runner_up.append(fastest)
-        return None
-    return best[0], best[2].total_us, notes
+        return SplitK(runner_up=fastest, cut=cut)
+    return SplitK(best=best, notes=notes, cut=cut)
 
 
 def _nontrivial_dims(shape) -> list[int]:

@@ -34,7 +34,7 @@ from target.op_rules import (
 )
 from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
 from target.geometry import (
-    box_lx_bytes, core_ranges, default_core_slices, dim_chunk, make_layout, operand_box, padded,
+    box_lx_bytes, core_ranges, default_core_slices, dim_chunk, first_slice_spans, make_layout, operand_box, padded,
     reduction_split,
 )
 from solver.spyre.cost_model import OpCostParts, OpView, op_cost_parts
@@ -221,8 +221,6 @@ def _grouped_spans_fit(op: PrimOp, ctx: GraphContext, split: dict[str, int], gra
     """A grouped (mixture-of-experts) matmul's expert weights are the largest tensor of a
     layer (Mixtral-8x7B: 1.8 GB): a split whose first core would span more than
     `per_core_span_bytes` of an operand is no strategy (the validator refuses it)."""
-    from target.geometry import first_slice_spans
-
     names = [a.tensor for a in op.inputs] + [op.output.tensor]
     spans = first_slice_spans(op, split, gran, {n: layouts[n] for n in names},
                               {n: ctx.shapes[n] for n in names}, {n: ctx.dtypes[n] for n in names})

@@ -28,7 +28,7 @@ from target.primitives import PrimGraph
 from target.geometry import core_ranges, largest_tile_lx_bytes, op_granules, padded, parsed_prim
 from target.superdsc import HbmMemory, LxMemory, Program, fused_group_key, lx_live_spans
 from simulator.validate import validate_program
-from solver.emit import emit_program
+from solver.oracle import program_and_issues
 from solver.plan import PlanDecisions, Residency
 
 _MAX_ROUNDS = 4
@@ -231,11 +231,9 @@ def _place_and_check(pg: PrimGraph, hw, d: PlanDecisions, program: Program, cand
         for t, addr in addresses.items():
             resident[t] = residency(addr)
         trial_d = replace(d, resident=resident)
-        try:
-            prog = emit_program(pg, hw, trial_d)
-        except ValueError:
+        prog, issues = program_and_issues(pg, hw, trial_d)
+        if prog is None:
             return None
-        issues = validate_program(prog, hw)
         if not issues:
             return TileBufferResult(trial_d, prog, sorted(addresses), dropped, [])
         named = {i.tensor: i.code for i in issues if getattr(i, "tensor", None) in addresses}

@@ -15,10 +15,11 @@ from target.geometry import (box_contains, core_ranges, default_core_slices, lay
                                 operand_box)
 from target.superdsc import CoreSlice, Program, fused_group_key
 from simulator.timing import time_program
+from solver.oracle import valid_program
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.fusion.meet import meet_splits, tiles_that_fit
 from solver.spyre.fusion.split_maps import head_split, result_split, split_through
-from solver.spyre.fusion.trial import issues_of, trial, valid_program
+from solver.spyre.fusion.trial import issues_of, trial
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers, whole_candidates
 
 # results handed between kernels through device memory that `hold_in_lx` tries to keep in

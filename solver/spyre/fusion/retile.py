@@ -18,29 +18,38 @@ RETILE_MIN_US = 5.0
 
 
 def fewer_tiles(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float,
-                limit: int = RETILE_TRIALS, cut_notes: Optional[list[str]] = None) -> tuple:
+                limit: int = RETILE_TRIALS) -> tuple:
+    """`fewer_tiles_pass` without its note: the trial kept."""
+    return fewer_tiles_pass(pg, hw, tr, deadline, trial_s, limit)[0]
+
+
+def fewer_tiles_pass(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float,
+                     limit: int = RETILE_TRIALS) -> tuple[tuple, list[str]]:
     """Kernels whose members underfill the stream (a small per-core tile: the timing
     model's `underfill_curve`) or pay much loop overhead, with a half and a quarter of
     their tile count, the kernels losing the most to both first, each kept where the whole
     program is valid and faster. The tile counts were chosen per run before merges, re-splits and LX holds
     changed the kernels (and a whole trial at one count for every run may have won), so a
     kernel can be left with more tiles than its pointwise members stream well. Passes
-    repeat until one keeps nothing (`limit` counts the trials of all of them). A note goes
-    to `cut_notes` when the deadline stopped the pass before its last trial."""
+    repeat until one keeps nothing (`limit` counts the trials of all of them). Returns the
+    trial kept and a note when the deadline stopped the pass before its last trial."""
     tried = 0
+    notes: list[str] = []
     while True:
         before = tr[2].total_us
-        tr, tried, stop = _one_pass(pg, hw, tr, deadline, trial_s, limit, tried, cut_notes)
+        tr, tried, stop, cut = _one_pass(pg, hw, tr, deadline, trial_s, limit, tried)
+        if cut:
+            notes.append(f"fewer tiles: stopped early (time limit) after {tried} trials")
         # a halved kernel may stream better halved again, and one kernel's change moves
         # another's loss: passes repeat until one finds nothing
         if stop or tr[2].total_us >= before:
-            return tr
+            return tr, notes
 
 
 def _one_pass(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float, limit: int,
-              tried: int, cut_notes: Optional[list[str]]) -> tuple[tuple, int, bool]:
+              tried: int) -> tuple[tuple, int, bool, bool]:
     """One pass over the kernels, losers first: (the trial kept, trials so far, whether the
-    limit or the deadline stopped it)."""
+    limit or the deadline stopped it, whether it was the deadline)."""
     fused_d, prog, rep = tr
     kernels: dict[int, list] = {}
     for o in rep.ops:
@@ -61,11 +70,9 @@ def _one_pass(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: 
         best = None
         for f in (2, 4):
             if tried >= limit:
-                return (fused_d, prog, rep), tried, True
+                return (fused_d, prog, rep), tried, True, False
             if deadline is not None and time.perf_counter() + 2 * trial_s > deadline:
-                if cut_notes is not None:
-                    cut_notes.append(f"fewer tiles: stopped early (time limit) after {tried} trials")
-                return (fused_d, prog, rep), tried, True
+                return (fused_d, prog, rep), tried, True, True
             ops = dict(fused_d.ops)
             for oid in ids:
                 p = ops.get(oid, OpPlan())
@@ -86,7 +93,7 @@ def _one_pass(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: 
             break
         if best is not None:
             fused_d, prog, rep = best
-    return (fused_d, prog, rep), tried, False
+    return (fused_d, prog, rep), tried, False, False
 
 
 def _results(pg: PrimGraph, ids: list[str]) -> set[str]:

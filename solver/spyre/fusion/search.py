@@ -44,11 +44,12 @@ from target.primitives import PrimGraph
 from target.superdsc import Program
 from simulator.timing import TimingReport, time_program
 from solver.emit import emit_program
+from solver.oracle import valid_program
 from solver.plan import PlanDecisions
 from solver.spyre.fusion import hold, merge, retile, revisit
 from solver.spyre.fusion.runs import (OwnCores, assign_tiles, find_runs, span_us, tile_dims, with_tiles,
                                       without_run_cuts)
-from solver.spyre.fusion.trial import issues_of, trial, valid_program
+from solver.spyre.fusion.trial import issues_of, trial
 from solver.spyre.fusion.variants import SPLIT_VARIANTS, Variant, split_variants
 
 TILE_COUNTS = (2, 4, 8, 16, 32, 64)

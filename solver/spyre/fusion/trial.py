@@ -1,7 +1,7 @@
 """One trial of the fusion search and the validity check every step uses: a plan emitted,
 given the tile buffers the validator accepts, and timed (`trial`); the validator's issues
-with a trial's program (`issues_of`); a plan's program when it emits and validates
-(`valid_program`)."""
+with a trial's program (`issues_of`). A plan's program when it emits and validates is the oracle's
+(`solver.oracle.valid_program`)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -46,11 +46,3 @@ def issues_of(tr: tuple, hw) -> list:
     """The validator's issues with a trial's program ([]: valid)."""
     known = getattr(tr, "issues", None)
     return known if known is not None else validate_program(tr[1], hw)
-
-
-def valid_program(pg: PrimGraph, hw, d: PlanDecisions) -> Optional[Program]:
-    try:
-        prog = emit_program(pg, hw, d)
-    except ValueError:
-        return None
-    return None if validate_program(prog, hw) else prog

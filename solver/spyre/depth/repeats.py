@@ -19,13 +19,13 @@ the model, and the search it needs, 32 times a layer's; here the planner instead
 3. copies its decisions to every copy (`copy_decisions`: ops, weight layouts, residencies,
    restickify splits, bundle starts and op order renamed through the copy's op and tensor
    maps) and to the ops just outside the copies that repeat the block's end and start
-   (`partial_edges`, `partial_copy`), plans what does not repeat by `solver.spyre.windows`,
+   (`partial_edges`, `partial_copy`), plans what does not repeat by `solver.spyre.depth.windows`,
    and composes one plan (`merge`): each segment starts a bundle (no LX residency crosses a
    seam) and the emitter inserts the restickifies the layouts on both sides of a seam need;
 4. emits and validates the whole program once (repairs at seams: tile buffers a seam
    restickify lands in go to device memory, a seam restickify whose split does not divide
    runs on one core, else the hint's plan for the edges), lets segments the hint runs
-   faster take its decisions (`_hybrid`), and returns the result only when it simulates no
+   faster take its decisions (`hybrid`), and returns the result only when it simulates no
    slower than the whole graph's hint (validated; the naive plan when it is invalid);
    otherwise the hint, with status HINT.
 The CP-SAT models solved are one copy's and the windows', so their size follows the number
@@ -33,24 +33,21 @@ of distinct layers, not the depth.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import numpy as np
 
-from target.primitives import PrimGraph, PrimTensor, body_to_json
+from target.primitives import PrimGraph, body_to_json
+from simulator.timing import time_program
+from solver.oracle import checked_program
 from solver.plan import OpPlan, PlanDecisions
-
-# A block shorter than this is not worth a representative solve (the seams would dominate).
-MIN_BLOCK_OPS = 8
-# How many candidate periods `find_repeats` checks (the most frequent distances first).
-MAX_PERIODS = 256
-# The repeated path is taken when the copies cover at least this share of the graph's ops
-# and there are at least MIN_COPIES of them (two copies are one model twice a layer's size:
-# the whole-graph solve handles that, and sees the one seam).
-MIN_COVERAGE = 0.5
-MIN_COPIES = 3
+from solver.spyre import budget
+from solver.spyre.depth.hint import checked_hint, reserve_s, timed_hint_report, whole_hint
+from solver.spyre.depth.segments import keep_part, merge, out_stick, reader_index, solve_segment
+from solver.spyre.depth.windows import plan_windows
 
 
 @dataclass
@@ -58,7 +55,6 @@ class Repeats:
     """`copies` blocks of `period` consecutive ops starting at op index `start` (of the
     graph as given, in its op order) are isomorphic: op `start + c * period + j` of copy c
     corresponds to op j of every other copy."""
-
     start: int
     period: int
     copies: int
@@ -73,8 +69,6 @@ class Repeats:
 
 
 def _json_key(obj) -> str:
-    import json
-
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
@@ -111,10 +105,10 @@ def _candidate_periods(sig: np.ndarray, n: int) -> list[int]:
         j = last.get(s)
         if j is not None:
             p = i - j
-            if MIN_BLOCK_OPS <= p <= n // 2:
+            if budget.MIN_BLOCK_OPS <= p <= n // 2:
                 count[p] = count.get(p, 0) + 1
         last[s] = i
-    return [p for p, _ in sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_PERIODS]]
+    return [p for p, _ in sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))[:budget.MAX_PERIODS]]
 
 
 def _longest_run(eq: np.ndarray) -> tuple[int, int]:
@@ -143,9 +137,9 @@ def _edges(pg: PrimGraph, producer_idx: dict[str, int], block: range) -> Optiona
 
 def find_repeats(pg: PrimGraph, min_copies: int = 2) -> Optional[Repeats]:
     """The repeated block covering the most ops of `pg` (module docstring), or None.
-    Linear in ops per candidate period, at most `MAX_PERIODS` periods."""
+    Linear in ops per candidate period, at most `budget.MAX_PERIODS` periods."""
     n = len(pg.ops)
-    if n < 2 * MIN_BLOCK_OPS:
+    if n < 2 * budget.MIN_BLOCK_OPS:
         return None
     sig = np.asarray(op_signatures(pg), dtype=np.int64)
     best: Optional[Repeats] = None
@@ -212,43 +206,10 @@ def _verified(pg: PrimGraph, rep: Repeats, min_copies: int) -> Optional[Repeats]
     return Repeats(rep.start + best_a * rep.period, rep.period, best_len)
 
 
-# -- sub-graphs ---------------------------------------------------------------------------------
-def subgraph(pg: PrimGraph, idx: range | list[int], name: str,
-             consumers_after: Optional[set[str]] = None) -> PrimGraph:
-    """The ops `idx` of `pg` as a graph of their own: tensors they read but do not produce
-    become graph inputs (an intermediate one as a `user_input`, arriving in its default
-    layout unless the plan's `input_sticks` says otherwise); tensors they produce that an op
-    outside reads, or that are outputs of `pg`, become outputs. `consumers_after`: the
-    tensors read outside `idx` (computed when None)."""
-    ops = [pg.ops[i] for i in idx]
-    produced = {op.output.tensor for op in ops}
-    if consumers_after is None:
-        inside = set(id(op) for op in ops)
-        consumers_after = {a.tensor for op in pg.ops if id(op) not in inside for a in op.inputs}
-    tensors: dict[str, PrimTensor] = {}
-    inputs: list[str] = []
-    for op in ops:
-        for a in op.inputs:
-            t = pg.tensors[a.tensor]
-            if a.tensor not in produced and a.tensor not in tensors:
-                inputs.append(a.tensor)
-                if t.role == "intermediate":
-                    t = replace(t, role="user_input")
-            tensors.setdefault(a.tensor, t)
-        tensors.setdefault(op.output.tensor, pg.tensors[op.output.tensor])
-    graph_out = set(pg.outputs)
-    outputs = [op.output.tensor for op in ops
-               if op.output.tensor in graph_out or op.output.tensor in consumers_after]
-    if not outputs:
-        outputs = [ops[-1].output.tensor]
-    return PrimGraph(name, tensors, ops, inputs, outputs, source_hash="", meta=dict(pg.meta))
-
-
 # -- copying a plan ---------------------------------------------------------------------------
 @dataclass
 class CopyMap:
     """Op and tensor renaming from the representative copy to another copy."""
-
     ops: dict[str, str] = field(default_factory=dict)
     tensors: dict[str, str] = field(default_factory=dict)
 
@@ -338,95 +299,17 @@ def partial_copy(pg: PrimGraph, rep_d: PlanDecisions, src: list[int], dst: list[
     return d
 
 
-def merge(parts: list[tuple[PlanDecisions, list[str]]], planner: str = "cpsat") -> PlanDecisions:
-    """One plan from per-segment plans, each with its segment's op ids in order; segments
-    are listed in op order, each starts a bundle, the op order is theirs concatenated."""
-    d = PlanDecisions(planner=planner)
-    for part, seg_ops in parts:
-        d.ops.update(part.ops)
-        for t, s in part.input_sticks.items():
-            d.input_sticks.setdefault(t, s)
-        d.resident.update(part.resident)
-        d.restick_ops.update(part.restick_ops)
-        starts = list(part.bundle_starts)
-        if seg_ops and seg_ops[0] not in starts:
-            starts.insert(0, seg_ops[0])
-        d.bundle_starts.extend(starts)
-        order = part.op_order if len(part.op_order) == len(seg_ops) else seg_ops
-        d.op_order.extend(order)
-    return d
-
-
 def repeats_note(rep: Repeats, n_ops: int) -> str:
     return (f"repeats: {rep.copies} copies of a {rep.period}-op block from op {rep.start} "
             f"({rep.copies * rep.period} of {n_ops} ops); one copy solved, decisions reused")
 
 
-# -- the planner step ---------------------------------------------------------------------------
-# What follows the solves scales with the whole graph: emitting, validating and simulating
-# the composed plan, and `planners.plan()` emitting, validating and bounding it once more.
-# In deterministic mode the reserve for it comes from counts only: RESERVE_BASE_S +
-# RESERVE_S_PER_OP per op. In wall-clock mode it follows this machine's speed right now:
-# the whole graph's hint is emitted and simulated first (its time is needed anyway), and
-# what follows the solves is about RESERVE_POST_FACTOR times that (two emits, two
-# validations, one simulation and the lower bound of a program of the same size; measured
-# 2026-12-01 on the 32-layer Llama, 1995 ops, 2 shared cores: hint emit + simulate 0.6 s,
-# what followed 3.1 s at load 1; 1.4 s and 4.3-5.0 s at load 2.5), never below
-# RESERVE_FLOOR_S_PER_OP per op.
-RESERVE_S_PER_OP = 0.002
-RESERVE_FLOOR_S_PER_OP = 0.001
-RESERVE_POST_FACTOR = 5.0
-RESERVE_BASE_S = 0.3
-# Of what is left for solving, what does not repeat gets its share of the op decisions the
-# solves make (the representative decides `copies` times its ops), at most 1 -
-# REPRESENTATIVE_SHARE; a share below `windows.MIN_WINDOW_S` goes to the representative.
-# (By ops alone, 26 + 19 ops around 31 copies of 62 took 35% of the time for 2% of the
-# decisions: the 32-layer Llama at 10 s gave its prologue a 1.5 s solve and the copy 3.6 s.)
-REPRESENTATIVE_SHARE = 0.65
-# In wall-clock mode the representative's CP-SAT pipeline is given this share of its
-# seconds (windows get `windows.SEGMENT_LIMIT_SHARE`): it stops its fusion search at its
-# own deadline, and what follows it here is in the reserve above.
-REPRESENTATIVE_LIMIT_SHARE = 0.95
-# The representative decides `copies` times its ops, and the fusion search's result varies
-# with the CP-SAT optimum it starts from (deterministic, 62-op Llama block, 4 s each: seeds
-# 1-4 gave 4282.5, 4737.1, 4576.6, 4704.5 us): while its share lasts it is solved again
-# with another seed, up to REPRESENTATIVE_MAX_DRAWS times, and the fastest is kept. Wall
-# clock: another draw when what is left is at least REPRESENTATIVE_DRAW_FACTOR times the
-# mean draw so far; deterministic: the share is split into draws of at least
-# REPRESENTATIVE_DRAW_S seconds, so one draw at 10 s and four at 30 s on the 32-layer
-# Llama (there, with three draws, 138.7 -> 133.6 ms, 2026-12-01).
-REPRESENTATIVE_MAX_DRAWS = 4
-REPRESENTATIVE_DRAW_FACTOR = 1.2
-REPRESENTATIVE_DRAW_S = 5.0
-
-
-def _hint_report(pg: PrimGraph, hw, hint_d: PlanDecisions):
-    """Simulated time and timing report of the whole graph's hint (emitted, not validated
-    here: when it is returned, `planners.plan()` validates it like any plan); (inf, None)
-    when it cannot be emitted."""
-    from simulator.timing import time_program
-    from solver.emit import emit_program
-
-    try:
-        report = time_program(emit_program(pg, hw, replace(hint_d, op_order=[])), hw)
-    except ValueError:
-        return float("inf"), None
-    return report.total_us, report
-
-
-# The hybrid is tried only when the segments the hint runs faster add up to this share.
-HYBRID_MIN_GAIN = 0.002
-
-
-def _hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hint_d: PlanDecisions, hint_report,
-            readers: dict, us: float, notes: list, compose) -> Optional[tuple[PlanDecisions, float]]:
+def hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hint_d: PlanDecisions, hint_report,
+           readers: dict, us: float, compose) -> tuple[Optional[tuple[PlanDecisions, float]], Optional[str]]:
     """Segments (a copy, an edge, a window) whose ops the hint runs faster (simulated, op by
     op) take the hint's decisions; the result is emitted, validated and simulated once and
-    returned when faster than `us`, else None."""
-    from simulator.timing import time_program
-    from solver.spyre.cpsat_planner import _program_or_none
-    from solver.spyre.windows import keep_part
-
+    returned (with its simulated us) when faster than `us`, else None; and a note when it
+    was tried."""
     mine = {o.op_id: o.end_us - o.start_us for o in report.ops}
     theirs = {o.op_id: o.end_us - o.start_us for o in hint_report.ops}
     pos = {op.id: i for i, op in enumerate(pg.ops)}
@@ -440,82 +323,34 @@ def _hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hin
             swapped += 1
         else:
             out.append((part, ids))
-    if not swapped or gain < HYBRID_MIN_GAIN * us:
-        return None   # not worth another emit, validation and simulation of the whole graph
+    if not swapped or gain < budget.HYBRID_MIN_GAIN * us:
+        return None, None   # not worth another emit, validation and simulation of the whole graph
     cand = compose(out)
-    prog, _ = _program_or_none(pg, hw, cand)
+    prog, _ = checked_program(pg, hw, cand)
     if prog is None:
-        notes.append(f"hybrid with the hint on {swapped} segments: invalid, not taken")
-        return None
+        return None, f"hybrid with the hint on {swapped} segments: invalid, not taken"
     cand_us = time_program(prog, hw).total_us
-    notes.append(f"hybrid with the hint on {swapped} of {len(parts)} segments: simulated {cand_us:.1f} us "
-                 f"({'taken' if cand_us < us else 'not taken'}, was {us:.1f})")
-    return (cand, cand_us) if cand_us < us else None
-
-
-def _checked_hint(pg: PrimGraph, hw, hint_d: PlanDecisions, hint_us: float,
-                  notes: list) -> tuple[PlanDecisions, float]:
-    """The hint, validated before it is returned; when the validator rejects it (the
-    heuristic fails on some graphs, e.g. a cumsum split on GPT-2's position ids), the naive
-    plan takes its place."""
-    from simulator.timing import time_program
-    from solver.naive import plan_naive
-    from solver.spyre.cpsat_planner import _program_or_none
-
-    prog, issues = _program_or_none(pg, hw, replace(hint_d, op_order=[]))
-    if prog is not None:
-        return hint_d, hint_us
-    notes.append("the hint is invalid (" + "; ".join(f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}"
-                                                      for i in issues[:2]) + "): the naive plan stands in")
-    naive = plan_naive(pg, hw)
-    prog, _ = _program_or_none(pg, hw, naive)
-    return naive, (time_program(prog, hw).total_us if prog is not None else float("inf"))
-
-
-def _reserve_s(n_ops: int, post_s: Optional[float] = None) -> float:
-    """Seconds kept for what follows the solves (comment above `RESERVE_S_PER_OP`);
-    `post_s`: in wall-clock mode, the measured seconds of emitting and simulating the whole
-    graph's hint."""
-    if post_s is None:
-        return RESERVE_BASE_S + RESERVE_S_PER_OP * n_ops
-    return RESERVE_BASE_S + max(RESERVE_FLOOR_S_PER_OP * n_ops, RESERVE_POST_FACTOR * post_s)
-
-
-def _timed_hint_report(pg: PrimGraph, hw, hint_d: PlanDecisions):
-    """`_hint_report` and the seconds it took."""
-    t = time.perf_counter()
-    us, report = _hint_report(pg, hw, hint_d)
-    return us, report, time.perf_counter() - t
-
-
-def _whole_hint(pg: PrimGraph, hw, hint_d: Optional[PlanDecisions]) -> PlanDecisions:
-    """The whole graph's starting plan (the heuristic's unless given)."""
-    if hint_d is None:
-        from solver.baseline.passes import plan_heuristic
-        hint_d = plan_heuristic(pg, hw)
-    return hint_d
+    note = (f"hybrid with the hint on {swapped} of {len(parts)} segments: simulated {cand_us:.1f} us "
+            f"({'taken' if cand_us < us else 'not taken'}, was {us:.1f})")
+    return ((cand, cand_us) if cand_us < us else None), note
 
 
 def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
                rep: Optional[Repeats] = None, hint_d: Optional[PlanDecisions] = None) -> Optional[PlanDecisions]:
     """The repeated-structure plan of `pg` (module docstring), or None when `pg` has no
-    repeated block covering `MIN_COVERAGE` of its ops. `pg` is in the planner's op order;
+    repeated block covering `budget.MIN_COVERAGE` of its ops. `pg` is in the planner's op order;
     `t0` is when the whole compile started (the time limit covers everything from there,
     `planners.plan()`'s own emit, validation and bound included). `hint_d`: the whole
     graph's starting plan (the heuristic's when None)."""
-    from simulator.timing import time_program
-    from solver.spyre.cpsat_planner import _program_or_none
-    from solver.spyre.windows import out_stick, plan_windows, reader_index, solve_segment
-
     n = len(pg.ops)
-    rep = rep or find_repeats(pg, min_copies=MIN_COPIES)
-    if rep is None or rep.copies * rep.period < MIN_COVERAGE * n:
+    rep = rep or find_repeats(pg, min_copies=budget.MIN_COPIES)
+    if rep is None or rep.copies * rep.period < budget.MIN_COVERAGE * n:
         return None
     notes = [repeats_note(rep, n)]
     limit = float(time_limit_s)
-    hint_d = _whole_hint(pg, hw, hint_d)
-    hint_us, hint_report, post_s = _timed_hint_report(pg, hw, hint_d)
-    reserve = _reserve_s(n, None if deterministic else post_s)
+    hint_d = whole_hint(pg, hw, hint_d)
+    hint_us, hint_report, post_s = timed_hint_report(pg, hw, hint_d)
+    reserve = reserve_s(n, None if deterministic else post_s)
     notes.append(f"budget: {limit:g} s for the whole compile, {reserve:.1f} s of it kept for composing, "
                  "checking and validating the whole program")
     before, after = partial_edges(pg, rep)
@@ -523,9 +358,8 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     # deterministic: shares of the limit from counts only; else what is left of the wall clock
     avail = limit - reserve - (0.0 if deterministic else time.perf_counter() - t0)
     avail = max(0.0, avail)
-    rest_s = avail * min(1.0 - REPRESENTATIVE_SHARE, rest_ops / (rest_ops + rep.copies * rep.period))
-    from solver.spyre.windows import MIN_WINDOW_S
-    if rest_s < MIN_WINDOW_S:
+    rest_s = avail * min(1.0 - budget.REPRESENTATIVE_SHARE, rest_ops / (rest_ops + rep.copies * rep.period))
+    if rest_s < budget.MIN_WINDOW_S:
         rest_s = 0.0   # too short for a solve: the rest keeps its heuristic plan, the copy gets it all
     rep_s = avail - rest_s
     readers = reader_index(pg)
@@ -558,12 +392,13 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
                  if a.tensor in producer and producer_pos[a.tensor] < rep.start}
     rep_notes: list[str] = []
     # deterministic: the share is split into equal draws up front (counts only)
-    draws = max(1, min(REPRESENTATIVE_MAX_DRAWS, int(rep_s // REPRESENTATIVE_DRAW_S))) if deterministic else 1
+    draws = max(1, min(budget.REPRESENTATIVE_MAX_DRAWS, int(rep_s // budget.REPRESENTATIVE_DRAW_S))) if deterministic else 1
     draw_s = rep_s / draws
     rep_inputs = shared_in
-    rep_d = solve_segment(pg, block, hw, time_limit_s=draw_s, deterministic=deterministic,
-                          input_sticks=rep_inputs, name="representative", notes=rep_notes,
-                          limit_share=REPRESENTATIVE_LIMIT_SHARE)
+    rep_d, note = solve_segment(pg, block, hw, time_limit_s=draw_s, deterministic=deterministic,
+                                input_sticks=rep_inputs, name="representative",
+                                limit_share=budget.REPRESENTATIVE_LIMIT_SHARE)
+    rep_notes.append(note)
 
     def mismatched(d: PlanDecisions) -> dict:
         out = {}
@@ -583,9 +418,10 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         # solve left of its share
         left = 0.5 * draw_s if deterministic else rep_s - (time.perf_counter() - t_rep)
         if left >= 1.0:
-            again = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
-                                  input_sticks={**shared_in, **fix}, name="representative (periodic inputs)",
-                                  notes=rep_notes, limit_share=REPRESENTATIVE_LIMIT_SHARE)
+            again, note = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
+                                        input_sticks={**shared_in, **fix}, name="representative (periodic inputs)",
+                                        limit_share=budget.REPRESENTATIVE_LIMIT_SHARE)
+            rep_notes.append(note)
             if not mismatched(again) and pred_us(again) <= pred_us(rep_d) * 1.05:
                 rep_d, rep_inputs = again, {**shared_in, **fix}
         else:
@@ -594,17 +430,18 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     # more draws (another CP-SAT seed: another of the model's optima, which the fusion search
     # turns into a program 0-10% faster or slower) while the share lasts; the fastest is kept
     seed = 1
-    while seed < REPRESENTATIVE_MAX_DRAWS:
+    while seed < budget.REPRESENTATIVE_MAX_DRAWS:
         t_draw = time.perf_counter()
         left = draw_s if deterministic else rep_s - (t_draw - t_rep)
         if deterministic and seed >= draws:
             break
-        if not deterministic and left < max(MIN_WINDOW_S, REPRESENTATIVE_DRAW_FACTOR * (t_draw - t_rep) / seed):
+        if not deterministic and left < max(budget.MIN_WINDOW_S, budget.REPRESENTATIVE_DRAW_FACTOR * (t_draw - t_rep) / seed):
             break
         seed += 1
-        again = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
-                              input_sticks=rep_inputs, name=f"representative (seed {seed})", notes=rep_notes,
-                              limit_share=REPRESENTATIVE_LIMIT_SHARE, seed=seed)
+        again, note = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
+                                    input_sticks=rep_inputs, name=f"representative (seed {seed})",
+                                    limit_share=budget.REPRESENTATIVE_LIMIT_SHARE, seed=seed)
+        rep_notes.append(note)
         if not mismatched(again) and pred_us(again) < pred_us(rep_d):
             rep_d = again
     if seed > 1:
@@ -660,9 +497,10 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         if not deterministic:
             share = min(share, max(0.0, t0 + limit - reserve - time.perf_counter()) * (
                 1.0 if k == 1 or not rest_idx[1] else len(idx) / rest_ops))
-        got = plan_windows(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
-                           budget_s=share, deterministic=deterministic, input_sticks=sticks, notes=notes,
-                           name="prologue" if k == 0 else "epilogue", readers=readers)
+        got, window_notes = plan_windows(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
+                                         budget_s=share, deterministic=deterministic, input_sticks=sticks,
+                                         name="prologue" if k == 0 else "epilogue", readers=readers)
+        notes += window_notes
         (pre if k == 0 else post).extend(got)
         for part, ids in got:
             idset = set(ids)
@@ -693,7 +531,7 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     # reused decisions do not validate, the edges are planned as the rest is (heuristic)
     t_check = time.perf_counter()
     composed = compose(pre + head + copies + tail + post)
-    prog, issues = _program_or_none(pg, hw, composed)
+    prog, issues = checked_program(pg, hw, composed)
     for _ in range(3):
         # a seam can put a restickify inside a reused fused kernel: such tile buffers go
         # to device memory (the kernel stays); a restickify a seam adds whose default split
@@ -713,23 +551,23 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         composed = replace(composed, resident={t: r for t, r in composed.resident.items()
                                                if t not in bad and t not in sources},
                            restick_ops={**composed.restick_ops, **{k: OpPlan() for k in resticks}})
-        prog, issues = _program_or_none(pg, hw, composed)
+        prog, issues = checked_program(pg, hw, composed)
     if prog is None and (head or tail):
         notes.append("composed plan invalid (" + "; ".join(
             f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) +
             "): edges planned by the hint")
-        from solver.spyre.windows import keep_part
-        valid_hint, _ = _checked_hint(pg, hw, hint_d, 0.0, notes)
+        valid_hint, _, hint_note = checked_hint(pg, hw, hint_d, 0.0)
+        notes += [hint_note] if hint_note else []
         edge = [(keep_part(pg, valid_hint, list(range(0, rep.start)), readers), None),
                 (keep_part(pg, valid_hint, list(range(rep.stop, n)), readers), None)]
         composed = compose([(p_, p_.op_order) for p_, _ in edge[:1] if p_.ops] + copies +
                            [(p_, p_.op_order) for p_, _ in edge[1:] if p_.ops])
-        prog, issues = _program_or_none(pg, hw, composed)
+        prog, issues = checked_program(pg, hw, composed)
     if prog is None and composed.resident:
         notes.append("composed plan invalid (" + "; ".join(
             f"{getattr(i, 'code', '')}: {getattr(i, 'message', i)}" for i in issues[:3]) + "): LX residencies dropped")
         composed = replace(composed, resident={}, restick_ops={})
-        prog, issues = _program_or_none(pg, hw, composed)
+        prog, issues = checked_program(pg, hw, composed)
     seam = ""
     if prog is None:
         notes.append("composed plan failed validation: " + "; ".join(
@@ -741,13 +579,15 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         per_copy = rep_d.stats.get("predicted_us")
         seam = f", representative predicted {per_copy:.1f} us x {rep.copies}" if per_copy else ""
         if hint_report is not None and (deterministic or time.perf_counter() < t0 + limit - 0.6 * reserve):
-            better = _hybrid(pg, hw, composed, pre + head + copies + tail + post, report, hint_d, hint_report,
-                             readers, us, notes, compose)
+            better, hybrid_note = hybrid(pg, hw, composed, pre + head + copies + tail + post, report, hint_d,
+                                         hint_report, readers, us, compose)
+            notes += [hybrid_note] if hybrid_note else []
             if better is not None:
                 composed, us = better
     phase["compose and check"] = time.perf_counter() - t_check
     if us > hint_us:
-        hint_d, hint_us = _checked_hint(pg, hw, hint_d, hint_us, notes)
+        hint_d, hint_us, hint_note = checked_hint(pg, hw, hint_d, hint_us)
+        notes += [hint_note] if hint_note else []
     if us <= hint_us:
         out = composed
         notes.append(f"repeated-structure plan simulated {us:.1f} us (hint {hint_us:.1f} us{seam})")
@@ -764,71 +604,3 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
 
 
 # Graphs without a repeated block and more ops than this are planned in windows.
-WINDOWS_ABOVE_OPS = 300
-
-
-def plan_whole(pg: PrimGraph, hw, *, time_limit_s: Optional[float], deterministic: bool, t0: float,
-               hint_d: Optional[PlanDecisions] = None) -> Optional[PlanDecisions]:
-    """The planner's depth step (`solver.spyre.cpsat_planner.plan_cpsat`): the repeated-
-    structure plan (`plan_depth`) when `pg` repeats, else the windowed plan
-    (`plan_windowed`) when it has more than `WINDOWS_ABOVE_OPS` ops, else None (one CP-SAT
-    model for the whole graph). The result's op order is set."""
-    from solver.spyre.cpsat_planner import DEFAULT_TIME_LIMIT_S
-    from solver.spyre.schedule import chain_order
-
-    limit = float(time_limit_s) if time_limit_s else DEFAULT_TIME_LIMIT_S
-    pg = chain_order(pg)
-    d = plan_depth(pg, hw, time_limit_s=limit, deterministic=deterministic, t0=t0, hint_d=hint_d)
-    if d is None and len(pg.ops) > WINDOWS_ABOVE_OPS:
-        d = plan_windowed(pg, hw, time_limit_s=limit, deterministic=deterministic, t0=t0, hint_d=hint_d)
-    if d is not None and not d.op_order:
-        d.op_order = [op.id for op in pg.ops]
-    return d
-
-
-def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
-                  hint_d: Optional[PlanDecisions] = None) -> PlanDecisions:
-    """A graph with nothing repeated, planned in windows then improved by a large-
-    neighbourhood search over the whole plan (`solver.spyre.windows`), never slower
-    (simulated) than the whole graph's hint."""
-    from simulator.timing import time_program
-    from solver.spyre.cpsat_planner import _program_or_none
-    from solver.spyre.windows import WINDOW_OPS, improve_windows, plan_windows
-
-    n = len(pg.ops)
-    limit = float(time_limit_s)
-    hint_d = _whole_hint(pg, hw, hint_d)
-    hint_us, _, post_s = _timed_hint_report(pg, hw, hint_d)
-    reserve = _reserve_s(n, None if deterministic else post_s)
-    avail = max(0.0, limit - reserve - (0.0 if deterministic else time.perf_counter() - t0))
-    deadline = None if deterministic else t0 + limit - reserve
-    notes = [f"windows: {n} ops, no repeated block; windows of at most {WINDOW_OPS} ops"]
-    first_s = 0.6 * avail
-    parts = plan_windows(pg, list(range(n)), hw, deadline=None if deterministic else t0 + limit - reserve - 0.4 * avail,
-                         budget_s=first_s, deterministic=deterministic, notes=notes)
-    d = merge(parts)
-    d.input_sticks = {t: s for t, s in d.input_sticks.items() if t in set(pg.inputs)}
-
-    def evaluate(cand: PlanDecisions) -> Optional[float]:
-        cand.input_sticks = {t: s for t, s in cand.input_sticks.items() if t in set(pg.inputs)}
-        prog, _ = _program_or_none(pg, hw, cand)
-        return None if prog is None else time_program(prog, hw).total_us
-    us = evaluate(d)
-    if us is None:
-        d = replace(d, resident={}, restick_ops={})
-        us = evaluate(d)
-        notes.append("windowed plan invalid with its LX residencies: dropped")
-    us = float("inf") if us is None else us
-    if us < float("inf"):
-        d, us = improve_windows(pg, hw, d, evaluate, us, deadline=deadline, deterministic=deterministic,
-                                rounds_budget_s=0.4 * avail, notes=notes)
-    status = "FEASIBLE"
-    if us > hint_us:
-        hint_d, hint_us = _checked_hint(pg, hw, hint_d, hint_us, notes)
-    if us > hint_us:
-        notes.append(f"windowed plan simulated {us:.1f} us > hint {hint_us:.1f} us: returning the hint")
-        d, us, status = replace(hint_d, planner="cpsat", stats={}, op_order=[]), hint_us, "HINT"
-    else:
-        notes.append(f"windowed plan simulated {us:.1f} us (hint {hint_us:.1f} us)")
-    d.stats = dict(predicted_us=us, solver_status=status, solve_seconds=time.perf_counter() - t0, notes=notes)
-    return d

@@ -1,0 +1,474 @@
+"""The joint CP-SAT model of one graph (`SpyreModel`, built by `build_model`): stick dims,
+restickify placement, core split and LX residency chosen together, objective = predicted
+total time (integer ns, `solver.spyre.cost_model`).
+
+Variables and constraints:
+- `pick[o][k]`: op o runs strategy k of `solver.spyre.strategies.op_strategies` (stick choice x
+  core split, pruned); exactly one per op.
+- `lay[t][l]`: tensor t is sticked on dim l: fixed by its producer's pick; a weight
+  (parameter, buffer, constant) chooses freely (laid out once at load time); a user input
+  arrives sticked on its last dim.
+- `mat[t][l]`: t is also materialized sticked on l by ONE restickify through device memory,
+  paid once however many consumers read it; every strategy that reads t on l needs
+  `lay[t][l] or mat[t][l]`.
+- `res[t]`: an intermediate stays in LX from its producer to its last reader. Allowed only
+  when every reader's strategy reads each core's slice from the one that core wrote (same
+  layout, per-core box inside the written box: `strategies.compatible_residency`), the
+  producer does not split a reduction dim, no restickify reads it (the model prices
+  restickifies through device memory; `solver.spyre.relayout` tries on-chip relayouts after the
+  solve), and the ops of its live window reference at most the bundle limit of
+  device-memory tensors (the tensors resident there do not count).
+- LX addresses per core in whole sticks: an optional interval over op steps x an optional
+  interval over [addr, addr + size) per resident tensor, `AddNoOverlap2D`, so capacity and
+  fragmentation are both real. Size = the producer strategy's per-core box.
+- time[o] >= the priced time (`solver.spyre.cost_model`: the timing model's own per-op analysis)
+  of the picked strategy under the residency combination of its operands that holds (one
+  enforced constraint per strategy x combination).
+- objective = sum time[o] + ring combine / loop overhead + restickify times, + 1 ns per
+  idle core per op as a tie-break toward splits on more cores.
+Bundles: chosen by a partition step after the solve: each group of overlapping resident
+windows starts a bundle; the emitter cuts elsewhere at the external-tensor limit. A group
+whose bundle still breaks the limit gets a no-good (not all of these together) and the
+model is solved again, warm-started.
+
+The model also reads a plan as a complete hint (`add_hint`), prices an assignment by its own
+objective (`objective_of`, used by `solver.spyre.local_search`) and reads a solution back as
+decisions (`decisions`, with canonical first-fit LX addresses).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from ortools.sat.python import cp_model
+
+from target.op_rules import default_choice, outermost_split, restickify_prim, split_granules
+from target.primitives import PrimGraph
+from solver.naive import plan_naive
+from solver.plan import OpPlan, PlanDecisions, Residency
+from solver.spyre.cost_model import OpView, op_time, to_units
+from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
+
+
+class SpyreModel:
+    def __init__(self, pg: PrimGraph, hw, ctx: GraphContext, strategies: dict[str, list[Strategy]]):
+        self.pg, self.hw, self.ctx, self.S = pg, hw, ctx, strategies
+        self.m = cp_model.CpModel()
+        self.index = {op.id: k for k, op in enumerate(pg.ops)}
+        self.producer = {op.output.tensor: op for op in pg.ops}
+        self.readers: dict[str, list[tuple[str, int]]] = {}
+        for op in pg.ops:
+            for i, a in enumerate(op.inputs):
+                self.readers.setdefault(a.tensor, []).append((op.id, i))
+        self.pick: dict[str, list] = {}
+        self.lay: dict[str, dict] = {}
+        self.mat: dict[tuple[str, Optional[int]], cp_model.IntVar] = {}
+        self.mat_cost: dict[tuple[str, Optional[int]], int] = {}
+        self.res: dict[str, cp_model.IntVar] = {}
+        self.addr: dict[str, cp_model.IntVar] = {}
+        self.size: dict[str, cp_model.IntVar] = {}
+        self.yend: dict[str, cp_model.IntVar] = {}
+        self.time: dict[str, cp_model.IntVar] = {}
+        self.combos: dict[str, tuple] = {}
+        self.objective_terms: list = []
+        self._build()
+
+    # layout literal: a var, or a Python bool for graph inputs
+    def lay_lit(self, t: str, stick):
+        if t in self.lay:
+            return self.lay[t].get(stick, False)
+        return self.ctx.input_sticks.get(t) == stick
+
+    def _build(self) -> None:
+        m, hw, ctx = self.m, self.hw, self.ctx
+        stick_bytes = hw.stick_bytes
+        cap_sticks = hw.lx_capacity_bytes // stick_bytes
+        outputs = set(self.pg.outputs)
+        for t in sorted(ctx.free_inputs):
+            self.lay[t] = {s: m.NewBoolVar(f"lay[{t}][{s}]") for s in ctx.possible_sticks[t]}
+            m.AddExactlyOne(self.lay[t].values())
+        for op in self.pg.ops:
+            vs = [m.NewBoolVar(f"pick[{op.id}][{k}]") for k in range(len(self.S[op.id]))]
+            m.AddExactlyOne(vs)
+            self.pick[op.id] = vs
+            t = op.output.tensor
+            self.lay[t] = {}
+            for stick in ctx.possible_sticks[t]:
+                lv = m.NewBoolVar(f"lay[{t}][{stick}]")
+                m.Add(lv == sum(v for v, s in zip(vs, self.S[op.id]) if s.out_stick == stick))
+                self.lay[t][stick] = lv
+            # ANY operands whose layout would change this strategy's split granules
+            for v, s in zip(vs, self.S[op.id]):
+                for i, bad in s.any_forbidden.items():
+                    src = op.inputs[i].tensor
+                    for stick in bad:
+                        lit = self.lay_lit(src, stick)
+                        if lit is True:
+                            m.Add(v == 0)
+                        elif lit is not False:
+                            m.AddBoolOr([v.Not(), lit.Not()])
+        # restickify: one per (tensor, stick dim), shared by every reader that needs it
+        for op in self.pg.ops:
+            for i, a in enumerate(op.inputs):
+                t = a.tensor
+                by_stick: dict = {}
+                for v, s in zip(self.pick[op.id], self.S[op.id]):
+                    want = s.input_sticks[i]
+                    if want is not None:
+                        by_stick.setdefault(want, []).append(v)
+                for stick, vs in by_stick.items():
+                    lit = self.lay_lit(t, stick)
+                    if lit is True:
+                        continue
+                    key = (t, stick)
+                    if key not in self.mat:
+                        self.mat[key] = m.NewBoolVar(f"mat[{t}][{stick}]")
+                        self.mat_cost[key] = self._restick_cost(t, stick)
+                        self.objective_terms.append(self.mat_cost[key] * self.mat[key])
+                    rhs = [self.mat[key]] + ([lit] if lit is not False else [])
+                    m.Add(sum(vs) <= sum(rhs))
+        # residency candidates
+        for t, readers in self.readers.items():
+            p = self.producer.get(t)
+            if p is None or t in outputs or not readers:
+                continue
+            S_p = self.S[p.id]
+            ok = [k for k, s in enumerate(S_p) if not s.reduction_split and not s.alias
+                  and s.out_lx_bytes <= hw.lx_capacity_bytes]
+            if not ok:
+                continue
+            if any(all(s.alias for s in self.S[o]) for o, _ in readers):
+                continue
+            r = m.NewBoolVar(f"res[{t}]")
+            self.res[t] = r
+            for k, (v, s) in enumerate(zip(self.pick[p.id], S_p)):
+                if k not in ok:
+                    m.AddBoolOr([r.Not(), v.Not()])
+            for (key, mv) in self.mat.items():
+                if key[0] == t:
+                    m.AddImplication(r, mv.Not())
+            for o, slot in readers:
+                for k in ok:
+                    compat = [v for v, s in zip(self.pick[o], self.S[o])
+                              if compatible_residency(S_p[k], s, slot)]
+                    m.AddBoolOr([r.Not(), self.pick[p.id][k].Not()] + compat)
+            sticks = [s.out_lx_bytes // stick_bytes for s in S_p]
+            size = m.NewIntVar(0, max(sticks), f"size[{t}]")
+            m.Add(size == sum(n * v for n, v in zip(sticks, self.pick[p.id])))
+            addr = m.NewIntVar(0, cap_sticks, f"addr[{t}]")
+            yend = m.NewIntVar(0, cap_sticks + max(sticks), f"yend[{t}]")
+            m.Add(yend <= cap_sticks).OnlyEnforceIf(r)
+            self.size[t], self.addr[t], self.yend[t] = size, addr, yend
+        xs, ys = [], []
+        for t, r in self.res.items():
+            start = self.index[self.producer[t].id]
+            last = max(self.index[o] for o, _ in self.readers[t])
+            xs.append(m.NewOptionalFixedSizeIntervalVar(start, last - start + 1, r, f"x[{t}]"))
+            ys.append(m.NewOptionalIntervalVar(self.addr[t], self.size[t], self.yend[t], r, f"y[{t}]"))
+        if xs:
+            m.AddNoOverlap2D(xs, ys)
+        self._bundle_constraints()
+        # op times
+        for op in self.pg.ops:
+            S_o = self.S[op.id]
+            vs = self.pick[op.id]
+            n_in = len(op.inputs)
+            free = []
+            for a in list(op.inputs) + [op.output]:
+                if a.tensor in self.res and a.tensor not in free:
+                    free.append(a.tensor)
+            names = [a.tensor for a in op.inputs] + [op.output.tensor]
+            combos = []
+            for mask in range(1 << len(free)):
+                on = {t for j, t in enumerate(free) if mask >> j & 1}
+                lits = [self.res[t] if t in on else self.res[t].Not() for t in free]
+                combos.append((tuple(t in on for t in names), lits))
+            body = [[to_units(s.parts.cost(key[:-1], key[-1]).body_ns) for key, _ in combos] for s in S_o]
+            extra = [to_units(s.parts.base.extra_ns) for s in S_o]
+            tv = m.NewIntVar(0, max(max(b) for b in body), f"time[{op.id}]")
+            self.time[op.id] = tv
+            self.combos[op.id] = (names, combos, body)
+            # exact time of the picked strategy under the residency combination that holds,
+            # plus the weakest combination as an always-valid bound (helps the LP)
+            m.Add(tv >= sum(min(b) * v for b, v in zip(body, vs)))
+            if len(combos) > 1:
+                for k, v in enumerate(vs):
+                    for j, (_, lits) in enumerate(combos):
+                        if body[k][j] > min(body[k]):
+                            m.Add(tv >= body[k][j]).OnlyEnforceIf([v] + lits)
+            else:
+                m.Add(tv >= sum(b[0] * v for b, v in zip(body, vs)))
+            self.objective_terms.append(tv)
+            if any(extra):
+                self.objective_terms.append(sum(c * v for c, v in zip(extra, vs)))
+            # ties go to the strategy leaving fewer cores idle (1 ns a core): the solve prices
+            # ops one by one, and only ops on one core count can later share a fused kernel
+            idle = [max(0, self.hw.cores - math.prod(s.core_split.values())) for s in S_o]
+            if any(idle):
+                self.objective_terms.append(sum(c * v for c, v in zip(idle, vs)))
+
+    def _restick_cost(self, t: str, stick) -> int:
+        """Restickify of t onto `stick` through device memory, split as the emitter does by
+        default (outermost dim evenly)."""
+        hw, ctx = self.hw, self.ctx
+        rid = f"{t}@restick"
+        src_stick = ctx.possible_sticks[t][0]
+        prim = restickify_prim(f"restick:{rid}", t, rid, ctx.shapes[t])
+        gran = split_granules(prim, [src_stick], stick, [ctx.dtypes[t]] * 2, hw.stick_bytes)
+        split = outermost_split(prim, gran, hw.cores)
+        shapes = {t: ctx.shapes[t], rid: ctx.shapes[t]}
+        dtypes = {t: ctx.dtypes[t], rid: ctx.dtypes[t]}
+        layouts = {t: ctx.layout(t, src_stick), rid: ctx.layout(t, stick)}
+        view = OpView(prim, "restickify", shapes, dtypes, layouts, split, [])
+        return to_units(op_time(view, (False,), False, hw).total_ns)
+
+    def window(self, t: str) -> tuple[int, int]:
+        """Op-index span [producer, last reader] of a residency candidate."""
+        return (self.index[self.producer[t].id], max(self.index[o] for o, _ in self.readers[t]))
+
+    def _span_limit(self, a: int, b: int, when_t: list[str]) -> None:
+        """If all tensors of `when_t` stay resident, ops a..b form (part of) one bundle: the
+        device-memory tensors they reference stay within the bundle limit (a resident
+        tensor does not count; a restickified copy of any of them counts, conservatively)."""
+        limit = self.hw.bundle_tensor_limit
+        refs: set[str] = set()
+        for k in range(a, b + 1):
+            op = self.pg.ops[k]
+            refs.update(x.tensor for x in op.inputs)
+            refs.add(op.output.tensor)
+        mats = [key for key in self.mat if key[0] in refs]
+        cands = [u for u in refs if u in self.res]
+        fixed = len(refs) - len(cands)
+        self.span_checks.append((tuple(when_t), fixed, tuple(cands), tuple(mats)))
+        when = [self.res[t] for t in when_t]
+        if fixed > limit:
+            self.m.AddBoolOr([w.Not() for w in when])
+        else:
+            terms = [self.mat[key] for key in mats] + [1 - self.res[u] for u in cands]
+            self.m.Add(sum(terms) <= limit - fixed).OnlyEnforceIf(when)
+
+    def repair_spans(self, resident: dict, needed: set) -> dict:
+        """Drop residencies until every bundle-window constraint holds (dropping one can
+        push another window over the limit, so this iterates)."""
+        resident = dict(resident)
+        limit = self.hw.bundle_tensor_limit
+        changed = True
+        while changed:
+            changed = False
+            for when_t, fixed, cands, mats in self.span_checks:
+                if all(t in resident for t in when_t):
+                    n = fixed + sum(1 for u in cands if u not in resident) + sum(1 for k in mats if k in needed)
+                    if n > limit:
+                        for t in when_t:
+                            resident.pop(t, None)
+                        changed = True
+        return resident
+
+    def spans_ok(self, resident: set[str], needed: set) -> bool:
+        """The bundle-window constraints of the model, checked for an assignment."""
+        limit = self.hw.bundle_tensor_limit
+        for when_t, fixed, cands, mats in self.span_checks:
+            if all(t in resident for t in when_t):
+                n = fixed + sum(1 for u in cands if u not in resident) + sum(1 for k in mats if k in needed)
+                if n > limit:
+                    return False
+        return True
+
+    def _bundle_constraints(self) -> None:
+        """Every resident window, and every two overlapping ones (they share a bundle), fit
+        the bundle limit; longer chains are checked after the solve (lazy no-goods)."""
+        self.span_checks: list[tuple] = []
+        spans = sorted((self.window(t), t) for t in self.res)
+        for i, ((a, b), t) in enumerate(spans):
+            self._span_limit(a, b, [t])
+            for (c, d), u in spans[i + 1:]:
+                if c > b:
+                    break
+                self._span_limit(min(a, c), max(b, d), [t, u])
+
+    # -- hint and read-back ------------------------------------------------------------------
+    def strategy_index(self, op_id: str, plan: OpPlan) -> Optional[int]:
+        op = self.pg.ops[self.index[op_id]]
+        ch = plan.stick or default_choice(op)
+        split = {k: v for k, v in plan.core_split.items() if v > 1}
+        for k, s in enumerate(self.S[op_id]):
+            if s.stick == ch and s.core_split == split and s.alias == plan.alias:
+                return k
+        return None
+
+    def add_hint(self, d: PlanDecisions) -> None:
+        m, hw = self.m, self.hw
+        chosen: dict[str, int] = {}
+        for op in self.pg.ops:
+            k = self.strategy_index(op.id, d.ops.get(op.id, OpPlan()))
+            if k is None:
+                k = 0
+            chosen[op.id] = k
+            for j, v in enumerate(self.pick[op.id]):
+                m.AddHint(v, j == k)
+            for stick, lv in self.lay[op.output.tensor].items():
+                m.AddHint(lv, self.S[op.id][k].out_stick == stick)
+        out_stick = {op.output.tensor: self.S[op.id][chosen[op.id]].out_stick for op in self.pg.ops}
+        for t in sorted(self.ctx.free_inputs):  # hint order steers the search: keep it fixed
+            have = d.input_sticks.get(t, self.ctx.input_sticks.get(t))
+            out_stick[t] = have
+            for s, v in self.lay[t].items():
+                m.AddHint(v, s == have)
+        needed = set()
+        for op in self.pg.ops:
+            s = self.S[op.id][chosen[op.id]]
+            for i, a in enumerate(op.inputs):
+                want = s.input_sticks[i]
+                have = out_stick.get(a.tensor, self.ctx.input_sticks.get(a.tensor))
+                if want is not None and want != have:
+                    needed.add((a.tensor, want))
+        for key, v in self.mat.items():
+            m.AddHint(v, key in needed)
+        resident = {t for t in d.resident if t in self.res}
+        for t, r in self.res.items():
+            on = t in resident
+            m.AddHint(r, on)
+            p = self.producer[t].id
+            sz = self.S[p][chosen[p]].out_lx_bytes // hw.stick_bytes
+            addr = d.resident[t].lx_address // hw.stick_bytes if on else 0
+            m.AddHint(self.size[t], sz)
+            m.AddHint(self.addr[t], addr)
+            m.AddHint(self.yend[t], addr + sz)
+        for op in self.pg.ops:
+            s = self.S[op.id][chosen[op.id]]
+            names, combos, body = self.combos[op.id]
+            key = tuple(t in resident for t in names)
+            j = next((j for j, (k, _) in enumerate(combos) if k == key), 0)
+            m.AddHint(self.time[op.id], body[chosen[op.id]][j])
+
+    def objective_of(self, picks: dict[str, int], resident: set[str],
+                     input_sticks: Optional[dict] = None) -> float:
+        """The model's objective (ns) for an assignment: per op the priced time of its
+        strategy under its residency combination, plus every restickify it needs."""
+        total = 0.0
+        out_stick = {op.output.tensor: self.S[op.id][picks[op.id]].out_stick for op in self.pg.ops}
+        out_stick.update(input_sticks or {})
+        needed = set()
+        for op in self.pg.ops:
+            k = picks[op.id]
+            names, combos, body = self.combos[op.id]
+            key = tuple(t in resident for t in names)
+            j = next((j for j, (kk, _) in enumerate(combos) if kk == key), 0)
+            total += body[k][j] + to_units(self.S[op.id][k].parts.base.extra_ns)
+            for i, a in enumerate(op.inputs):
+                want = self.S[op.id][k].input_sticks[i]
+                have = out_stick.get(a.tensor, self.ctx.input_sticks.get(a.tensor))
+                if want is not None and want != have:
+                    needed.add((a.tensor, want))
+        return total + sum(self.restick_cost(*key) for key in needed)
+
+    def residency_ok(self, t: str, picks: dict[str, int], size_per_core: Optional[int] = None) -> bool:
+        """Can t stay resident under these picks (slicing, no split reduction, fits its
+        reserved size)?"""
+        sp = self.S[self.producer[t].id][picks[self.producer[t].id]]
+        if sp.reduction_split or sp.alias:
+            return False
+        if size_per_core is not None and sp.out_lx_bytes > size_per_core:
+            return False
+        return all(compatible_residency(sp, self.S[o][picks[o]], slot) for o, slot in self.readers[t])
+
+    def needed_resticks(self, picks: dict[str, int], input_sticks: dict) -> set:
+        out_stick = {op.output.tensor: self.S[op.id][picks[op.id]].out_stick for op in self.pg.ops}
+        out_stick.update(input_sticks)
+        needed = set()
+        for op in self.pg.ops:
+            s = self.S[op.id][picks[op.id]]
+            for i, a in enumerate(op.inputs):
+                want = s.input_sticks[i]
+                if want is not None and want != out_stick.get(a.tensor, self.ctx.input_sticks.get(a.tensor)):
+                    needed.add((a.tensor, want))
+        return needed
+
+    def restick_cost(self, t: str, stick) -> int:
+        """Price of the restickify of t onto `stick` (the model's, or priced once on demand)."""
+        key = (t, stick)
+        if key not in self.mat_cost:
+            self.mat_cost[key] = self._restick_cost(t, stick)
+        return self.mat_cost[key]
+
+    def decisions_of(self, picks: dict[str, int], resident: dict[str, Residency],
+                     input_sticks: dict) -> PlanDecisions:
+        d = PlanDecisions(planner="cpsat", input_sticks=dict(input_sticks))
+        for op in self.pg.ops:
+            s = self.S[op.id][picks[op.id]]
+            d.ops[op.id] = OpPlan(stick=s.stick, core_split=dict(s.core_split),
+                                  temporal_tiles=dict(s.temporal_tiles), alias=s.alias)
+        d.resident = dict(resident)
+        d.bundle_starts = self.bundle_starts(set(resident))
+        return d
+
+    def decisions(self, solver: cp_model.CpSolver, input_sticks: dict) -> PlanDecisions:
+        hw = self.hw
+        d = PlanDecisions(planner="cpsat", input_sticks=dict(input_sticks))
+        for t in sorted(self.ctx.free_inputs):
+            d.input_sticks[t] = next(s for s, v in self.lay[t].items() if solver.BooleanValue(v))
+        for op in self.pg.ops:
+            k = next(j for j, v in enumerate(self.pick[op.id]) if solver.BooleanValue(v))
+            s = self.S[op.id][k]
+            d.ops[op.id] = OpPlan(stick=s.stick, core_split=dict(s.core_split),
+                                  temporal_tiles=dict(s.temporal_tiles), alias=s.alias)
+        for t, r in self.res.items():
+            if solver.BooleanValue(r):
+                d.resident[t] = Residency(lx_address=solver.Value(self.addr[t]) * hw.stick_bytes,
+                                          size_per_core=solver.Value(self.size[t]) * hw.stick_bytes)
+        d.resident = self.canonical_addresses(d.resident)
+        d.bundle_starts = self.bundle_starts(set(d.resident))
+        return d
+
+    def canonical_addresses(self, resident: dict[str, Residency]) -> dict[str, Residency]:
+        """Re-place the chosen buffers first-fit (windows in order, then by name): the
+        solver's addresses are one of many equivalent packings, and this one does not depend
+        on which the search met first. Keeps the solver's packing when first-fit fails."""
+        cap = self.hw.lx_capacity_bytes
+        placed: list[tuple[int, int, int, int]] = []
+        out: dict[str, Residency] = {}
+        for t in sorted(resident, key=lambda t: (self.window(t), t)):
+            a, b = self.window(t)
+            size = resident[t].size_per_core
+            addr = 0
+            for s0, e0, ad, sz in sorted(placed, key=lambda x: x[2]):
+                if s0 <= b and a <= e0 and addr < ad + sz and ad < addr + size:
+                    addr = ad + sz
+            if addr + size > cap:
+                return resident
+            placed.append((a, b, addr, size))
+            out[t] = Residency(addr, size)
+        return out
+
+    def windows(self, resident: set[str]) -> list[tuple[int, int, list[str]]]:
+        """Groups of overlapping resident live windows, as (first op, last op, tensors)."""
+        spans = sorted((*self.window(t), t) for t in resident)
+        groups: list[tuple[int, int, list[str]]] = []
+        for a, b, t in spans:
+            if groups and a <= groups[-1][1]:
+                ga, gb, ts = groups[-1]
+                groups[-1] = (ga, max(gb, b), ts + [t])
+            else:
+                groups.append((a, b, [t]))
+        return groups
+
+    def bundle_starts(self, resident: set[str]) -> list[str]:
+        return [self.pg.ops[a].id for a, _, _ in self.windows(resident)]
+
+
+def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 4,
+                keep_resident: int = 2) -> tuple[GraphContext, dict[str, list[Strategy]], SpyreModel]:
+    """Strategy space and CP-SAT model of a graph. The hint's and the naive plan's
+    strategies are always in the space, so the model's optimum is never worse than either."""
+    ctx = GraphContext.build(pg, hw, hint_d.input_sticks)
+    naive_d = plan_naive(pg, hw)
+    strategies = {}
+    for op in pg.ops:
+        req = []
+        for src in (hint_d, naive_d):
+            p = src.ops.get(op.id, OpPlan())
+            req.append((p.stick or default_choice(op), {k: v for k, v in p.core_split.items() if v > 1},
+                        {}, p.alias))
+        strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident, required=req)
+    strategies = align_strategies(pg, ctx, strategies)
+    return ctx, strategies, SpyreModel(pg, hw, ctx, strategies)
