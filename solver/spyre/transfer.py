@@ -107,26 +107,42 @@ def _granules(op: PrimOp, plan: OpPlan, pg: PrimGraph, stick_bytes: int) -> dict
     return split_granules(op, list(plan.stick.inputs), plan.stick.output, dtypes, stick_bytes)
 
 
-def _repair_op(src_op: PrimOp, op: PrimOp, plan: OpPlan, pg: PrimGraph, hw, repairs: list[str]) -> OpPlan:
+def _repair_op(src_op: PrimOp, op: PrimOp, plan: OpPlan, pg: PrimGraph, hw, repairs: list[str],
+               grow: bool) -> OpPlan:
     """`plan` (made for `src_op`) with every split factor and tile count brought to what
-    `op`'s sizes allow. A tiled dim keeps its tile's extent: a dim twice as long gets twice
-    the tiles, so a tile's LX buffer keeps its size (and its place among the others)."""
+    `op`'s sizes allow. Splits either keep their factor (`grow=False`: the nearest factor at
+    most the old one that divides the new size) or follow their dim (`grow=True`: scaled by
+    how the dim's units grew or shrank, the nearest legal factor, within the cores); a split
+    that follows past the cores keeps its factor instead. A tiled dim keeps its tile's
+    extent: a dim twice as long gets twice the tiles, so a tile's LX buffer keeps its size."""
     gran = _granules(op, plan, pg, hw.stick_bytes)
     index = {d.name: i for i, d in enumerate(op.iter_dims)}
     src_size = {d.name: d.size for d in src_op.iter_dims}
-    split = {}
-    for name, f in plan.core_split.items():
-        if name not in index:
-            continue
-        units = split_units(op.iter_dims[index[name]].size, gran.get(index[name], 1))
-        g = _largest_factor_at_most(units, f)
-        if g != f:
-            repairs.append(f"{op.id}: {name} split {f} -> {g}")
-        if g > 1:
-            split[name] = g
+
+    def carried(follow: bool) -> dict[str, int]:
+        split = {}
+        for name, f in plan.core_split.items():
+            if name not in index:
+                continue
+            units = split_units(op.iter_dims[index[name]].size, gran.get(index[name], 1))
+            want = f
+            if follow:
+                src_units = split_units(src_size.get(name, 1), gran.get(index[name], 1))
+                want = max(1, min(hw.cores, round(f * units / max(1, src_units))))
+            g = _largest_factor_at_most(units, want)
+            if g > 1:
+                split[name] = g
+        return split
+
+    split = carried(grow)
+    if grow and check_split(op, split, gran, hw.cores):
+        split = carried(False)
     if check_split(op, split, gran, hw.cores):
         repairs.append(f"{op.id}: split {split} not legal at the new size, left unsplit")
         split = {}
+    for name, f in plan.core_split.items():
+        if split.get(name, 1) != f and name in index:
+            repairs.append(f"{op.id}: {name} split {f} -> {split.get(name, 1)}")
     tiles = {}
     for name, t in plan.temporal_tiles.items():
         if name not in index:
@@ -176,26 +192,37 @@ def _check(pg: PrimGraph, hw, d: PlanDecisions) -> tuple[Optional[Program], list
 
 def transfer_decisions(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw) -> Optional[Transferred]:
     """`src` (a plan of `src_pg`, a graph with `dst_pg`'s structure) carried to `dst_pg`'s
-    sizes and repaired until its program validates; None when even without LX residencies
-    and tiles it does not (a cold solve is then the way)."""
+    sizes and repaired until its program validates: once with every split keeping its
+    factor, once with splits following their dims; the faster valid one. None when neither
+    validates even without LX residencies and tiles (a cold solve is then the way)."""
     if structure_key(src_pg) != structure_key(dst_pg):
         raise NotTransferable("the graphs differ in more than their sizes")
     missing = [op.id for op in dst_pg.ops if op.id not in src.ops]
     if missing:
         raise NotTransferable(f"{len(missing)} ops of the graph have no decision in the plan "
                               f"(first: {missing[0]})")
+    best: Optional[Transferred] = None
+    best_us = float("inf")
+    for grow in (False, True):
+        got = _transferred(src_pg, src, dst_pg, hw, grow)
+        if got is None:
+            continue
+        us = time_program(got.program, hw).total_us
+        if us < best_us:
+            best, best_us = got, us
+    return best
+
+
+def _transferred(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw, grow: bool) -> Optional[Transferred]:
     repairs: list[str] = []
     src_ops = {op.id: op for op in src_pg.ops}
-    ops = {op.id: _repair_op(src_ops[op.id], op, src.ops[op.id], dst_pg, hw, repairs) for op in dst_pg.ops}
-    restick = {}
-    for rid, plan in src.restick_ops.items():
-        # a restickify's nest is the identity over its tensor's dims: its split transfers as is
-        # where the new sizes still divide, else it goes back to the emitter's default
-        restick[rid] = plan
+    ops = {op.id: _repair_op(src_ops[op.id], op, src.ops[op.id], dst_pg, hw, repairs, grow) for op in dst_pg.ops}
+    restick = dict(src.restick_ops)
     d = _repacked(dst_pg, hw, replace(src, ops=ops, restick_ops=restick, resident=dict(src.resident), stats={}),
                   repairs)
     program, issues = _check(dst_pg, hw, d)
     if program is None and restick:
+        # a restickify's split was made for the old sizes: the emitter's default instead
         d = replace(d, restick_ops={})
         repairs.append("restickify splits left to the emitter")
         program, issues = _check(dst_pg, hw, d)
@@ -220,7 +247,8 @@ def transfer_decisions(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph,
     if program is None:
         return None
     d, program = _replace_dropped(dst_pg, hw, src, d, program, repairs)
-    d.stats = {"notes": [f"transferred from a plan of another size ({len(repairs)} repairs)"]}
+    policy = "splits following their dims" if grow else "splits keeping their factors"
+    d.stats = {"notes": [f"transferred from a plan of another size, {policy} ({len(repairs)} repairs)"]}
     return Transferred(d, program, repairs)
 
 
