@@ -12,7 +12,7 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.fx
 
-from lowering.graph_format import MAX_CONSTANT_ELEMENTS, GraphDocument
+from lowering.graph_format import MAX_CONSTANT_ELEMENTS, GraphDocument, without_unread_weights
 
 _DTYPES = {
     torch.float32: "float32",
@@ -34,7 +34,7 @@ class CaptureError(RuntimeError):
 
 # Export-time shape/dtype assertions: they compute nothing and check what the
 # document's metadata already states.
-_ASSERTION_OPS = {
+ASSERTION_OPS = {
     torch.ops.aten._assert_tensor_metadata.default,
     torch.ops.aten._assert_scalar.default,
     torch.ops.aten.sym_constrain_range_for_size.default,
@@ -85,7 +85,7 @@ def tensor_meta(t: torch.Tensor) -> dict:
     }
 
 
-def _literal(value: Any, ref_of: dict) -> dict:
+def arg_literal(value: Any, ref_of: dict) -> dict:
     if isinstance(value, torch.fx.Node):
         node_id, out_idx = ref_of[value]
         return {"kind": "tensor", "node": node_id, "output": out_idx}
@@ -112,7 +112,7 @@ def _literal(value: Any, ref_of: dict) -> dict:
         # Placement hints do not change the computation the service plans.
         return {"kind": "str", "value": str(value)}
     if isinstance(value, (list, tuple)):
-        return {"kind": "list", "items": [_literal(v, ref_of) for v in value]}
+        return {"kind": "list", "items": [arg_literal(v, ref_of) for v in value]}
     raise CaptureError(f"argument {value!r} of type {type(value).__name__} cannot be serialized")
 
 
@@ -189,14 +189,14 @@ def graph_to_document(
                 src, idx = node.args
                 ref_of[node] = (ref_of[src][0], int(idx))
                 continue
-            if node.target in _ASSERTION_OPS:
+            if node.target in ASSERTION_OPS:
                 continue
             outs = _outputs_of(node)
             nodes.append({
                 "id": node.name,
                 "target": target_name(node.target),
-                "args": [_literal(a, ref_of) for a in node.args],
-                "kwargs": {k: _literal(v, ref_of) for k, v in node.kwargs.items()},
+                "args": [arg_literal(a, ref_of) for a in node.args],
+                "kwargs": {k: arg_literal(v, ref_of) for k, v in node.kwargs.items()},
                 "outputs": [tensor_meta(t) for t in outs],
             })
             ref_of[node] = (node.name, 0)
@@ -261,17 +261,10 @@ def exported_program_to_document(ep: "torch.export.ExportedProgram", name: str =
         InputKind.BUFFER: "buffer",
         InputKind.CONSTANT_TENSOR: "constant",
     }
-    gm = ep.graph_module
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     kinds, names = [], []
-    for spec, node in zip(ep.graph_signature.input_specs, placeholders):
+    for spec in ep.graph_signature.input_specs:
         if spec.kind not in kind_of:
             raise CaptureError(f"exported input {spec.arg.name} of kind {spec.kind.name} is not supported")
-        if spec.kind != InputKind.USER_INPUT and not node.users:
-            # a weight or lifted constant nothing reads (e.g. an attention module's empty
-            # placeholder tensors): not part of the computation, so not an input of the document
-            gm.graph.erase_node(node)
-            continue
         kinds.append(kind_of[spec.kind])
         names.append(spec.target or spec.arg.name)
-    return graph_to_document(gm, kinds, names, name=name)
+    return without_unread_weights(graph_to_document(ep.graph_module, kinds, names, name=name))

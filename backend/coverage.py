@@ -57,6 +57,9 @@ class GraphCoverage:
     recompile: bool = False        # Dynamo compiled this frame before (a guard failed)
     graph_break: bool = False      # the frame is Dynamo's resume function after a graph break
     compile_seconds: float = 0.0
+    # for one concrete shape of a graph with symbolic sizes, compiled at call time: the
+    # symbols' values ("s27=5, s75=3", and "(padded s27=5->8)")
+    sizes: str = ""
 
     @property
     def device_fraction(self) -> float:
@@ -71,6 +74,8 @@ class GraphCoverage:
             line += f" ({format_histogram(self.fallback_ops)})"
         if self.reason:
             line += f"; whole graph in eager torch: {self.reason}"
+        if self.sizes:
+            line += f"; specialized for {self.sizes}"
         flags = [f for f, on in (("recompile", self.recompile), ("after a graph break", self.graph_break)) if on]
         if flags:
             line += f"; {', '.join(flags)}"

@@ -10,6 +10,7 @@ runs in eager torch with one log line naming the ops; `strict` raises instead.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -57,16 +58,31 @@ def sticksat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         return _eager_dynamo_graph(gm, f"{coverage.GRAD_MODE}: autograd is on and an input requires grad "
                                        f"(on_grad='eager')")
 
-    not_tensors = [type(t).__name__ for t in example_inputs if not isinstance(t, torch.Tensor)]
-    if not_tensors:
-        # Dynamo passes SymInts when it decided on dynamic shapes; format v1 is static.
-        message = (f"graph has non-tensor inputs ({', '.join(sorted(set(not_tensors)))}): dynamic shapes are "
-                   f"not supported; compile with torch.compile(..., dynamic=False)")
-        if opts.strict:
-            raise GraphError("symbolic_size", message)
-        return _eager_dynamo_graph(gm, f"{coverage.DYNAMIC_SHAPES}: {message}")
+    from backend.specialize import ShapeSpecializer, SpecializeError, is_symbolic
 
+    if is_symbolic(gm, example_inputs):
+        # Symbolic sizes: one static program per concrete shape, compiled at call time.
+        try:
+            return ShapeSpecializer(gm, example_inputs, functools.partial(compile_static, opts=opts),
+                                    buckets=opts.buckets, pad_values=opts.pad_values, frame=coverage.dynamo_frame())
+        except SpecializeError as e:
+            message = f"{e}; compile with torch.compile(..., dynamic=False)"
+            if opts.strict:
+                raise GraphError("symbolic_size", message) from None
+            return _eager_dynamo_graph(gm, f"{coverage.DYNAMIC_SHAPES}: {message}")
+        finally:
+            _compile_started.at = None
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return compile_static(gm, list(example_inputs), names, opts=opts)
+
+
+def compile_static(gm: torch.fx.GraphModule, example_inputs: list, names: Sequence[str],
+                   opts: Optional[BackendOptions] = None, specialization: Optional[dict] = None) -> Callable:
+    """AOTAutograd (Inductor's decompositions) then `compile_graph` on a Dynamo graph whose
+    inputs are all tensors with static sizes. `specialization` (the Dynamo frame and the
+    sizes, from backend.specialize) labels the coverage entry of a graph compiled at call
+    time for one concrete shape of a symbolic graph."""
+    opts = opts or BackendOptions()
     kinds = classify_inputs(example_inputs, names)
     from torch._dynamo.backends.common import aot_autograd
 
@@ -79,12 +95,22 @@ def sticksat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                              names if same else None, opts)
 
     compiler = aot_autograd(fw_compiler=fw_compiler, decompositions=decomposition_table())
-    return compiler(gm, example_inputs)
+    if specialization is None:
+        return compiler(gm, example_inputs)
+    _specialization.frame = specialization
+    _compile_started.at = time.perf_counter()
+    try:
+        return compiler(gm, example_inputs)
+    finally:
+        _specialization.frame = None
 
 
 # When the current Dynamo graph's compile started (its coverage entry's compile time
 # includes AOTAutograd's trace).
 _compile_started = threading.local()
+# The Dynamo frame and concrete sizes of a specialization compiled at call time (outside
+# Dynamo's compile, so its frame is not Dynamo's current one).
+_specialization = threading.local()
 
 
 def _eager_dynamo_graph(gm: torch.fx.GraphModule, reason: str) -> Callable:
@@ -102,7 +128,7 @@ def _record(total: int, device: int, regions: int, fallback: dict[str, int], rea
     started = getattr(_compile_started, "at", None)
     _compile_started.at = None
     seconds = time.perf_counter() - started if started is not None else 0.0
-    frame = coverage.dynamo_frame()
+    frame = getattr(_specialization, "frame", None) or coverage.dynamo_frame()
     return coverage.record(coverage.GraphCoverage(
         index=0, total_ops=total, device_ops=device, cpu_ops=total - device, regions=regions,
         fallback_ops=dict(sorted(fallback.items())), reason=reason, level=level, compile_seconds=seconds, **frame))

@@ -2,6 +2,7 @@
 options={...})`, with environment variables as defaults (documented in docs/backend.md)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Mapping, Optional
@@ -39,6 +40,14 @@ class BackendOptions:
     time_limit_s: Optional[float] = None
     # Graph name recorded in the documents (labels are not hashed).
     name: str = ""
+    # Padding of symbolic sizes (backend/specialize.py): "input.dim" -> a multiple (int) or
+    # a ladder of sizes (list); the input is named as the model's forward receives it
+    # ("input_ids.1", "mask.3", "past_key_value_states.2" for every layer's K and V).
+    buckets: Optional[Mapping[str, Any]] = None
+    # The value each input with a padded dim is padded with ("input" -> finite number;
+    # torch.finfo(dtype).min for an additive attention mask). Padding is refused for
+    # inputs without one.
+    pad_values: Optional[Mapping[str, Any]] = None
 
     @classmethod
     def from_mapping(cls, options: Optional[Mapping[str, Any]] = None,
@@ -64,4 +73,50 @@ class BackendOptions:
         if values.get("executor", "simulator") not in ("interpreter", "simulator"):
             raise BackendOptionError(f"option executor must be 'interpreter' or 'simulator', "
                                      f"got {values['executor']!r}")
+        values["buckets"] = _buckets(values.get("buckets"))
+        values["pad_values"] = _pad_values(values.get("pad_values"))
         return cls(**values)
+
+
+def _buckets(raw: Any) -> Optional[dict[str, Any]]:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise BackendOptionError(f"option buckets must map 'input.dim' to a multiple or a list of sizes, got {raw!r}")
+    out: dict[str, Any] = {}
+    for key, rule in raw.items():
+        name, _, dim = str(key).rpartition(".")
+        if not name or not dim.isdigit():
+            raise BackendOptionError(f"buckets key {key!r} must be 'input.dim' (e.g. 'input_ids.1')")
+        if isinstance(rule, bool) or not (isinstance(rule, int) and rule > 0 or isinstance(rule, (list, tuple))
+                                          and rule and all(isinstance(b, int) and not isinstance(b, bool)
+                                                           and b > 0 for b in rule)):
+            raise BackendOptionError(f"buckets[{key!r}] must be a positive int (a multiple) or a list of "
+                                     f"positive sizes, got {rule!r}")
+        out[str(key)] = rule if isinstance(rule, int) else tuple(sorted(rule))
+    return out
+
+
+def _pad_values(raw: Any) -> Optional[dict[str, Any]]:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise BackendOptionError(f"option pad_values must map input names to numbers, got {raw!r}")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise BackendOptionError(f"pad_values[{key!r}] must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BackendOptionError(f"pad_values[{key!r}] must be a number, got {value!r}")
+        if not math.isfinite(value):
+            # an additive mask padded with -inf hides every key from a padded query row:
+            # its softmax is NaN, and the next layer's attention multiplies that row's
+            # values by 0 for the real rows, which is NaN again
+            raise BackendOptionError(f"pad_values[{key!r}] must be finite, got {value!r}: pad an additive "
+                                     f"attention mask with the dtype's lowest finite value "
+                                     f"(torch.finfo(dtype).min), not -inf")
+        out[str(key)] = value
+    return out

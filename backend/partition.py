@@ -16,7 +16,7 @@ import torch.fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from backend.capture import _ASSERTION_OPS, CaptureError, _literal, dtype_name, target_name
+from backend.capture import ASSERTION_OPS, CaptureError, arg_literal, dtype_name, target_name
 
 
 def _static_tensor(value) -> bool:
@@ -72,7 +72,7 @@ class SticksatSupport(OperatorSupportBase):
             # resolved later; a placeholder map suffices to test the literals).
             refs = {a: ("x", 0) for a in node.all_input_nodes}
             for a in list(node.args) + list(node.kwargs.values()):
-                _literal(a, refs)
+                arg_literal(a, refs)
         except CaptureError:
             return False
         return True
@@ -89,7 +89,7 @@ def drop_assertions(gm: torch.fx.GraphModule) -> None:
     """Export-time metadata assertions compute nothing; they would otherwise be reported
     as fallback ops and split regions."""
     for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target in _ASSERTION_OPS and not node.users:
+        if node.op == "call_function" and node.target in ASSERTION_OPS and not node.users:
             gm.graph.erase_node(node)
     gm.recompile()
 

@@ -25,7 +25,7 @@ import zipfile
 from typing import Any, Union
 
 from lowering.errors import GraphError
-from lowering.graph_format import GraphDocument
+from lowering.graph_format import GraphDocument, without_unread_weights
 from lowering.validate import MAX_DOCUMENT_BYTES, parse_document
 
 # torch/_export/serde/schema.py: ScalarType. Types the interchange format has no name for
@@ -377,8 +377,8 @@ class _Converter:
         inputs = self._inputs()
         nodes = [n for k, raw in enumerate(_list(self.graph.get("nodes"), "graph.nodes"))
                  if (n := self._node(raw, k)) is not None]
-        return {"format": "sticksat.graph", "version": 1, "name": name[:256],
-                "inputs": inputs, "nodes": nodes, "outputs": self._outputs()}
+        return without_unread_weights({"format": "sticksat.graph", "version": 1, "name": name[:256],
+                                       "inputs": inputs, "nodes": nodes, "outputs": self._outputs()})
 
 
 def _bool(value: Any) -> bool:

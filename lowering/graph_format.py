@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -133,6 +133,29 @@ class Node(_Strict):
     args: Annotated[list[Arg], Field(max_length=MAX_ARGS)] = []
     kwargs: Annotated[dict[Ident, Arg], Field(max_length=MAX_ARGS)] = {}
     outputs: Annotated[list[TensorMeta], Field(max_length=16)]
+
+
+def _tensor_ids(value: Any, into: set[str]) -> None:
+    if isinstance(value, dict):
+        if value.get("kind") == "tensor" and isinstance(value.get("node"), str):
+            into.add(value["node"])
+        for v in value.values():
+            _tensor_ids(v, into)
+    elif isinstance(value, list):
+        for v in value:
+            _tensor_ids(v, into)
+
+
+def without_unread_weights(doc: dict) -> dict:
+    """`doc` (a document as a dict) without the parameters, buffers and constants no node and
+    no output reads: an exported model's dead weights (a rotary table kept for reference,
+    an attention module's empty placeholder tensors) are not part of its computation. Both
+    export paths (live capture and a serialized program) apply it, so they stay equal."""
+    read: set[str] = set()
+    _tensor_ids(doc.get("nodes", []), read)
+    _tensor_ids(doc.get("outputs", []), read)
+    inputs = [i for i in doc.get("inputs", []) if i.get("kind") == "user_input" or i.get("id") in read]
+    return {**doc, "inputs": inputs}
 
 
 class GraphDocument(_Strict):

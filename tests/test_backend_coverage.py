@@ -80,15 +80,18 @@ def test_grad_mode_whole_graph_fallback_names_the_reason(caplog):
     assert cov.eager_graphs == [g] and GRAD_MODE in cov.summary()
 
 
-def test_dynamic_shapes_whole_graph_fallback_names_the_reason(caplog):
+def test_dynamic_shapes_are_specialized_per_size_not_eager(caplog):
     def f(x):
         return torch.relu(x) * 2
 
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="sticksat"), backend.track_coverage() as cov:
         out = _compile(f, dynamic=True)(torch.randn(3, 4))
     assert out.shape == (3, 4)
-    assert [g.reason.split(":")[0] for g in cov.graphs] == [DYNAMIC_SHAPES]
-    assert any(DYNAMIC_SHAPES in w for w in _lines(caplog, logging.WARNING))
+    (g,) = cov.graphs
+    assert g.reason is None and g.device_ops == g.total_ops == 2 and "=3" in g.sizes and "=4" in g.sizes
+    assert _lines(caplog, logging.WARNING) == []
+    (info,) = _lines(caplog, logging.INFO)
+    assert "specialized for" in info and DYNAMIC_SHAPES not in info
 
 
 def test_serialization_error_whole_graph_fallback(monkeypatch, caplog):

@@ -40,11 +40,6 @@ TORCH_TOPS = frozenset({"torch", "transformers", "fms"})
 # Where an import inside a function needs a comment saying why.
 NO_LOCAL_IMPORTS = ("solver", "simulator", "target")
 NO_CIRCLES = ("solver", "simulator", "target")
-# Files still being reshaped (the planner's pipeline, the service split): their violations
-# are tolerated until they land, and an entry must go once its file is clean.
-PENDING_FILES = frozenset({
-    "backend/partition.py", "service/batch/common.py",
-})
 
 
 @dataclass(frozen=True)
@@ -104,26 +99,11 @@ def _all_imports() -> list[Import]:
 
 
 IMPORTS = _all_imports()
-MODULE_PATHS = {_module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
-MODULES = set(MODULE_PATHS)
+MODULES = {_module_name(p) for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
 
 
 def _where(imp: Import) -> str:
     return f"{imp.path.relative_to(REPO)}:{imp.line} {imp.importer} -> {imp.target}"
-
-
-def _pending(imp: Import) -> bool:
-    return str(imp.path.relative_to(REPO)) in PENDING_FILES
-
-
-def test_pending_files_still_need_it():
-    """A pending file that obeys every rule leaves PENDING_FILES."""
-    rules = (_against_layering, _private_names, _unexplained_local)
-    offenders = {str(i.path.relative_to(REPO)) for i in IMPORTS if any(rule(i) for rule in rules)}
-    circled = {m for c in _circles(_module_graph(NO_CIRCLES)) for m in c}
-    offenders |= {str(path.relative_to(REPO)) for m, path in MODULE_PATHS.items() if m in circled}
-    assert not PENDING_FILES - offenders, f"clean now, remove from PENDING_FILES: {sorted(PENDING_FILES - offenders)}"
-
 
 
 def _against_layering(imp: Import) -> str:
@@ -153,7 +133,7 @@ def _unexplained_local(imp: Import) -> str:
 
 
 def test_packages_import_only_downward():
-    bad = [w for i in IMPORTS if not _pending(i) and (w := _against_layering(i))]
+    bad = [w for i in IMPORTS if (w := _against_layering(i))]
     assert not bad, "imports against the layering (tests/test_layering.py ALLOWED):\n" + "\n".join(bad)
 
 
@@ -164,12 +144,12 @@ def test_service_side_never_imports_torch():
 
 
 def test_no_private_names_across_modules():
-    bad = [w for i in IMPORTS if not _pending(i) and (w := _private_names(i))]
+    bad = [w for i in IMPORTS if (w := _private_names(i))]
     assert not bad, "private names imported from another module:\n" + "\n".join(bad)
 
 
 def test_no_function_local_imports_without_a_reason():
-    bad = [w for i in IMPORTS if not _pending(i) and (w := _unexplained_local(i))]
+    bad = [w for i in IMPORTS if (w := _unexplained_local(i))]
     assert not bad, ("imports inside functions with no comment saying why (move them to the top, "
                      "or say why on the line or the line above):\n" + "\n".join(bad))
 
@@ -227,8 +207,7 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circles():
-    pending = {_module_name(REPO / f) for f in PENDING_FILES}
-    circles = [c for c in _circles(_module_graph(NO_CIRCLES)) if not set(c) & pending]
+    circles = _circles(_module_graph(NO_CIRCLES))
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
 

@@ -111,12 +111,12 @@ def read_graph_file(path: str | os.PathLike[str], limits=None, max_bytes: Option
     hold at most `max_bytes` (default: the document limit, `MAX_DOCUMENT_BYTES`)."""
     from lowering.export_serde import document_from_export
     from lowering.validate import MAX_DOCUMENT_BYTES, find_problems, non_finite_problems, parse_document
-    from service.commands.validate import _is_export
+    from service.commands.validate import is_export
     from service.pipeline import GraphLimits, check_graph_limits
 
     raw = read_limited(path, MAX_DOCUMENT_BYTES if max_bytes is None else max_bytes)
     name = graph_file_stem(path)
-    doc = document_from_export(raw, name=name) if _is_export(raw) else parse_document(raw)
+    doc = document_from_export(raw, name=name) if is_export(raw) else parse_document(raw)
     bad = non_finite_problems(doc)
     if bad:
         raise bad[0]

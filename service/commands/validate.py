@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _is_export(raw: bytes) -> bool:
+def is_export(raw: bytes) -> bool:
     if raw[:4] == b"PK\x03\x04":
         return True
     # An exported program's top-level keys; a graph document has none of them. Only the
@@ -41,7 +41,7 @@ def check_file(path: str, support_check: bool = True) -> tuple[dict[str, Any], A
     from lowering.validate import find_problems, parse_document
 
     raw = Path(path).read_bytes()
-    source = "export" if _is_export(raw) else "graph"
+    source = "export" if is_export(raw) else "graph"
     report: dict[str, Any] = {"file": path, "ok": False, "source": source}
     try:
         doc = document_from_export(raw, name=Path(path).stem) if source == "export" else parse_document(raw)

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from simulator.timing import time_program
-from simulator.validate import validate_program
-from solver.emit import emit_program
+from solver.oracle import checked_program, program_and_issues
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre.tile_buffers import LxRequest, add_tile_buffers, add_whole_residencies, place_first_fit
 from target.op_rules import check_split, matching_choice, split_granules, split_units
@@ -165,9 +164,8 @@ def _repacked(pg: PrimGraph, hw, d: PlanDecisions, repairs: list[str]) -> PlanDe
     beside the others leaves LX."""
     if not d.resident:
         return d
-    try:
-        program = emit_program(pg, hw, d)
-    except (ValueError, KeyError):
+    program, _ = program_and_issues(pg, hw, d)
+    if program is None:
         return d
     spans = lx_live_spans(program)
     wanted = {t.id: LxRequest(*spans[t.id], t.memory.size_per_core) for t in program.tensors
@@ -179,15 +177,6 @@ def _repacked(pg: PrimGraph, hw, d: PlanDecisions, repairs: list[str]) -> PlanDe
     resident = {t: replace(r, lx_address=addresses[t], size_per_core=None)
                 for t, r in d.resident.items() if t in addresses}
     return replace(d, resident=resident)
-
-
-def _check(pg: PrimGraph, hw, d: PlanDecisions) -> tuple[Optional[Program], list]:
-    try:
-        program = emit_program(pg, hw, d)
-    except (ValueError, KeyError) as exc:   # the emitter refuses decisions it cannot lay out
-        return None, [exc]
-    issues = validate_program(program, hw)
-    return (None, issues) if issues else (program, [])
 
 
 def transfer_decisions(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw) -> Optional[Transferred]:
@@ -220,12 +209,12 @@ def _transferred(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw, g
     restick = dict(src.restick_ops)
     d = _repacked(dst_pg, hw, replace(src, ops=ops, restick_ops=restick, resident=dict(src.resident), stats={}),
                   repairs)
-    program, issues = _check(dst_pg, hw, d)
+    program, issues = checked_program(dst_pg, hw, d)
     if program is None and restick:
         # a restickify's split was made for the old sizes: the emitter's default instead
         d = replace(d, restick_ops={})
         repairs.append("restickify splits left to the emitter")
-        program, issues = _check(dst_pg, hw, d)
+        program, issues = checked_program(dst_pg, hw, d)
     for _ in range(REPAIR_ROUNDS):
         if program is not None:
             break
@@ -234,16 +223,16 @@ def _transferred(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw, g
             break
         repairs.append(f"LX residencies dropped: {', '.join(sorted(named))}")
         d = replace(d, resident={t: r for t, r in d.resident.items() if t not in named})
-        program, issues = _check(dst_pg, hw, d)
+        program, issues = checked_program(dst_pg, hw, d)
     if program is None:
         repairs.append("tile buffers and temporal tiles dropped")
         d = replace(d, resident={t: r for t, r in d.resident.items() if not r.per_tile},
                     ops={k: replace(p, temporal_tiles={}) for k, p in d.ops.items()})
-        program, issues = _check(dst_pg, hw, d)
+        program, issues = checked_program(dst_pg, hw, d)
     if program is None:
         repairs.append("all LX residencies dropped")
         d = replace(d, resident={})
-        program, issues = _check(dst_pg, hw, d)
+        program, issues = checked_program(dst_pg, hw, d)
     if program is None:
         return None
     d, program = _replace_dropped(dst_pg, hw, src, d, program, repairs)
