@@ -24,10 +24,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+from solver.planners import planner_names
+
 GRAPHS_DIR = Path(__file__).resolve().parent / "graphs"
-PLANNER_NAMES = ("naive", "heuristic", "torch-spyre-coopt", "cpsat")
+# Every planner of the registry (solver.planners.KNOWN_PLANNERS), each a column of BenchRow.
+PLANNER_NAMES = planner_names()
 # planners with a time limit and a deterministic mode (bench passes --time-limit / --deterministic)
-SEARCH_PLANNERS = ("cpsat", "torch-spyre-coopt")
+SEARCH_PLANNERS = planner_names(searches=True)
 
 
 def _attr(planner: str) -> str:

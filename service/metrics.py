@@ -49,6 +49,9 @@ class ServiceMetrics:
                                         "ATen nodes per graph document answered with a program "
                                         "(_sum: nodes compiled in all)",
                                         buckets=_NODE_BUCKETS, registry=r)
+        self.wall_time_exceeded = Counter("sticksat_wall_time_exceeded",
+                                          "Compiles stopped at their wall-time bound (answered with the plan "
+                                          "stored so far, or 504)", registry=r)
         self.worker_crashes = Counter("sticksat_worker_crashes",
                                       "Jobs whose worker process died under them (only that job fails)", registry=r)
         self.jobs_dropped = Counter("sticksat_jobs_dropped",
@@ -59,6 +62,12 @@ class ServiceMetrics:
                                    "became of the job (dropped, running, queued)", ["fate"], registry=r)
         self.inflight = Gauge("sticksat_inflight_jobs", "Distinct jobs running or queued in the solver pool",
                               registry=r)
+        self.bodies_offloaded = Counter("sticksat_bodies_offloaded",
+                                        "Request bodies parsed in a pool worker instead of on the event loop, by "
+                                        "reason (size: the body alone; budget: bodies in flight together)",
+                                        ["reason"], registry=r)
+        self.body_bytes_inflight = Gauge("sticksat_body_bytes_inflight",
+                                         "Bytes of request bodies received and not yet answered", registry=r)
         self.pool_workers = Gauge("sticksat_pool_workers", "Worker processes of the solver pool", registry=r)
 
     def document_compiled(self, nodes: int, cached: bool) -> None:

@@ -16,18 +16,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from lowering.errors import GraphError
 from lowering.graph_format import GraphDocument, SymSize
-from service.store import ProgramRecord
+from solver.planners import PLANNER_INFO
+from solver.spyre.transfer import SizedPlan, structure_key
 
-# Planners in the order the service prefers them when a request names none.
-PLANNER_PREFERENCE = ("cpsat", "heuristic", "naive")
+if TYPE_CHECKING:  # the store is the service's: the embedded path never imports it
+    from service.store import ProgramRecord
+
 DEFAULT_TIME_LIMIT_S = 10.0
+# A compile's wall-time bound: its time limit plus what lowering, the early fallback plan,
+# emitting, validating and timing take (half the limit, at least WALL_GRACE_MIN_S).
+WALL_GRACE_MIN_S = 10.0
 MAX_TIME_LIMIT_S = 3600.0
 
 
@@ -101,10 +108,11 @@ def document_from_export(raw: dict) -> GraphDocument:
 def _registered_planners() -> tuple[str, ...]:
     from solver import planners
 
-    # cpsat and heuristic register themselves when their modules are imported.
-    for name in PLANNER_PREFERENCE:
+    # The online planners of the registry (solver.planners.KNOWN_PLANNERS) that register
+    # in this process (their modules import).
+    for name in planners.planner_names(online=True):
         planners.ensure_registered(name)
-    return tuple(sorted(planners.PLANNERS))
+    return tuple(sorted(name for name in planners.planner_names(online=True) if name in planners.PLANNERS))
 
 
 def available_planners() -> list[str]:
@@ -113,8 +121,11 @@ def available_planners() -> list[str]:
 
 
 def default_planner() -> str:
+    """solver.planners.DEFAULT_PLANNER, else the first of its fallback chain available."""
+    from solver.planners import DEFAULT_PLANNER, FALLBACK_CHAIN
+
     names = set(available_planners())
-    for name in PLANNER_PREFERENCE:
+    for name in (DEFAULT_PLANNER,) + FALLBACK_CHAIN:
         if name in names:
             return name
     raise RuntimeError("no planner is registered")
@@ -220,6 +231,9 @@ class CompileJob:
     hint: Optional[str] = None
     # Set by the service: an anytime planner's early fallback plan is stored here.
     slot: Optional[StoreSlot] = None
+    # Seconds the job may run in all (from when the worker starts it); the planner gets
+    # what remains of it. The pool kills a job that overruns it (`wall_limit_s`).
+    wall_limit_s: Optional[float] = None
 
 
 @dataclass
@@ -238,16 +252,24 @@ class CompileOutcome:
         return asdict(self)
 
 
-# Planners that answer in well under a second on any graph the limits admit; the others
-# (cpsat) are anytime solvers whose model building alone may outlast a tight deadline.
-FAST_PLANNERS = ("heuristic", "naive")
+def wall_limit_s(time_limit_s: float, grace_min_s: float = WALL_GRACE_MIN_S) -> float:
+    """The wall time a compile with this time limit may take in a worker before it is
+    stopped (the service then answers the best plan stored so far)."""
+    return time_limit_s + max(grace_min_s, 0.5 * time_limit_s)
 
 
 def fallback_planner(requested: str) -> Optional[str]:
-    if requested in FAST_PLANNERS:
+    """The planner whose plan is stored first while `requested` solves: the first fast
+    one of the fallback chain (solver.planners: fast planners answer in well under a
+    second; the others are anytime solvers whose model building alone may outlast a
+    tight deadline). None when `requested` is fast itself."""
+    from solver.planners import FALLBACK_CHAIN, PLANNER_INFO
+
+    info = PLANNER_INFO.get(requested)
+    if info is not None and info.fast:
         return None
     names = available_planners()
-    return next((name for name in FAST_PLANNERS if name in names), None)
+    return next((name for name in FALLBACK_CHAIN if PLANNER_INFO[name].fast and name in names), None)
 
 
 # Seconds kept back from a deadline for emitting, validating and returning the program.
@@ -275,6 +297,43 @@ def _hint_from(hint: Optional[str]):
     from target.superdsc import Program
 
     return Program.from_json(hint)
+
+
+# The plans this process made, by graph structure (`solver.spyre.transfer.structure_key`):
+# a new size of a graph compiled before starts from the last plan of that graph, which a
+# planner that transfers (`PlannerInfo.transfers`) carries to the new size instead of
+# solving. Wall-clock requests only: a deterministic plan must not depend on what the
+# process compiled before. The oldest entries go past SIZED_PLANS_KEPT.
+SIZED_PLANS_KEPT = 64
+_sized_plans: "OrderedDict[tuple, SizedPlan]" = OrderedDict()
+_sized_plans_lock = threading.Lock()
+
+
+def _sized_plan_key(pg, options: "CompileOptions") -> Optional[tuple]:
+    info = PLANNER_INFO.get(options.planner)
+    if info is None or not info.transfers or options.deterministic:
+        return None
+    return (structure_key(pg), options.target, options.planner)
+
+
+def _earlier_size(key: Optional[tuple], pg) -> Optional[SizedPlan]:
+    if key is None:
+        return None
+    with _sized_plans_lock:
+        source = _sized_plans.get(key)
+    if source is None or all(source.pg.tensors[t].shape == pg.tensors[t].shape for t in pg.tensors):
+        return None  # none, or this very size (the store answers repeats)
+    return source
+
+
+def _remember(key: Optional[tuple], pg, program) -> None:
+    if key is None or program.stats.planner != key[2]:
+        return
+    with _sized_plans_lock:
+        _sized_plans[key] = SizedPlan(pg, program)
+        _sized_plans.move_to_end(key)
+        while len(_sized_plans) > SIZED_PLANS_KEPT:
+            _sized_plans.popitem(last=False)
 
 
 def _program_stats(program, doc: GraphDocument, hw) -> dict[str, Any]:
@@ -328,6 +387,8 @@ def compile_job(job: CompileJob) -> CompileOutcome:
         hw = load_hardware(options.target)
         pg = lower_document(doc)
         hint = _hint_from(job.hint)
+        sized_key = _sized_plan_key(pg, options)
+        hint = hint or _earlier_size(sized_key, pg)
         fallback = fallback_planner(options.planner) if job.slot is not None else None
         if fallback is not None:
             early = plan(pg, hw, planner=fallback, deterministic=options.deterministic, fallback=not options.strict)
@@ -339,8 +400,10 @@ def compile_job(job: CompileJob) -> CompileOutcome:
         # still runs with the least budget instead of returning nothing: the service told
         # the client its program would be stored, and a job it no longer wants is dropped
         # by the pool before it starts (SolverPool.leave), never here.
-        if job.deadline_at is not None:
-            remaining = job.deadline_at - time.time()
+        ends = [t for t in (job.deadline_at, started + job.wall_limit_s if job.wall_limit_s else None)
+                if t is not None]
+        if ends:
+            remaining = min(ends) - time.time()
             effective_limit = max(0.01, min(options.time_limit_s, remaining - _deadline_reserve(remaining)))
         program = plan(pg, hw, planner=options.planner, time_limit_s=effective_limit,
                        deterministic=options.deterministic, hint=hint, fallback=not options.strict)
@@ -349,6 +412,7 @@ def compile_job(job: CompileJob) -> CompileOutcome:
     except PlannerFailed as exc:
         return CompileOutcome(status="planner_failed", seconds=time.time() - started,
                               error={"code": "planner_failed", "message": str(exc), "node": exc.op})
+    _remember(sized_key, pg, program)
     stats = _program_stats(program, doc, hw)
     status = (stats.get("solver_status") or "").upper()
     complete = effective_limit >= options.time_limit_s or status == "OPTIMAL"

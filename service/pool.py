@@ -29,7 +29,10 @@ import asyncio
 import collections
 import math
 import multiprocessing
+import itertools
 import os
+import signal
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -38,10 +41,12 @@ from typing import Any, Awaitable, Callable, Optional
 
 
 def _watch_parent(parent_pid: int) -> None:
-    """Runs first in every worker: exit when the service process is gone. A worker
-    blocks reading its job queue, whose write end it holds itself, so a parent that dies
-    without shutting the pool down (SIGKILL, OOM kill, a crash) would otherwise leave it
-    blocked forever."""
+    """Exit when the parent process is gone. A worker blocks reading its job queue,
+    whose write end it holds itself, so a parent that dies without shutting the pool
+    down (SIGKILL, OOM kill, a crash) would otherwise leave it blocked, or solving,
+    forever. On Linux the kernel kills the worker at once (PR_SET_PDEATHSIG); the thread
+    covers other systems and the window before the prctl."""
+    _die_with_parent()
 
     def watch() -> None:
         while True:
@@ -50,6 +55,55 @@ def _watch_parent(parent_pid: int) -> None:
                 os._exit(0)
 
     threading.Thread(target=watch, name="sticksat-parent-watch", daemon=True).start()
+
+
+def _die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the watch thread remains
+        pass
+
+
+def limit_memory(memory_bytes: Optional[int]) -> None:
+    """Cap this process's address space (RLIMIT_AS): an allocation past it fails
+    (MemoryError, or the process dies in native code) instead of the machine swapping."""
+    if not memory_bytes:
+        return
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+# Which job a worker process has begun, written by the worker as its first act for a job:
+# when the process dies, the pool tells a job that never started (the worker died idle;
+# retried once on a fresh process) from one that was running (WorkerCrashed).
+_started_marker = None
+
+
+def init_worker(parent_pid: int, started_marker=None, memory_bytes: Optional[int] = None) -> None:
+    """Runs first in every pool worker: die with the parent, leave Ctrl-C to the parent
+    (it terminates the workers; a worker interrupted mid-job would only print a
+    traceback), cap the memory when asked."""
+    global _started_marker
+    _started_marker = started_marker
+    _watch_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    limit_memory(memory_bytes)
+
+
+def _run_marked(seq: int, fn: Callable[..., Any], *args: Any) -> Any:
+    if _started_marker is not None:
+        _started_marker.value = seq
+    return fn(*args)
 
 
 class PoolFull(Exception):
@@ -66,15 +120,20 @@ class WorkerCrashed(RuntimeError):
     """The worker process running this job died (the job's own doing, or the OS's)."""
 
 
+class JobTimedOut(WorkerCrashed):
+    """The job ran past its hard wall-time limit and its worker process was killed."""
+
+
 class JobDropped(RuntimeError):
     """The job was removed from the queue before it ran: nobody waited for it any more."""
 
 
 class _Job:
     __slots__ = ("key", "fn", "args", "on_done", "future", "submitted", "started", "waiters", "attempts",
-                 "state")
+                 "state", "seq", "hard_timeout_s", "expected_s")
 
-    def __init__(self, key: str, fn: Callable[..., Any], args: tuple, on_done, future: asyncio.Future):
+    def __init__(self, key: str, fn: Callable[..., Any], args: tuple, on_done, future: asyncio.Future,
+                 hard_timeout_s: Optional[float] = None, expected_s: Optional[float] = None):
         self.key = key
         self.fn = fn
         self.args = args
@@ -85,6 +144,11 @@ class _Job:
         self.waiters = 1
         self.attempts = 0
         self.state = "queued"  # queued | running | done
+        self.seq = 0  # this attempt's number (the started marker's value once the worker begins it)
+        # Wall seconds the job may run before its worker is killed (None: no limit).
+        self.hard_timeout_s = hard_timeout_s
+        # The caller's estimate of the job's run time (for Retry-After), when it has one.
+        self.expected_s = expected_s
 
 
 class _Slot:
@@ -95,6 +159,12 @@ class _Slot:
         self.executor: Optional[ProcessPoolExecutor] = None
         self.job: Optional[_Job] = None
         self.warming = False
+        self.started_marker = None  # shared with the process: the seq of the job it began
+
+    def kill(self) -> None:
+        for process in list((getattr(self.executor, "_processes", None) or {}).values()):
+            if process.is_alive():
+                process.kill()
 
     def pid(self) -> Optional[int]:
         processes = getattr(self.executor, "_processes", None) or {}
@@ -114,14 +184,20 @@ WATCH_S = 1.0
 DEAD_GRACE_S = 3.0
 
 
-async def _watched(slot: _Slot, work: asyncio.Future) -> Any:
+async def _watched(slot: _Slot, work: asyncio.Future, hard_deadline: Optional[float] = None) -> Any:
     """`work`'s result; BrokenProcessPool also when the slot's process has been gone for
-    DEAD_GRACE_S and its executor has not failed the job."""
+    DEAD_GRACE_S and its executor has not failed the job; JobTimedOut (the process
+    killed) when the job is still running at `hard_deadline` (time.monotonic())."""
     dead_since: Optional[float] = None
     while True:
-        done, _ = await asyncio.wait({work}, timeout=WATCH_S)
+        timeout = WATCH_S if hard_deadline is None else max(0.0, min(WATCH_S, hard_deadline - time.monotonic()))
+        done, _ = await asyncio.wait({work}, timeout=timeout)
         if done:
             return work.result()
+        if hard_deadline is not None and time.monotonic() >= hard_deadline:
+            slot.kill()
+            work.cancel()
+            raise JobTimedOut("the job ran past its wall-time limit; its worker process was killed")
         if slot.process_alive():
             dead_since = None
             continue
@@ -134,7 +210,7 @@ async def _watched(slot: _Slot, work: asyncio.Future) -> Any:
 class SolverPool:
     def __init__(self, workers: int, queue_limit: int,
                  on_inflight_change: Optional[Callable[[int], None]] = None,
-                 on_event: Optional[Callable[..., None]] = None):
+                 on_event: Optional[Callable[..., None]] = None, memory_bytes: Optional[int] = None):
         if workers < 1:
             raise ValueError("workers must be >= 1")
         if queue_limit < 0:
@@ -151,18 +227,32 @@ class SolverPool:
         self._recent_seconds: list[float] = []
         self._warm: Optional[tuple] = None
         self._closed = False
+        self._seq = itertools.count(1)
+        # Address-space cap of every worker process (RLIMIT_AS; None: none).
+        self.memory_bytes = memory_bytes
         self.crashes = 0
         self.dropped = 0
+        self.retried = 0
+        self.timed_out = 0
 
     # -- lifecycle -----------------------------------------------------------------
-    def _new_executor(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_watch_parent, initargs=(os.getpid(),))
+    def _new_executor(self, slot: _Slot) -> ProcessPoolExecutor:
+        context = multiprocessing.get_context("spawn")
+        slot.started_marker = context.Value("q", 0, lock=False)
+        return ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=init_worker,
+                                   initargs=(os.getpid(), slot.started_marker, self.memory_bytes))
 
     def worker_pids(self) -> list[int]:
         # ProcessPoolExecutor does not expose its process; `_processes` is the only way
         # to reach it (for shutdown and tests). Absent, nothing is listed.
         return [pid for pid in (slot.pid() for slot in self._slots) if pid is not None]
+
+    def began(self, key: str) -> bool:
+        """The worker running job `key` has begun it (not merely been sent it)."""
+        for slot in self._slots:
+            if slot.job is not None and slot.job.key == key and slot.started_marker is not None:
+                return slot.started_marker.value == slot.job.seq
+        return False
 
     def running_pids(self) -> dict[str, int]:
         """Key -> pid of the worker running it (tests, diagnostics)."""
@@ -178,7 +268,7 @@ class SolverPool:
         self._warm = (warm, warm_args)
         loop = asyncio.get_running_loop()
         for slot in self._slots:
-            slot.executor = self._new_executor()
+            slot.executor = self._new_executor(slot)
         await asyncio.gather(*(loop.run_in_executor(slot.executor, warm, *warm_args) for slot in self._slots))
         self._ready.set()
         self._dispatch()
@@ -193,10 +283,23 @@ class SolverPool:
         gone with the event loop)."""
         self._ready.clear()
         self._closed = True
+        processes = []
         for slot in self._slots:
+            processes += list((getattr(slot.executor, "_processes", None) or {}).values())
             self._stop_executor(slot.executor)
             slot.executor = None
         self._queue.clear()
+        # SIGTERM first; a worker deep in native code (a CP-SAT solve) may not stop at once:
+        # whatever still runs after a moment is killed, so no solve outlives the pool.
+        deadline = time.monotonic() + 2.0
+        for process in processes:
+            try:
+                process.join(max(0.0, deadline - time.monotonic()))
+                if process.is_alive():
+                    process.kill()
+                    process.join(1.0)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
     @staticmethod
     def _stop_executor(executor: Optional[ProcessPoolExecutor]) -> None:
@@ -226,24 +329,38 @@ class SolverPool:
         return job.state if job is not None else None
 
     def retry_after_s(self) -> int:
-        """A client-facing estimate of when the backlog drains: the jobs in flight
-        (queued plus running, at least one) times the mean recent job time, spread over
-        the workers; at least one second. Without a finished job yet, the mean is the
-        age of the oldest job in flight (a lower bound of its time: a 30 s solve that
-        has not finished is not a 1 s wait)."""
+        """A client-facing estimate of when the backlog drains: the expected remaining
+        time of every job in flight (queued ones whole, running ones less what they ran),
+        spread over the workers; at least one second. A job's expected time is the
+        caller's estimate (`expected_s`: a compile's time limit) when it gave one, else
+        the mean recent job time; without a finished job yet, the age of the oldest job in
+        flight (a lower bound of its time: a 30 s solve that has not finished is not a
+        1 s wait)."""
+        now = time.monotonic()
         if self._recent_seconds:
             mean = sum(self._recent_seconds) / len(self._recent_seconds)
         else:
-            now = time.monotonic()
             mean = max((now - job.submitted for job in self._inflight.values()), default=1.0)
-        return max(1, math.ceil(max(1, self.inflight) * mean / self.workers))
+        if not self._inflight:
+            return max(1, math.ceil(mean / self.workers))
+        total = 0.0
+        for job in self._inflight.values():
+            expected = job.expected_s if job.expected_s is not None else mean
+            ran = now - job.started if job.state == "running" and job.started is not None else 0.0
+            total += max(expected - ran, 0.0)
+        return max(1, math.ceil(total / self.workers))
 
     def submit(self, key: str, fn: Callable[..., Any], *args: Any,
-               on_done: Optional[Callable[[Any], Awaitable[None] | None]] = None) -> tuple[asyncio.Future, bool]:
+               on_done: Optional[Callable[[Any], Awaitable[None] | None]] = None,
+               hard_timeout_s: Optional[float] = None,
+               expected_s: Optional[float] = None) -> tuple[asyncio.Future, bool]:
         """Start (or join) the job `key`. Returns (future, joined). `on_done(result)` runs
         once on the event loop when a newly started job finishes, before its waiters
         are woken, whether or not anyone is still waiting. Every caller that got a
-        future and stops waiting before it is done should call `leave(key)`."""
+        future and stops waiting before it is done should call `leave(key)`.
+        `hard_timeout_s`: once running that long, the job's worker is killed and the job
+        fails with JobTimedOut. `expected_s`: the caller's estimate of its run time
+        (Retry-After)."""
         existing = self._inflight.get(key)
         if existing is not None:
             existing.waiters += 1
@@ -253,7 +370,7 @@ class SolverPool:
         if len(self._inflight) >= self.capacity:
             raise PoolFull(self.retry_after_s())
         loop = asyncio.get_running_loop()
-        job = _Job(key, fn, args, on_done, loop.create_future())
+        job = _Job(key, fn, args, on_done, loop.create_future(), hard_timeout_s, expected_s)
         self._inflight[key] = job
         self._queue.append(job)
         self._changed()
@@ -295,13 +412,14 @@ class SolverPool:
         job.state = "running"
         job.attempts += 1
         job.started = time.monotonic()
+        job.seq = next(self._seq)
         try:
             # A process that died while idle may not be noticed by its executor yet: look
             # first, so the job is not sent to (and failed with) a dead process.
             processes = list((getattr(slot.executor, "_processes", None) or {}).values())
             if any(not process.is_alive() for process in processes):
                 raise BrokenProcessPool("the worker process died while idle")
-            work = loop.run_in_executor(slot.executor, job.fn, *job.args)
+            work = loop.run_in_executor(slot.executor, _run_marked, job.seq, job.fn, *job.args)
         except Exception:  # noqa: BLE001 - BrokenProcessPool, shut down, a broken pipe: the job never left
             # The slot's process died while idle (killed between jobs): this job never
             # reached it. Back to the head of the queue, once, for the fresh process.
@@ -319,17 +437,38 @@ class SolverPool:
         loop.create_task(self._finish(slot, job, work))
 
     async def _finish(self, slot: _Slot, job: _Job, work: asyncio.Future) -> None:
+        marker = slot.started_marker
+        hard_deadline = None if job.hard_timeout_s is None else job.started + job.hard_timeout_s
         try:
-            result = await _watched(slot, work)
+            result = await _watched(slot, work, hard_deadline)
+        except JobTimedOut as exc:
+            if self._closed:
+                return
+            slot.job = None
+            self.timed_out += 1
+            self._emit("job_timed_out", key=job.key, slot=slot.index, seconds=round(job.hard_timeout_s or 0, 3))
+            self._restart(slot)
+            self._settle(job, exc=JobTimedOut(f"job {job.key} ran past its wall-time limit of "
+                                              f"{job.hard_timeout_s:g} s; its worker process was killed ({exc})"))
+            return
         except BrokenProcessPool:
             if self._closed:
                 return
             slot.job = None
             ran_for = time.monotonic() - (job.started or time.monotonic())
             self.crashes += 1
+            began = marker is None or marker.value == job.seq
             self._emit("worker_crashed", key=job.key, slot=slot.index, attempt=job.attempts,
-                       seconds=round(ran_for, 3))
+                       seconds=round(ran_for, 3), job_started=began)
             self._restart(slot)
+            if not began and job.attempts < 2:
+                # The process died before it took this job (killed while idle, the kill not
+                # yet noticed when the job was sent): the job goes first to the fresh process.
+                job.state = "queued"
+                self._queue.appendleft(job)
+                self.retried += 1
+                self._emit("job_retried", key=job.key, slot=slot.index)
+                return
             self._settle(job, exc=WorkerCrashed(
                 f"the worker process running job {job.key} died after {ran_for:.1f} s "
                 f"(killed, out of memory, or a crash in native code); other jobs were not affected"))
@@ -371,7 +510,7 @@ class SolverPool:
             if delay:
                 await asyncio.sleep(delay)
             try:
-                slot.executor = self._new_executor()
+                slot.executor = self._new_executor(slot)
                 if self._warm is not None:
                     warm, warm_args = self._warm
                     await loop.run_in_executor(slot.executor, warm, *warm_args)

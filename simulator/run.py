@@ -1,10 +1,13 @@
 """Functional run: execute a SuperDSC program with numpy, byte for byte.
 
 The machine has one device-memory byte array and one LX byte array per core (the allocator
-capacity, `hw.lx_capacity_bytes`). Every tensor is stored in its dtype in its device layout:
-in device memory at its offset (dims in `dim_order`, stick dim last and padded); in LX as
-each core's own slice at `lx_address`, the box the producer wrote on that core stored in
-layout order with the stick dim padded to whole sticks. Each op runs per core on its work
+capacity, `hw.lx_capacity_bytes`). Every tensor is stored in its dtype in its device layout
+(`target.layout`: device dims in `dim_map` order, the stick dim split into stick groups and
+stick elements): in device memory at its offset; in LX as each core's own slice at
+`lx_address`, the box the producer wrote on that core laid out the same way over the box's
+own extents (stick dim padded to whole sticks). Every read and write goes through the
+layout, element by element where the stick dim is not one stride, so the numbers never
+depend on the layout, only on reading with the layout that wrote. Each op runs per core on its work
 slice (`core_slices`): the core reads its operand boxes from device memory or from ITS LX
 bytes (addresses computed from the producer's slicing), computes its slice with the
 reference semantics (target.interpreter.run_op on the local loop nest: float32 compute,
@@ -43,9 +46,9 @@ import numpy as np
 from target.interpreter import InterpreterError, run_op as reference_op
 from target.primitives import DTYPE_BYTES, Access, IterDim, PrimOp, PrimTensor
 from target.geometry import (
-    Box, box_storage_extents, core_ranges, element_strides, layout_nbytes, op_granules, parsed_prim,
-    operand_box, reduction_split, tile_ranges,
+    Box, core_ranges, op_granules, parsed_prim, operand_box, reduction_split, tile_ranges,
 )
+from target.layout import box_offsets, layout_nbytes, logical_strides
 from target.superdsc import HbmMemory, LxMemory, Program, TensorDecl, fused_group_key, tile_count
 
 _NP_DTYPES = {
@@ -156,39 +159,69 @@ class Machine:
             self._held[t.id] = held
         return self._held[t.id].get(core, fallback)
 
-    def view(self, t: TensorDecl, core: Optional[int], box: Box) -> np.ndarray:
-        """A writable numpy view of `box` of tensor `t` as stored (on `core`'s LX if resident)."""
-        item = DTYPE_BYTES[t.dtype]
+    def _place(self, t: TensorDecl, core: Optional[int], box: Box):
+        """(buffer, base byte, logical extents of the stored data or None for the whole
+        tensor, box relative to the stored data's origin) of `box` of tensor `t`."""
         if isinstance(t.memory, HbmMemory):
-            buf, base = self.hbm, t.memory.offset
-            strides = element_strides(t.layout)
-            origin = [0] * len(box)
+            return self.hbm, t.memory.offset, None, box
+        if core is None:
+            raise RunError(f"{t.id} is LX-resident: no device-memory image")
+        if core not in self.lx:
+            self.lx[core] = np.zeros(self.lx_bytes, dtype=np.uint8)
+        held = self.held_box(t, core, box)
+        rel = tuple((a - h, b - h) for (a, b), (h, _) in zip(box, held))
+        return self.lx[core], t.memory.lx_address, tuple(b - a for a, b in held), rel
+
+    def _where(self, buf) -> str:
+        return "device memory" if buf is self.hbm else "LX"
+
+    def view(self, t: TensorDecl, core: Optional[int], box: Box):
+        """How to reach `box` of tensor `t` as stored (on `core`'s LX if resident): a writable
+        numpy view when every dim of the layout is one stride, else (flat storage, element
+        offsets) for `read` / `write` to gather and scatter."""
+        item = DTYPE_BYTES[t.dtype]
+        buf, base, extents, rel = self._place(t, core, box)
+        shape = tuple(b1 - b0 for b0, b1 in rel)
+        strides = logical_strides(t.layout, extents)
+        if strides is not None:
+            start = base + sum(b0 * s for (b0, _), s in zip(rel, strides)) * item
+            if start < 0:
+                raise RunError(f"{t.id}: access before the start of {self._where(buf)}")
+            try:
+                return np.ndarray(shape, dtype=storage_dtype(t.dtype), buffer=buf, offset=start,
+                                  strides=tuple(s * item for s in strides))
+            except (TypeError, ValueError) as e:
+                raise RunError(f"{t.id}: access outside {self._where(buf)}: {e}") from e
+        # the memory as elements of this dtype, in the element grid the tensor's base is on
+        shift = base % item
+        flat = buf[shift: shift + (buf.size - shift) // item * item].view(storage_dtype(t.dtype))
+        idx = (base - shift) // item + box_offsets(t.layout, rel, extents)
+        if idx.size and int(idx.min()) < 0:
+            raise RunError(f"{t.id}: access before the start of {self._where(buf)}")
+        if idx.size and int(idx.max()) >= flat.size:
+            raise RunError(f"{t.id}: access outside {self._where(buf)}")
+        return flat, idx
+
+    def read(self, t: TensorDecl, core: Optional[int], box: Box) -> np.ndarray:
+        """The stored values of `box` of tensor `t` (storage dtype, the box's shape)."""
+        v = self.view(t, core, box)
+        return v[0][v[1]] if isinstance(v, tuple) else v
+
+    def write(self, t: TensorDecl, core: Optional[int], box: Box, values) -> None:
+        """Store `values` (the box's shape, storage dtype) as `box` of tensor `t`."""
+        v = self.view(t, core, box)
+        if isinstance(v, tuple):
+            v[0][v[1]] = values
         else:
-            if core is None:
-                raise RunError(f"{t.id} is LX-resident: no device-memory image")
-            if core not in self.lx:
-                self.lx[core] = np.zeros(self.lx_bytes, dtype=np.uint8)
-            buf, base = self.lx[core], t.memory.lx_address
-            held = self.held_box(t, core, box)
-            strides = element_strides(t.layout, box_storage_extents(held, t.layout))
-            origin = [a for a, _ in held]
-        start = base + sum((b0 - o) * s for (b0, _), o, s in zip(box, origin, strides)) * item
-        shape = tuple(b1 - b0 for b0, b1 in box)
-        if start < 0:
-            raise RunError(f"{t.id}: access before the start of {'device memory' if buf is self.hbm else 'LX'}")
-        try:
-            return np.ndarray(shape, dtype=storage_dtype(t.dtype), buffer=buf, offset=start,
-                              strides=tuple(s * item for s in strides))
-        except (TypeError, ValueError) as e:
-            raise RunError(f"{t.id}: access outside {'device memory' if buf is self.hbm else 'LX'}: {e}") from e
+            v[...] = values
 
     def copy_input(self, t: TensorDecl, core: int, box: Box) -> np.ndarray:
         """A copy's input as the whole tensor its strided maps index: from device memory
         whole; from LX, the box the core reads (`geometry.copy_read_box`) in place, zeros
         elsewhere (the maps take nothing outside that box)."""
         if isinstance(t.memory, HbmMemory):
-            return from_storage(self.view(t, core, tuple((0, s) for s in t.shape)), t.dtype)
-        part = from_storage(self.view(t, core, box), t.dtype)
+            return from_storage(self.read(t, core, tuple((0, s) for s in t.shape)), t.dtype)
+        part = from_storage(self.read(t, core, box), t.dtype)
         full = np.zeros(tuple(t.shape), dtype=part.dtype)
         if all(b > a for a, b in box):
             full[tuple(slice(a, b) for a, b in box)] = part
@@ -204,7 +237,7 @@ class Machine:
             if tuple(arr.shape) != tuple(t.shape):
                 raise RunError(f"input {name} has shape {arr.shape}, program expects {tuple(t.shape)}")
             full = tuple((0, s) for s in t.shape)
-            self.view(t, None, full)[...] = to_storage(arr, t.dtype)
+            self.write(t, None, full, to_storage(arr, t.dtype))
 
     def touches(self, k: int, names: set[str]) -> bool:
         """Whether op k reads or writes any of the tensors `names`."""
@@ -259,7 +292,7 @@ class Machine:
                 if prim.body.kind == "copy":
                     arrays.append(self.copy_input(t, core, operand_box(prim, i, rng, t.shape, copy_reads=True)))
                     continue
-                raw = self.view(t, core, operand_box(prim, i, rng, t.shape))
+                raw = self.read(t, core, operand_box(prim, i, rng, t.shape))
                 arrays.append(from_storage(raw, t.dtype))
             try:
                 out = compute_slice(prim, rng, arrays, [tm[a.tensor].dtype for a in prim.inputs],
@@ -287,12 +320,12 @@ class Machine:
             for core, box, _ in results:
                 held[core] = box
         for core, box, out in results:
-            self.view(out_t, core, box)[...] = to_storage(out, out_t.dtype)
+            self.write(out_t, core, box, to_storage(out, out_t.dtype))
 
     def read_output(self, name: str) -> np.ndarray:
         t = self.tmap[name]
         full = tuple((0, s) for s in t.shape)
-        raw = self.view(t, None, full)
+        raw = self.read(t, None, full)
         return from_storage(raw, t.dtype).astype(user_dtype(t.dtype))
 
 

@@ -4,15 +4,17 @@
 bad program (a client may send anything); each issue names the op and/or tensor it concerns.
 
 Codes (docs/simulator.md has the full table):
-  version             format name or version is not sticksat.superdsc v1
+  version             format name or version is not sticksat.superdsc v2 (or v1, read as v2)
   schema              the document does not parse / duplicate ids / malformed loop nest
   hardware_mismatch   program targets another hardware name or digest
   unknown_tensor      an op, input or output names an undeclared tensor
   shape_mismatch      a loop nest's operand maps disagree with the declared tensor shapes
   read_before_write   a tensor is read (or is a program output) before it is produced/loaded
   multiple_producers  a tensor is written twice, or a program input is overwritten
-  layout_invalid      dim_order/device_size do not describe the tensor
-  stick_alignment     stick dim not padded to whole sticks, or an address not stick aligned
+  layout_invalid      dim_map/device_size do not describe the tensor (each dim once, the stick dim
+                      twice: stick group anywhere, stick elements last)
+  stick_alignment     stick elements not one stick, stick count not the stick dim in whole sticks,
+                      or an address not stick aligned
   split_unknown_dim   core_split names a dim the loop nest does not have
   split_uneven        a split is not even / not in whole sticks (or splits a scan)
   cores_over_limit    more cores than the hardware has (split product or a core id)
@@ -59,13 +61,13 @@ from pydantic import ValidationError
 from target.op_rules import check_split, copy_is_alias, ex_unit, matching_choice, opfunc, split_units
 from target.primitives import DTYPE_BYTES, PrimOp
 from target.geometry import (
-    LRU, box_contains, box_lx_bytes, box_span_bytes, caches_enabled, core_ranges, flag, flat_key,
-    layout_nbytes, layout_problems, op_granules, operand_box, parsed_prim, prim_key, put_dict, put_slices,
-    put_tensor, reduction_split, tile_iteration_ranges, tile_operand_boxes,
+    LRU, box_contains, caches_enabled, core_ranges, flag, flat_key, op_granules, operand_box, parsed_prim,
+    prim_key, put_dict, put_slices, put_tensor, reduction_split, tile_iteration_ranges, tile_operand_boxes,
 )
+from target.layout import box_lx_bytes, box_span_bytes, layout_nbytes, layout_problems
 from target.superdsc import (
-    PROGRAM_FORMAT, PROGRAM_VERSION, HbmMemory, LxMemory, Program, TensorDecl, fused_group_key,
-    lx_live_spans,
+    PROGRAM_FORMAT, PROGRAM_VERSION, READABLE_VERSIONS, HbmMemory, LxMemory, Program, TensorDecl,
+    fused_group_key, lx_live_spans,
 )
 
 
@@ -90,9 +92,11 @@ def parse_program(program: Union[Program, dict, str, bytes]) -> tuple[Optional[P
         return None, [ProgramIssue("schema", f"not JSON: {e}")]
     if not isinstance(raw, dict):
         return None, [ProgramIssue("schema", "a program is a JSON object")]
-    if raw.get("format") != PROGRAM_FORMAT or raw.get("version") != PROGRAM_VERSION:
-        return None, [ProgramIssue("version", f"expected format {PROGRAM_FORMAT!r} version {PROGRAM_VERSION}, "
-                                              f"got {raw.get('format')!r} version {raw.get('version')!r}")]
+    version = raw.get("version")
+    if raw.get("format") != PROGRAM_FORMAT or type(version) is not int or version not in READABLE_VERSIONS:
+        return None, [ProgramIssue("version", f"expected format {PROGRAM_FORMAT!r} version {PROGRAM_VERSION} "
+                                              f"(or {', '.join(map(str, READABLE_VERSIONS[:-1]))}, read as "
+                                              f"{PROGRAM_VERSION}), got {raw.get('format')!r} version {version!r}")]
     try:
         return Program.model_validate(raw), []
     except ValidationError as e:

@@ -1,7 +1,8 @@
 """Plan decisions -> SuperDSC program.
 
 `emit_program(pg, hw, decisions)` derives everything a planner does not decide:
-- each tensor's layout (the producer's stick choice; graph inputs from `input_sticks`);
+- each tensor's layout (the producer's stick choice; graph inputs from `input_sticks`), its
+  dims in the device order `dim_orders` gives (default: plain row-major);
 - restickify ops where a consumer's stick choice needs another layout: ONE per
   (tensor, stick dim), placed right before its first consumer and shared by all; a
   restickify between two LX-resident tensors is an on-chip LX relayout;
@@ -29,9 +30,10 @@ from target.op_rules import (
 from target.primitives import PrimGraph, PrimOp, op_to_json
 from lowering.version import COMPILER_VERSION
 from target.geometry import (
-    LRU, caches_enabled, core_ranges, default_core_slices, flat_key, largest_tile_lx_bytes, layout_nbytes,
-    make_layout, op_granules, padded, prim_key, put_dict, put_layout, put_slices,
+    LRU, caches_enabled, core_ranges, default_core_slices, flat_key, largest_tile_lx_bytes, op_granules, prim_key,
+    put_dict, put_layout, put_slices,
 )
+from target.layout import layout_nbytes, make_layout, padded
 from target.superdsc import (
     Bundle, CoreSlice, HbmMemory, Layout, LxMemory, OpDecl, PlanStats, Program, TensorDecl,
 )
@@ -85,6 +87,15 @@ def _ordered_ops(pg: PrimGraph, order: list[str]) -> list[PrimOp]:
     return [by_id[oid] for oid in order]
 
 
+def _layout(t: str, shape, dtype: str, stick: Optional[int], stick_bytes: int, orders: dict) -> Layout:
+    """Tensor `t`'s layout: sticked on `stick`, its dims in the planner's order (if any)."""
+    order = orders.get(t)
+    try:
+        return make_layout(shape, dtype, stick, stick_bytes, order)
+    except ValueError as e:
+        raise EmitError(f"{t}: {e}") from e
+
+
 class _Build:
     """The program's ops in order (restickify ops included) and the tensors' layouts."""
 
@@ -121,8 +132,9 @@ def _build_items(pg: PrimGraph, hw, decisions: PlanDecisions) -> _Build:
         ch = _choice(op, decisions.ops.get(op.id, OpPlan()))
         choices[op.id] = ch
         stick_of[op.output.tensor] = ch.output
+    orders = decisions.dim_orders
     layouts: dict[str, Layout] = {
-        t: make_layout(shapes[t], dtypes[t], s, stick_bytes) for t, s in stick_of.items()}
+        t: _layout(t, shapes[t], dtypes[t], s, stick_bytes, orders) for t, s in stick_of.items()}
 
     # -- op order with restickify ops ----------------------------------------------------
     items: list[_Item] = []
@@ -142,7 +154,7 @@ def _build_items(pg: PrimGraph, hw, decisions: PlanDecisions) -> _Build:
             if rid not in restick_made:
                 restick_made[rid] = t
                 shapes[rid], dtypes[rid], roles[rid] = shapes[t], dtypes[t], "intermediate"
-                layouts[rid] = make_layout(shapes[t], dtypes[t], spec, stick_bytes)
+                layouts[rid] = _layout(rid, shapes[t], dtypes[t], spec, stick_bytes, orders)
                 items.append(_Item(restickify_prim(f"restick:{rid}", t, rid, shapes[t]),
                                    "restickify", decisions.restick_ops.get(rid), src=t, dst=rid))
             consumers_of_restick.setdefault(rid, []).append((op, i))
@@ -154,6 +166,10 @@ def _build_items(pg: PrimGraph, hw, decisions: PlanDecisions) -> _Build:
     unknown = sorted(set(decisions.restick_ops) - set(restick_made))
     if unknown:
         raise EmitError(f"restickify plans for copies no consumer needs: {unknown[:5]}")
+    unknown = sorted(t for t in orders if t not in layouts)
+    if unknown:
+        raise EmitError(f"dim orders for tensors the program does not have (nor any restickified copy a "
+                        f"consumer needs): {unknown[:5]}")
     resident = dict(decisions.resident)
     for t in resident:
         if t in pg.inputs or t not in shapes or t not in produced and t not in restick_made:

@@ -20,7 +20,7 @@ log = logging.getLogger("sticksat")
 
 # the phases a plan goes through, in order (a planner may skip some; "plan" wraps a planner
 # that emits no phases of its own; "repeats": the CP-SAT planner's depth step, solver.spyre.depth)
-PHASES = ("repeats", "hint", "strategies", "local search", "solve", "fusion", "plan", "validation", "lower bound")
+PHASES = ("transfer", "repeats", "hint", "strategies", "local search", "solve", "fusion", "plan", "validation", "lower bound")
 
 
 @dataclass(frozen=True)

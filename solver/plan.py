@@ -8,7 +8,11 @@ bundles, stats). Keys are primitive op ids and tensor ids of the PrimGraph.
   its core split (iteration-dim name -> factor), temporal tiles, optionally an explicit
   core -> work-slice map, and whether a copy is claimed a free alias.
 - A tensor's layout is the one its producer writes (the op's stick choice output); a graph
-  input's layout is `input_sticks[tensor]` (default: last dim).
+  input's layout is `input_sticks[tensor]` (default: last dim). `dim_orders[tensor or
+  restick id]` orders its dims on the device (`superdsc.Layout.dim_order`: every dim once,
+  outermost first, the stick dim where its stick-group dim goes); default: the other dims in
+  logical order, the stick group last (`target.layout.default_dim_order`), the plain
+  row-major layout.
 - Where a consumer's stick choice needs another layout, the emitter inserts ONE restickify
   per (tensor, stick dim), shared by all consumers; its id is `restick_id(tensor, dim)` and
   its core split can be set in `restick_ops` (default: the consumer's slicing when the copy
@@ -26,7 +30,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from target.layout import default_dim_order
 from target.op_rules import StickChoice
+from target.superdsc import Program
+
+
+def program_dim_orders(program: Program) -> dict[str, list[int]]:
+    """The device dim orders a program's tensors carry that are not the default: what
+    `PlanDecisions.dim_orders` says to emit them again (for a planner reading decisions
+    back from a stored program)."""
+    out: dict[str, list[int]] = {}
+    for t in program.tensors:
+        order = t.layout.dim_order
+        if order != default_dim_order(len(t.shape), t.layout.stick_dim):
+            out[t.id] = list(order)
+    return out
 
 
 def restick_id(tensor: str, stick_dim: Optional[int]) -> str:
@@ -58,6 +76,9 @@ class PlanDecisions:
     planner: str
     ops: dict[str, OpPlan] = field(default_factory=dict)
     input_sticks: dict[str, Optional[int]] = field(default_factory=dict)
+    # Device dim order per tensor (or restick id), stick dim at its stick-group position;
+    # a tensor not named here gets the plain row-major order.
+    dim_orders: dict[str, list[int]] = field(default_factory=dict)
     restick_ops: dict[str, OpPlan] = field(default_factory=dict)   # keyed by restick_id
     resident: dict[str, Residency] = field(default_factory=dict)
     bundle_starts: list[str] = field(default_factory=list)

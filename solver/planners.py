@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
 from lowering.errors import GraphError
@@ -65,6 +66,44 @@ class PlanInvalid(RuntimeError):
         super().__init__(f"planner {planner!r} produced an invalid program: {head}{more}")
 
 
+@dataclass(frozen=True)
+class PlannerInfo:
+    """What the rest of the project needs to know about a planner, declared once here:
+    the service, the CLI, the batch jobs and the benchmarks read this table."""
+
+    name: str
+    module: str  # the module that registers it (`register(name, fn)`) when imported
+    searches: bool  # an anytime search: takes a time limit and a deterministic mode
+    fast: bool  # answers in well under a second on any graph the service's limits admit
+    online: bool  # offered by the service and the torch backend (GET /version lists it)
+    summary: str
+    # takes a plan of another size of the same graph as its hint (solver.spyre.transfer.SizedPlan)
+    transfers: bool = False
+
+
+# Adding a planner: write its module (ending in `register(name, fn)`), add a row here and,
+# when it should be a fallback, a place in FALLBACK_CHAIN.
+KNOWN_PLANNERS: tuple[PlannerInfo, ...] = (
+    PlannerInfo("naive", "solver.naive", searches=False, fast=True, online=True,
+                summary="one core per op, every tensor in device memory"),
+    PlannerInfo("heuristic", "solver.baseline.passes", searches=False, fast=True, online=True,
+                summary="the torch-spyre baseline passes"),
+    PlannerInfo("torch-spyre-coopt", "solver.baseline.coopt_ilp_solver_ortools", searches=True, fast=False,
+                online=False, summary="torch-spyre's co-optimization ILP (baseline)"),
+    PlannerInfo("cpsat", "solver.spyre.cpsat_planner", searches=True, fast=False, online=True,
+                summary="the joint CP-SAT planner (default)", transfers=True),
+)
+PLANNER_INFO: dict[str, PlannerInfo] = {info.name: info for info in KNOWN_PLANNERS}
+
+
+def planner_names(*, online: Optional[bool] = None, searches: Optional[bool] = None,
+                  fast: Optional[bool] = None) -> tuple[str, ...]:
+    """Names of KNOWN_PLANNERS (in table order) with the given properties."""
+    return tuple(i.name for i in KNOWN_PLANNERS
+                 if (online is None or i.online == online) and (searches is None or i.searches == searches)
+                 and (fast is None or i.fast == fast))
+
+
 # Each planner's fallback when it fails: the next, simpler one. The naive planner is the
 # end of the chain: one core per op, every tensor in device memory.
 FALLBACK_CHAIN = ("cpsat", "heuristic", "naive")
@@ -88,12 +127,12 @@ def register(name: str, fn: PlannerFn) -> None:
 
 
 def ensure_registered(name: str) -> None:
-    """Planners living in modules that register themselves on import (cpsat, heuristic,
-    torch-spyre-coopt)."""
+    """Import the module of a planner that registers itself on import (`KNOWN_PLANNERS`)."""
     if name in PLANNERS:
         return
-    for module in ("solver.spyre.cpsat_planner", "solver.baseline.passes",
-                   "solver.baseline.coopt_ilp_solver_ortools"):
+    info = PLANNER_INFO.get(name)
+    modules = [info.module] if info is not None else [i.module for i in KNOWN_PLANNERS]
+    for module in modules:
         try:
             importlib.import_module(module)
         except ImportError:

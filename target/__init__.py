@@ -8,6 +8,8 @@ The bottom layer every other package builds on, importing none of them:
 - `hardware`: the hardware description (one JSON file per target under `targets/`), the one
   place machine numbers are read, feeding the planner's cost model and the simulator alike;
 - `superdsc`: the SuperDSC program format (what a planner emits and the simulator judges);
-- `geometry`: layout and stick arithmetic shared by the emitter, the validator and the
-  timing model.
+- `layout`: a tensor's Spyre device layout (dims order, stick groups, strides, offsets,
+  spans, contiguity), the one home of that geometry;
+- `geometry`: per-core slices, boxes and tiles over those layouts; both shared by the
+  emitter, the validator, the functional run and the timing model.
 """

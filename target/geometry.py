@@ -1,12 +1,10 @@
-"""Device layouts and per-core geometry: pure functions over shapes, layouts and splits.
+"""Per-core geometry: pure functions over shapes, layouts and splits.
 
 Used by the emitter (solver/emit.py), the validator, the functional run and the timing
-model, so every one of them sees the same bytes and the same slices.
+model, so every one of them sees the same slices. Where a tensor's bytes are (its device
+layout: strides, offsets, spans, sticks, contiguity) is `target.layout`'s; the layout
+functions most callers need are importable from here as well.
 
-- A tensor's device layout (`superdsc.Layout`): `dim_order` lists its logical dims
-  outermost first, the stick dim last; `device_size[i]` is the allocated extent of dim
-  `dim_order[i]`, the stick dim padded up to whole sticks. Bytes are laid out row-major over
-  `device_size`. A rank-0 tensor occupies one stick.
 - A core split gives each iteration dim a factor; core c runs the slice whose index along
   every split dim its `CoreSlice` names. Along a dim that is some operand's stick dim the
   slice is a whole number of sticks (the *granule*): chunk = padded extent / factor, and the
@@ -25,12 +23,13 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequenc
 
 import numpy as np
 
-from target.op_rules import ANY, split_granules, stick_elems
-from target.primitives import DTYPE_BYTES, Access, PrimOp, op_from_json, op_to_json
+from target.layout import (  # noqa: F401  (the layout geometry: callers also import it from here)
+    Box, Range, box_lx_bytes, box_span_bytes, box_sticks, box_storage_extents, layout_nbytes,
+    layout_problems, make_layout, padded,
+)
+from target.op_rules import split_granules
+from target.primitives import Access, PrimOp, op_from_json, op_to_json
 from target.superdsc import CoreSlice, Layout
-
-Range = tuple[int, int]
-Box = tuple[Range, ...]
 
 
 # -- memo caches ----------------------------------------------------------------------------
@@ -159,9 +158,9 @@ def put_slices(f: list, core_slices: Sequence) -> None:
 
 
 def put_layout(f: list, layout: Layout) -> None:
-    do, ds = layout.dim_order, layout.device_size
-    f.append(len(do))
-    f.extend(do)
+    dm, ds = layout.dim_map, layout.device_size
+    f.append(len(dm))
+    f.extend(dm)
     f.append(len(ds))
     f.extend(ds)
     f.append(layout.stick_elems)
@@ -218,128 +217,11 @@ def parsed_prim(d: dict) -> PrimOp:
     return prim
 
 
-# -- layouts -------------------------------------------------------------------------------
-def make_layout(shape: Sequence[int], dtype: str, stick_dim: Optional[int], stick_bytes: int,
-                dim_order: Optional[Sequence[int]] = None) -> Layout:
-    """The layout of a tensor sticked on `stick_dim`; the other dims keep their logical
-    order unless `dim_order` (stick dim last) is given."""
-    rank = len(shape)
-    se = stick_elems(dtype, stick_bytes)
-    if rank == 0:
-        return Layout(dim_order=[], device_size=[], stick_elems=se)
-    if stick_dim is None or stick_dim == ANY:
-        stick_dim = rank - 1
-    if dim_order is None:
-        order = [d for d in range(rank) if d != stick_dim] + [stick_dim]
-    else:
-        order = list(dim_order)
-        if sorted(order) != list(range(rank)) or order[-1] != stick_dim:
-            raise ValueError(f"dim_order {order} is not a permutation ending in stick dim {stick_dim}")
-    size = [int(shape[d]) for d in order]
-    size[-1] = padded(size[-1], se)
-    return Layout(dim_order=order, device_size=size, stick_elems=se)
-
-
-def padded(n: int, granule: int) -> int:
-    return -(-n // granule) * granule if granule > 1 else n
-
-
-def layout_nbytes(layout: Layout, dtype: str) -> int:
-    """Bytes the tensor occupies in device memory (padding included)."""
-    n = 1
-    for s in layout.device_size:
-        n *= s
-    if not layout.device_size:
-        n = layout.stick_elems  # a rank-0 tensor occupies one stick
-    return n * DTYPE_BYTES[dtype]
-
-
-def layout_problems(layout: Layout, shape: Sequence[int], dtype: str, stick_bytes: int) -> list[tuple[str, str]]:
-    """(code, message) for a layout inconsistent with its tensor."""
-    rank = len(shape)
-    se = stick_elems(dtype, stick_bytes)
-    out: list[tuple[str, str]] = []
-    if layout.stick_elems != se:
-        out.append(("stick_alignment", f"stick_elems {layout.stick_elems} != {se} for {dtype}"))
-    if sorted(layout.dim_order) != list(range(rank)) or len(layout.device_size) != rank:
-        out.append(("layout_invalid", f"dim_order {layout.dim_order} / device_size {layout.device_size} "
-                                      f"do not describe a rank-{rank} tensor"))
-        return out
-    for i, d in enumerate(layout.dim_order):
-        want = shape[d] if i < rank - 1 else padded(shape[d], se)
-        if layout.device_size[i] != want:
-            code = "stick_alignment" if i == rank - 1 else "layout_invalid"
-            out.append((code, f"device_size of dim {d} is {layout.device_size[i]}, expected {want}"
-                              + (" (stick dim padded to whole sticks)" if i == rank - 1 else "")))
-    return out
-
-
-def element_strides(layout: Layout, extents: Optional[Sequence[int]] = None) -> tuple[int, ...]:
-    """Element strides per LOGICAL dim for data stored row-major over the layout's order.
-    `extents` (per logical dim, stick dim already padded) overrides device_size, e.g. for a
-    per-core LX box."""
-    rank = len(layout.dim_order)
-    if extents is None:
-        ext_in_order = list(layout.device_size)
-    else:
-        ext_in_order = [extents[d] for d in layout.dim_order]
-    strides = [0] * rank
-    acc = 1
-    for i in reversed(range(rank)):
-        strides[layout.dim_order[i]] = acc
-        acc *= ext_in_order[i]
-    return tuple(strides)
-
-
-def box_storage_extents(box: Box, layout: Layout) -> tuple[int, ...]:
-    """Per logical dim, the stored extent of a box held on its own (LX): its length, the stick
-    dim padded to whole sticks."""
-    ext = [b - a for a, b in box]
-    if layout.dim_order:
-        s = layout.dim_order[-1]
-        ext[s] = padded(ext[s], layout.stick_elems)
-    return tuple(ext)
-
-
-def box_lx_bytes(box: Box, layout: Layout, dtype: str) -> int:
-    """Bytes a core needs to hold `box` of a tensor in LX (whole sticks)."""
-    n = 1
-    for e in box_storage_extents(box, layout):
-        n *= e
-    if not box:
-        n = layout.stick_elems
-    return n * DTYPE_BYTES[dtype]
-
-
-def box_span_bytes(box: Box, layout: Layout, dtype: str) -> int:
-    """Byte span [first, last] a core touches reading `box` of a tensor in device memory."""
-    if not box:
-        return layout.stick_elems * DTYPE_BYTES[dtype]
-    if any(b <= a for a, b in box):
-        return 0
-    strides = element_strides(layout)
-    first = sum(a * s for (a, _), s in zip(box, strides))
-    last = sum((b - 1) * s for (_, b), s in zip(box, strides))
-    # whole sticks are moved: extend the last element to the end of its stick
-    se = layout.stick_elems
-    last = (last // se + 1) * se - 1 if se > 1 else last
-    first = (first // se) * se if se > 1 else first
-    return (last - first + 1) * DTYPE_BYTES[dtype]
-
-
 def box_elems(box: Box) -> int:
     n = 1
     for a, b in box:
         n *= max(0, b - a)
     return n
-
-
-def box_sticks(box: Box, layout: Layout) -> int:
-    """Sticks moved to read/write `box` (the stick-dim extent rounded up to whole sticks)."""
-    n = 1
-    for e in box_storage_extents(box, layout):
-        n *= e
-    return (n // layout.stick_elems) if box else 1
 
 
 def box_contains(outer: Box, inner: Box) -> bool:

@@ -1,4 +1,4 @@
-"""The SuperDSC program, format v1 (documented in docs/superdsc.md).
+"""The SuperDSC program, format v2 (documented in docs/superdsc.md; v1 documents still load).
 
 What a planner emits and the simulator judges. It mirrors the concepts of torch-spyre's
 SuperDSC (codegen/superdsc.py) so a Spyre engineer recognizes them:
@@ -8,7 +8,7 @@ SuperDSC (codegen/superdsc.py) so a Spyre engineer recognizes them:
 | OpDecl.num_cores_used        | numCoresUsed_                        |
 | OpDecl.core_split            | numWkSlicesPerDim_                   |
 | OpDecl.core_slices           | coreIdToWkSlice_                     |
-| Layout.dim_order/stick_dim   | layoutDimOrder_ / stickDimOrder_     |
+| Layout.dim_map/device_size   | SpyreTensorLayout dim_map / device_size |
 | Memory(kind=lx|hbm)          | scheduleTree_ allocate, component_   |
 | OpDecl.ex_unit               | computeOp_ exUnit pt|sfp             |
 
@@ -20,10 +20,12 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROGRAM_FORMAT = "sticksat.superdsc"
-PROGRAM_VERSION = 1
+PROGRAM_VERSION = 2
+# Versions a reader accepts: a v1 document is read as its v2 equivalent (`upgrade_v1`).
+READABLE_VERSIONS = (1, 2)
 
 _MAX = 200_000
 
@@ -33,18 +35,67 @@ class _Model(BaseModel):
 
 
 class Layout(_Model):
-    """Device layout of a tensor. `dim_order` lists the logical dims outermost first;
-    the last one is the stick dim (data moves in 128-byte sticks along it).
-    `device_size[i]` is the allocated size of dim `dim_order[i]`: the stick dim is
-    padded up to whole sticks. A rank-0 tensor has empty lists and occupies one stick."""
+    """Device layout of a tensor: torch-spyre's SpyreTensorLayout (`device_size`, `dim_map`).
 
-    dim_order: Annotated[list[int], Field(max_length=8)]
-    device_size: Annotated[list[int], Field(max_length=8)]
+    Device dims run outermost first. `dim_map[i]` is the logical dim device dim i walks. The
+    LAST device dim holds the elements of one stick of the stick dim (`stick_elems` of them);
+    the stick dim appears exactly once more, as its stick-group dim (which stick), anywhere
+    before; every other logical dim appears exactly once. `device_size[i]` is the extent of
+    device dim i: a non-stick dim's size, the stick dim's stick count (its size padded up to
+    whole sticks), `stick_elems`. Bytes are row-major over `device_size`. A rank-0 tensor has
+    empty lists and occupies one stick. The geometry (strides, offsets, spans, sticks) lives
+    in `target.layout`."""
+
+    dim_map: Annotated[list[int], Field(max_length=9)]
+    device_size: Annotated[list[int], Field(max_length=9)]
     stick_elems: int
 
     @property
     def stick_dim(self) -> Optional[int]:
-        return self.dim_order[-1] if self.dim_order else None
+        return self.dim_map[-1] if self.dim_map else None
+
+    @property
+    def dim_order(self) -> list[int]:
+        """The logical dims in device order, each once: the stick dim stands where its
+        stick-group dim is (last for the plain row-major layout, what format v1 could say)."""
+        return self.dim_map[:-1]
+
+
+def upgrade_v1_layout(d):
+    """A format-v1 layout (`dim_order` with the stick dim last, `device_size` with the stick
+    dim padded to whole sticks, row-major) as the v2 layout of the same bytes: the stick dim's
+    stick-group dim right before its stick elements. Anything malformed stays malformed (the
+    validator names it): a stick extent that is not whole sticks becomes one group of that
+    many elements, which the stick-element check rejects."""
+    if not isinstance(d, dict):
+        return d
+    out = {k: v for k, v in d.items() if k not in ("dim_order", "device_size", "dim_map")}
+    if "dim_map" in d:
+        out["dim_map_in_a_v1_layout"] = d["dim_map"]  # a v2 field in a v1 document: a schema error
+    order, size, se = d.get("dim_order"), d.get("device_size"), d.get("stick_elems")
+    if not isinstance(order, list) or not isinstance(size, list) or not order or not size:
+        out["dim_map"], out["device_size"] = order, size  # rank 0 (empty lists) or malformed
+        return out
+    last = size[-1]
+    whole = type(se) is int and se > 0 and type(last) is int and last % se == 0
+    groups, elems = (last // se, se) if whole else (1, last)
+    out["dim_map"] = list(order) + [order[-1]]
+    out["device_size"] = list(size[:-1]) + [groups, elems]
+    return out
+
+
+def upgrade_v1(doc):
+    """A format-v1 program document read as v2: every layout re-expressed (`upgrade_v1_layout`),
+    nothing else changes. Any other document is returned as it is."""
+    if not isinstance(doc, dict) or type(doc.get("version")) is not int or doc["version"] != 1:
+        return doc  # (True == 1 and 1.0 == 1 in Python: only the integer 1 is v1)
+    out = dict(doc)
+    out["version"] = PROGRAM_VERSION
+    tensors = doc.get("tensors")
+    if isinstance(tensors, list):
+        out["tensors"] = [dict(t, layout=upgrade_v1_layout(t["layout"])) if isinstance(t, dict) and "layout" in t
+                          else t for t in tensors]
+    return out
 
 
 class HbmMemory(_Model):
@@ -201,7 +252,7 @@ class PlanStats(_Model):
 
 class Program(_Model):
     format: Literal["sticksat.superdsc"] = PROGRAM_FORMAT
-    version: Literal[1] = PROGRAM_VERSION
+    version: Literal[2] = PROGRAM_VERSION
     graph_name: str = ""
     graph_hash: str = ""
     hardware: str  # target name
@@ -211,6 +262,12 @@ class Program(_Model):
     inputs: list[str]
     outputs: list[str]
     stats: PlanStats
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_v1(cls, data):
+        # a stored v1 program loads as its v2 equivalent, on every path that parses one
+        return upgrade_v1(data)
 
     def tensor_map(self) -> dict[str, TensorDecl]:
         return {t.id: t for t in self.tensors}

@@ -135,3 +135,9 @@ def chain_graph(rows: int, n_ops: int = 2, cols: int = 64, dtype: str = "float16
     return {"format": "sticksat.graph", "version": 1, "name": name,
             "inputs": [{"id": "x", "kind": "user_input", "meta": meta}],
             "nodes": nodes, "outputs": [{"kind": "tensor", "node": prev}]}
+
+
+def loaded_modules(prefixes: tuple[str, ...]) -> list[str]:
+    """The modules of these top-level packages loaded in this process (run in a pool
+    worker to see what the worker imported)."""
+    return sorted(m for m in sys.modules if m.split(".")[0] in prefixes)

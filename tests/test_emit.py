@@ -39,7 +39,9 @@ def test_one_restickify_shared_by_all_consumers():
     assert readers == ["qk", "qk2"]
     assert [o.id for o in prog.ops].index(rest[0].id) < [o.id for o in prog.ops].index("qk")
     t = prog.tensor_map()[restick_id("k", 1)]
-    assert t.layout.dim_order == [0, 2, 1] and t.layout.device_size == [2, 64, 128]
+    # [2, 128, 64] fp16 sticked on dim 1: 2 sticks of 64 right before their elements
+    assert t.layout.dim_map == [0, 2, 1, 1] and t.layout.device_size == [2, 64, 2, 64]
+    assert t.layout.dim_order == [0, 2, 1]
 
 
 def test_naive_plan_valid_for_every_hand_graph():

@@ -203,3 +203,47 @@ def test_example_seeded_run_reaches_lowering_planner_and_simulator(server, schem
     assert len(variants) >= 100 and all(s < 500 for s in variants)
     assert 200 in variants and 422 in variants  # some variants still compile, some are refused
     assert server.metric("sticksat_requests_total", {"status": "500"}) == 0
+
+
+def test_stateful_phase_follows_the_links(server):
+    """Issue 31: the OpenAPI document declares links (a compile's key -> its program and
+    report, its graph hash -> the graph), so schemathesis's stateful phase can chain calls:
+    compile, then fetch what the answer names. Every step passes the same checks. Half of
+    the generated /compile bodies are replaced by the real tiny documents (a generated
+    graph rarely compiles, and only a 200 has links to follow)."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    stateful = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    raw = httpx.get(server.url + "/openapi.json").json()
+    links = raw["paths"]["/compile"]["post"]["responses"]["200"]["links"]
+    assert {"GetProgram", "GetReport", "GetGraph"} <= set(links)
+    real_bodies = [{"graph": doc, "options": {"planner": "naive"}} for doc in _tiny_documents()[:4]]
+
+    @stateful.hook
+    def flatmap_body(context, body):
+        if context.operation is None or context.operation.path != "/compile":
+            return st.just(body)
+        return st.one_of(st.just(body), st.sampled_from(real_bodies))
+
+    statuses: list[int] = []
+    followed: list[str] = []
+
+    class Workflow(stateful.as_state_machine()):
+        def get_call_kwargs(self, case):
+            return {"base_url": server.url, "timeout": 60}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            statuses.append(response.status_code)
+            followed.append(f"{case.operation.method.upper()} {case.operation.path}")
+            case.validate_response(response, checks=CHECKS)
+            _check_problem(response)
+
+    run_state_machine_as_test(Workflow, settings=settings(
+        max_examples=25, stateful_step_count=4, deadline=None, database=None, derandomize=True,
+        suppress_health_check=list(HealthCheck)))
+    assert all(s < 500 for s in statuses), statuses
+    # the chain went past the first call: a link was followed to a program, report or graph
+    assert any(op in followed for op in ("GET /programs/{key}", "GET /programs/{key}/report",
+                                        "GET /graphs/{graph_hash}")), sorted(set(followed))
+    print(f"stateful: {len(statuses)} calls; " + ", ".join(f"{op}: {followed.count(op)}"
+                                                           for op in sorted(set(followed))))

@@ -55,7 +55,7 @@ def test_improves_a_stored_plan_with_a_gap_and_compile_serves_it(store_url):
     # /compile with default options answers from the store with the re-optimized program
     from fastapi.testclient import TestClient
 
-    from service.app import ServiceConfig, create_app
+    from service.http import ServiceConfig, create_app
 
     document = json.loads((TINY / "llama_tiny_decode32.json").read_text())
     with TestClient(create_app(ServiceConfig(store_path=store_url, workers=1))) as client:

@@ -101,7 +101,7 @@ def test_operator_caps_from_flags_and_environment(monkeypatch, tmp_path):
 
     import uvicorn
 
-    from service.app import config_from_env
+    from service.http import config_from_env
     from service.commands import serve
 
     seen = {}
@@ -137,7 +137,7 @@ def test_time_limit_cap_in_request_preparation():
     time limit the default is held under the cap."""
     import json as _json
 
-    from service.app import RequestLimits, prepare_compile
+    from service.prepare import RequestLimits, prepare_compile
     from service.pipeline import GraphLimits
     from service_helpers import chain_graph
 

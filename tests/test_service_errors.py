@@ -10,7 +10,7 @@ import httpx
 import pytest
 import uvicorn
 
-from service.app import ServiceConfig, create_app
+from service.http import ServiceConfig, create_app
 from service.problems import ProblemError
 from service_helpers import free_port
 

@@ -191,7 +191,8 @@ def test_openapi_documents_what_the_corpus_got(server):
         assert {"401", "413", "415", "422", "503", "504"} <= documented, (route, documented)
         assert "400" not in documented
     compile_schema = spec["components"]["schemas"]["CompileRequest"]
-    assert compile_schema["oneOf"] == [{"required": ["graph"]}, {"required": ["export"]}]
+    assert compile_schema["oneOf"] == [{"required": ["graph"], "properties": {"graph": {"type": "object"}}},
+                                       {"required": ["export"], "properties": {"export": {"type": "object"}}}]
     assert spec["paths"]["/simulate"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"] \
         .endswith("/SimulateRequest")
     assert "SimulateRequest" in spec["components"]["schemas"]

@@ -31,7 +31,7 @@ import uvicorn
 from lowering.graph_format import GraphDocument
 from lowering.version import COMPILER_VERSION
 from service import pipeline
-from service.app import ServiceConfig, create_app
+from service.http import ServiceConfig, create_app
 from service.commands.serve import header_timeout_protocol
 from service.store import program_key
 from service_helpers import chain_graph, free_port

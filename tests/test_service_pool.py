@@ -173,8 +173,8 @@ def test_sigkill_of_a_busy_worker_fails_only_that_job():
         try:
             victim, _ = pool.submit("victim", _sleep_then_return, 30, "never")
             other, _ = pool.submit("other", _sleep_then_return, 1.0, "other-done")
-            for _ in range(100):
-                if "victim" in pool.running_pids():
+            for _ in range(200):
+                if "victim" in pool.running_pids() and pool.began("victim"):
                     break
                 await asyncio.sleep(0.05)
             os.kill(pool.running_pids()["victim"], signal.SIGKILL)
@@ -207,6 +207,103 @@ def test_a_worker_killed_while_idle_is_replaced_and_the_job_still_runs():
             pool.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_worker_killed_while_idle_then_a_job_within_milliseconds_is_retried_not_crashed():
+    """Issue 31: an idle worker killed, then a request at once (before anything noticed
+    the death: the job is sent to the dying process) gave 500 worker_crashed. The worker
+    marks the job it begins; one it never began is retried on the fresh process."""
+    import os
+    import signal
+
+    async def scenario():
+        events = []
+        pool = SolverPool(workers=1, queue_limit=0, on_event=lambda name, **f: events.append((name, f)))
+        await pool.start(time.sleep, 0)
+        try:
+            for round_ in range(3):
+                while not pool.worker_pids() or any(slot.warming for slot in pool._slots):
+                    await asyncio.sleep(0.05)
+                (pid,) = pool.worker_pids()
+                os.kill(pid, signal.SIGKILL)
+                fut, _ = pool.submit(f"next{round_}", pow, 2, round_)  # no wait: the race
+                assert await wait(fut, 120) == 2 ** round_
+                assert pid not in pool.worker_pids()
+            crashes = [f for name, f in events if name == "worker_crashed"]
+            assert len(crashes) == 3 and all(not f.get("job_started", False) for f in crashes)
+            assert sum(1 for name, _ in events if name == "job_retried") == 3
+        finally:
+            pool.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_job_past_its_hard_wall_time_is_killed_and_the_slot_replaced():
+    from service.pool import JobTimedOut
+
+    async def scenario():
+        pool = SolverPool(workers=1, queue_limit=1)
+        await pool.start(time.sleep, 0)
+        try:
+            (pid,) = pool.worker_pids()
+            fut, _ = pool.submit("forever", _sleep_then_return, 3600, "never", hard_timeout_s=1.0)
+            with pytest.raises(JobTimedOut):
+                await wait(fut, 60)
+            assert pool.timed_out == 1
+            again, _ = pool.submit("after", pow, 3, 2)
+            assert await wait(again, 120) == 9
+            assert pid not in pool.worker_pids()
+        finally:
+            pool.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_workers_die_with_their_parent(tmp_path):
+    """A parent killed with SIGKILL leaves no pool worker behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    pids_file = tmp_path / "pids"
+    code = (
+        "import asyncio, time, sys\n"
+        "from service.pool import SolverPool\n"
+        "async def main():\n"
+        "    pool = SolverPool(workers=2, queue_limit=0)\n"
+        "    await pool.start(time.sleep, 0)\n"
+        "    pool.submit('a', time.sleep, 3600)\n"
+        f"    open({str(pids_file)!r}, 'w').write(' '.join(map(str, pool.worker_pids())))\n"
+        "    await asyncio.sleep(3600)\n"
+        "asyncio.run(main())\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.time() + 120
+        while not (pids_file.exists() and pids_file.read_text().strip()) and time.time() < deadline:
+            time.sleep(0.1)
+        pids = [int(p) for p in pids_file.read_text().split()]
+        assert len(pids) == 2
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+    deadline = time.time() + 10
+    alive = pids
+    while alive and time.time() < deadline:
+        alive = [pid for pid in pids if _alive(pid)]
+        time.sleep(0.05)
+    assert alive == []
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_queued_job_nobody_waits_for_is_dropped():
@@ -265,5 +362,28 @@ def test_a_running_job_whose_worker_vanished_unnoticed_fails_as_a_crash(monkeypa
         later = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().call_later(0.5, later.set_result, "plan")
         assert await asyncio.wait_for(pool._watched(slot, later), timeout=5) == "plan"
+
+    asyncio.run(scenario())
+
+
+def test_a_memory_limit_caps_every_worker_and_fails_only_the_job_past_it():
+    import resource
+
+    limit = 3 * 2**30
+
+    async def scenario():
+        pool = SolverPool(workers=1, queue_limit=1, memory_bytes=limit)
+        await pool.start(time.sleep, 0)
+        try:
+            fut, _ = pool.submit("limit", resource.getrlimit, resource.RLIMIT_AS)
+            soft, _hard = await wait(fut, 60)
+            assert soft == limit
+            hog, _ = pool.submit("hog", bytearray, 8 * 2**30)  # past the cap: MemoryError, not the host's RAM
+            with pytest.raises(MemoryError):
+                await wait(hog, 60)
+            after, _ = pool.submit("after", pow, 2, 5)
+            assert await wait(after, 60) == 32
+        finally:
+            pool.shutdown()
 
     asyncio.run(scenario())

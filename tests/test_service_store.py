@@ -83,7 +83,7 @@ def test_the_service_side_never_imports_torch():
 
     code = (
         "import json, sys\n"
-        "import service.app, service.commands.serve, service.pipeline as p\n"
+        "import service.http, service.commands.serve, service.pipeline as p\n"
         f"p.compile_in_process({json.dumps(chain_graph(rows=64))!r}, planner='naive')\n"
         "p.warm_worker()\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
@@ -98,7 +98,7 @@ def test_the_service_compiles_into_either_backend(store_url):
 
     from fastapi.testclient import TestClient
 
-    from service.app import ServiceConfig, create_app
+    from service.http import ServiceConfig, create_app
 
     tiny = Path(__file__).resolve().parent.parent / "benchmarks" / "graphs" / "tiny"
     document = json.loads((tiny / "linear_tiny_m16_k64_n128.json").read_text())

@@ -197,6 +197,9 @@ def _mutants(p: Program):
             q = p.model_copy(deep=True)
             _tensor(q, t.id).layout = make_layout(t.shape, t.dtype, order[-1], sb, order[1:-1] + order[:1] + order[-1:])
             out.append((f"dim order of {t.id} rotated", q))
+            q = p.model_copy(deep=True)
+            _tensor(q, t.id).layout = make_layout(t.shape, t.dtype, order[-1], sb, order[-1:] + order[:-1])
+            out.append((f"group of {t.id}'s sticks outermost", q))
     # a few of each kind, spread over the program (each mutant is validated four times)
     kinds: dict[str, list] = {}
     for w, q in out:
@@ -219,7 +222,7 @@ def test_one_field_changed_is_judged_on_its_own(hw, fused_program):
     base_us = time_program(p, hw).total_us
     mutants = _mutants(p)
     for kind in ("split ", "core slices ", "tiles ", "float tiles ", "LX size ", "LX address ", "device_size ",
-                 "stick of ", "dim order ", "restuck "):
+                 "stick of ", "dim order ", "group of ", "restuck "):
         assert any(w.startswith(kind) for w, _ in mutants), kind
     caught = 0
     for what, q in mutants:

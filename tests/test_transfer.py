@@ -83,3 +83,43 @@ def test_graphs_of_another_structure_are_refused():
     program = plan(src, HW, "heuristic")
     with pytest.raises(NotTransferable):
         transfer_decisions(src, program_decisions(src, program), primgraphs.softmax()[0], HW)
+
+
+def test_the_cpsat_planner_takes_a_plan_of_another_size_as_its_start_and_skips_the_solve():
+    """`plan(..., hint=SizedPlan(pg, program))`: the plan of another size of the same graph
+    is transferred (status TRANSFERRED), validated like every plan, and numerically right;
+    a plan of another graph is no help and the planner solves as without a hint."""
+    from solver.spyre.transfer import SizedPlan
+
+    src, _ = primgraphs.softmax(M=256, N=1024)
+    dst, _ = primgraphs.softmax(M=1024, N=1024)
+    source = SizedPlan(src, plan(src, HW, "cpsat", **FAST))
+    moved = plan(dst, HW, "cpsat", hint=source, **FAST)
+    assert moved.stats.solver_status == "TRANSFERRED"
+    res = simulate(moved, HW, inputs=primgraphs.inputs_for(dst), graph=dst, numerics=True)
+    assert res.valid and res.max_rel_err < 2e-2
+    other = plan(primgraphs.mlp()[0], HW, "cpsat", hint=source, **FAST)
+    assert other.stats.solver_status in ("OPTIMAL", "FEASIBLE")
+
+
+def _mlp_document(rows: int) -> dict:
+    import torch
+
+    from backend.capture import capture
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).eval()
+    return capture(model, (torch.randn(rows, 64),), name=f"mlp{rows}")
+
+
+def test_the_compile_driver_transfers_a_new_size_of_a_graph_it_compiled_before():
+    """The embedded compile path remembers its plans by graph structure: the second size of
+    the same model is transferred (a wall-clock request), a deterministic one is solved."""
+    from service import pipeline
+
+    pipeline._sized_plans.clear()
+    first = pipeline.compile_in_process(_mlp_document(64), planner="cpsat", time_limit_s=5)
+    assert first["stats"]["solver_status"] != "TRANSFERRED"
+    second = pipeline.compile_in_process(_mlp_document(256), planner="cpsat", time_limit_s=5)
+    assert second["stats"]["solver_status"] == "TRANSFERRED"
+    third = pipeline.compile_in_process(_mlp_document(512), planner="cpsat", time_limit_s=5, deterministic=True)
+    assert third["stats"]["solver_status"] != "TRANSFERRED"

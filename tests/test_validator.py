@@ -62,7 +62,9 @@ def test_valid_programs_pass(naive_mlp, lx_softmax):
 
 def test_version_and_schema(naive_mlp):
     d = _d(naive_mlp)
-    d["version"] = 2
+    d["version"] = 3
+    assert codes(d) == {"version"}
+    d["version"] = "2"
     assert codes(d) == {"version"}
     d = _d(naive_mlp)
     d["ops"][0]["surprise"] = 1
@@ -103,10 +105,10 @@ def test_multiple_producers(naive_mlp):
 
 def test_layout_invalid_and_stick_alignment(naive_mlp):
     d = _d(naive_mlp)
-    _t(d, "y")["layout"]["dim_order"] = [1, 1]
+    _t(d, "y")["layout"]["dim_map"] = [1, 1, 1]
     assert "layout_invalid" in codes(d)
     d = _d(naive_mlp)
-    _t(d, "b")["layout"]["device_size"] = [150]   # 192 is 3 sticks: 150 is not padded to whole sticks
+    _t(d, "b")["layout"]["device_size"] = [2, 64]   # 192 elements are 3 sticks
     assert "stick_alignment" in codes(d)
     d = _d(naive_mlp)
     _t(d, "y")["memory"]["offset"] += 2
@@ -178,7 +180,7 @@ def test_temporal_tiles(naive_mlp):
 def test_op_rule(naive_mlp):
     d = _d(naive_mlp)
     w = _t(d, "w")   # [128, 192] sticked on n; make it sticked on k: the matmul rule needs n
-    w["layout"] = {"dim_order": [1, 0], "device_size": [192, 128], "stick_elems": 64}
+    w["layout"] = {"dim_map": [1, 0, 0], "device_size": [192, 2, 64], "stick_elems": 64}
     assert codes(d) == {"op_rule"}
 
 

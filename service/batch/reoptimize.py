@@ -333,19 +333,38 @@ def _run_inline(tasks, solve):
         yield task, solve(task)
 
 
-def _run_local(tasks, solve, jobs: int):
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+def graph_wall_s(budget_s: float) -> float:
+    """The default wall-time limit of one graph's re-solve: the budget plus what lowering,
+    the early plan, emitting and validating take (half the budget, at least 30 s)."""
+    return budget_s + max(30.0, 0.5 * budget_s)
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(solve, task): task for task in tasks}
-        for future in as_completed(futures):
-            task = futures[future]
-            try:
-                yield task, future.result()
-            except Exception as exc:  # noqa: BLE001 - a dead worker fails its job, the run goes on
-                yield task, ReoptResult(task.graph_hash, task.name, "failed",
-                                        error=f"worker: {type(exc).__name__}: {exc}")
+
+def _run_local(tasks, solve, jobs: int, wall_s: float, memory_bytes: Optional[int]):
+    """Each graph in a pool worker with a wall-time and a memory limit
+    (service/batch/isolated.py): a graph past either fails; the run goes on."""
+    from service import pipeline
+    from service.batch.isolated import JobLimitExceeded, run_isolated
+
+    for task, result in run_isolated(tasks, solve, jobs=jobs, wall_s=lambda _task: wall_s,
+                                     memory_bytes=memory_bytes, warm=pipeline.warm_worker):
+        if isinstance(result, JobLimitExceeded):
+            result = ReoptResult(task.graph_hash, task.name, "failed",
+                                 error=f"time limit: still running after {wall_s:g} s; stopped (the stored plan "
+                                       f"is kept)")
+        elif isinstance(result, MemoryError):
+            result = ReoptResult(task.graph_hash, task.name, "failed",
+                                 error=f"memory limit: the solve needed more than {_gib(memory_bytes)} (the stored "
+                                       f"plan is kept)")
+        elif isinstance(result, BaseException):
+            # a dead worker (the memory limit hit in native code, a crash) fails its graph only
+            result = ReoptResult(task.graph_hash, task.name, "failed",
+                                 error=f"worker: {type(result).__name__}: {result}"
+                                       + (f" (memory limit {_gib(memory_bytes)})" if memory_bytes else ""))
+        yield task, result
+
+
+def _gib(n: Optional[int]) -> str:
+    return "no limit" if not n else f"{n / 2**30:.1f} GiB"
 
 
 def _run_dask(tasks, solve, scheduler, run_id: str):
@@ -375,9 +394,14 @@ def reoptimize(store_location: str, *, budget_s: float = DEFAULT_BUDGET_S, only_
                engine: str = "local", scheduler: Any = None, jobs: Optional[int] = None,
                planner: Optional[str] = None, deterministic: bool = False, target: Optional[str] = None,
                budget_mode: str = "whole", progress: Optional[Callable[[ReoptRow, int, int], None]] = None,
-               solve: Callable[[ReoptTask], ReoptResult] = solve_task, run_id: Optional[str] = None) -> ReoptSummary:
+               solve: Callable[[ReoptTask], ReoptResult] = solve_task, run_id: Optional[str] = None,
+               graph_wall_s_limit: Optional[float] = None, memory_bytes: Optional[int] = None) -> ReoptSummary:
     """Re-solve the store's graphs (module docstring); every result is committed as it
-    arrives. `progress(row, done, total)` is called after each."""
+    arrives. `progress(row, done, total)` is called after each. The local engine bounds
+    each graph's wall time (`graph_wall_s_limit`, default `graph_wall_s(budget_s)`) and
+    its worker's memory (`memory_bytes`, default `isolated.default_memory_bytes`).
+    KeyboardInterrupt (Ctrl-C; SIGTERM in the CLI) stops the run at once: the workers are
+    killed, what was committed stays."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; known: {ENGINES}")
     if budget_mode not in BUDGET_MODES:
@@ -396,7 +420,11 @@ def reoptimize(store_location: str, *, budget_s: float = DEFAULT_BUDGET_S, only_
         if engine == "inline":
             results = _run_inline(tasks, solve)
         elif engine == "local":
-            results = _run_local(tasks, solve, max(1, jobs or (os.cpu_count() or 2) - 1))
+            from service.batch.isolated import default_memory_bytes
+
+            workers = max(1, jobs or (os.cpu_count() or 2) - 1)
+            results = _run_local(tasks, solve, workers, graph_wall_s_limit or graph_wall_s(float(budget_s)),
+                                 memory_bytes if memory_bytes is not None else default_memory_bytes(workers))
         else:
             results = _run_dask(tasks, solve, scheduler, run_id)
         for done, (task, result) in enumerate(results, start=1):
@@ -405,6 +433,9 @@ def reoptimize(store_location: str, *, budget_s: float = DEFAULT_BUDGET_S, only_
             if progress is not None:
                 progress(row, done, total)
     finally:
+        close = getattr(locals().get("results"), "close", None)
+        if close is not None:  # a generator engine: stop its workers now, not when collected
+            close()
         store.close()
     summary.seconds = time.time() - started
     return summary

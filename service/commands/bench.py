@@ -41,8 +41,10 @@ def register(sub) -> None:
                    help="cpsat and torch-spyre-coopt time limit per graph, s (default 10)")
     p.add_argument("--deterministic", action="store_true", help="cpsat and torch-spyre-coopt deterministic mode")
     p.add_argument("--only", help="run only graphs whose name contains this")
-    p.add_argument("--planners", default="naive,heuristic,torch-spyre-coopt,cpsat",
-                   help="comma-separated planners to run")
+    from solver.planners import planner_names
+
+    p.add_argument("--planners", default=",".join(planner_names()),
+                   help="comma-separated planners to run (default: every planner of solver.planners)")
     p.add_argument("--graphs-dir", type=Path, help="directory holding the suites (default: benchmarks/graphs)")
     p.add_argument("--numerics", action="store_true",
                    help="also run every program functionally and compare with the reference "

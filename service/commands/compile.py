@@ -10,10 +10,10 @@ from pathlib import Path
 def register(sub) -> None:
     p = sub.add_parser("compile", help="compile a graph document into a SuperDSC program")
     p.add_argument("graph", help="graph document (JSON)")
-    from solver.planners import DEFAULT_PLANNER
+    from solver.planners import DEFAULT_PLANNER, KNOWN_PLANNERS
 
     p.add_argument("--planner", default=DEFAULT_PLANNER,
-                   help=f"planner name: naive, heuristic (the torch-spyre baseline), cpsat (default: {DEFAULT_PLANNER})")
+                   help="planner name: " + ", ".join(f"{i.name} ({i.summary})" for i in KNOWN_PLANNERS))
     p.add_argument("--hardware", default="spyre", help="hardware target name or JSON path")
     p.add_argument("--time-limit", type=float, default=None,
                    help="solver time limit in seconds (default: the planner's own, 10 s for cpsat)")

@@ -29,6 +29,13 @@ def register(sub) -> None:
     p.add_argument("--budget-mode", choices=("whole", "scaled"), default="whole",
                    help="whole: search for the whole time limit, stopping early only on a proven optimum "
                         "(default); scaled: the online planner's own budget rule (at most the limit)")
+    p.add_argument("--graph-timeout", type=float, default=None, metavar="S",
+                   help="wall-time limit of one graph (local engine): a re-solve still running after S seconds "
+                        "is stopped and fails, the stored plan is kept (default: the time limit plus half of it, "
+                        "at least 30 s more)")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="GIB",
+                   help="address-space limit of each worker process in GiB (local engine; default: the "
+                        "machine's memory shared among the workers, at least 2)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -82,12 +89,29 @@ def run(args) -> int:
             print("sticksat reoptimize: --engine dask needs dask.distributed "
                   "(pip install 'sticksat[cli]' or 'dask[distributed]')", file=sys.stderr)
             return 2
+    if args.graph_timeout is not None and args.graph_timeout <= 0:
+        print("sticksat reoptimize: --graph-timeout must be positive", file=sys.stderr)
+        return 2
+    if args.memory_limit is not None and args.memory_limit <= 0:
+        print("sticksat reoptimize: --memory-limit must be positive", file=sys.stderr)
+        return 2
+    from service.batch.isolated import signals_as_interrupt
+
     progress = _Progress(sys.stderr, quiet=args.json)
     try:
-        summary = reoptimize(args.store or default_store_location(), budget_s=args.time_limit,
-                             only_stale=args.only_stale, engine=args.engine, scheduler=args.scheduler,
-                             jobs=args.jobs, planner=args.planner, deterministic=args.deterministic,
-                             budget_mode=args.budget_mode, progress=progress)
+        with signals_as_interrupt():
+            summary = reoptimize(args.store or default_store_location(), budget_s=args.time_limit,
+                                 only_stale=args.only_stale, engine=args.engine, scheduler=args.scheduler,
+                                 jobs=args.jobs, planner=args.planner, deterministic=args.deterministic,
+                                 budget_mode=args.budget_mode, progress=progress,
+                                 graph_wall_s_limit=args.graph_timeout,
+                                 memory_bytes=int(args.memory_limit * 2**30) if args.memory_limit else None)
+    except KeyboardInterrupt as exc:
+        progress.close()
+        how = str(exc) or "SIGINT"
+        print(f"sticksat reoptimize: stopped by {how}; the graphs finished so far are committed, the workers "
+              f"are stopped (a rerun with the same budget skips what was processed)", file=sys.stderr)
+        return 143 if how == "SIGTERM" else 130
     finally:
         progress.close()
     if args.json:

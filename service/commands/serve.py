@@ -37,6 +37,12 @@ def register(sub) -> None:
     p.add_argument("--max-numerics-elements", type=int, default=None,
                    help="/simulate numerics: most elements the reference and functional run may materialize "
                         "(422 numerics_too_large beyond; default 2^26)")
+    p.add_argument("--worker-memory-limit", type=float, default=None, metavar="GIB",
+                   help="address-space limit of each solver worker in GiB: a job past it fails alone (its "
+                        "worker is replaced) instead of the host running out of memory (default: none)")
+    p.add_argument("--min-free-bytes", type=int, default=None,
+                   help="/readyz reports not ready while the SQLite store's disk has less free space "
+                        "(default 64 MiB); a write that fails for lack of space is a 507 either way")
     p.add_argument("--token-file", default=None,
                    help="require 'Authorization: Bearer <token>' on every route but /healthz and /readyz; "
                         "the token is this file's content (default: $STICKSAT_TOKEN; neither: no auth)")
@@ -119,7 +125,9 @@ def run(args) -> int:
 
     import uvicorn
 
-    from service.app import DEFAULT_MAX_BODY_BYTES, ServiceConfig, create_app, default_store_path
+    from service.http.app import create_app
+    from service.http.config import DEFAULT_MAX_BODY_BYTES, ServiceConfig
+    from service.locations import default_store_path
     from service.logging import configure
     from service.pipeline import GraphLimits
 
@@ -145,6 +153,12 @@ def run(args) -> int:
         config = dataclasses.replace(config, max_time_limit_s=args.max_time_limit)
     if args.body_timeout is not None:
         config = dataclasses.replace(config, body_read_timeout_s=args.body_timeout)
+    if args.worker_memory_limit is not None:
+        if not args.worker_memory_limit > 0:
+            raise SystemExit("sticksat serve: --worker-memory-limit must be > 0")
+        config = dataclasses.replace(config, worker_memory_bytes=int(args.worker_memory_limit * 2**30))
+    if args.min_free_bytes is not None:
+        config = dataclasses.replace(config, min_free_bytes=args.min_free_bytes)
     if args.max_numerics_elements is not None:
         config = dataclasses.replace(config, max_numerics_elements=args.max_numerics_elements)
     header_timeout = args.header_timeout if args.header_timeout is not None else 10.0

@@ -26,8 +26,9 @@ from solver.oracle import checked_program
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre import budget
 from solver.spyre.cost_model import predict_program_ns
+from solver.spyre.transfer import SizedPlan
 
-Hint = Union[PlanDecisions, Program, None]
+Hint = Union[PlanDecisions, Program, SizedPlan, None]
 
 
 def default_hint(pg: PrimGraph, hw, input_sticks: Optional[dict] = None) -> tuple[PlanDecisions, str]:

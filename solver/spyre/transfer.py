@@ -24,7 +24,7 @@ from typing import Optional
 
 from simulator.timing import time_program
 from solver.oracle import checked_program, program_and_issues
-from solver.plan import OpPlan, PlanDecisions, Residency
+from solver.plan import OpPlan, PlanDecisions, Residency, program_dim_orders
 from solver.spyre.tile_buffers import LxRequest, add_tile_buffers, add_whole_residencies, place_first_fit
 from target.op_rules import check_split, matching_choice, split_granules, split_units
 from target.primitives import PrimGraph, PrimOp
@@ -51,11 +51,11 @@ def structure_key(pg: PrimGraph) -> str:
 
 
 def program_decisions(pg: PrimGraph, program: Program) -> PlanDecisions:
-    """Everything `program` decided, as plan decisions of `pg`: stick choices, core splits
-    and slices, temporal tiles, aliases, LX residencies (tile buffers included), restickify
-    splits, the op order and the bundle starts."""
+    """Everything `program` decided, as plan decisions of `pg`: stick choices, device dim
+    orders, core splits and slices, temporal tiles, aliases, LX residencies (tile buffers
+    included), restickify splits, the op order and the bundle starts."""
     tmap = program.tensor_map()
-    d = PlanDecisions(planner=program.stats.planner)
+    d = PlanDecisions(planner=program.stats.planner, dim_orders=program_dim_orders(program))
     produced = {op.output.tensor for op in pg.ops}
     for t in pg.tensors:
         if t not in produced and t in tmap:
@@ -83,6 +83,14 @@ def program_decisions(pg: PrimGraph, program: Program) -> PlanDecisions:
         if isinstance(t.memory, LxMemory):
             d.resident[t.id] = Residency(t.memory.lx_address, None, per_tile=t.memory.per_tile)
     return d
+
+
+@dataclass(frozen=True)
+class SizedPlan:
+    """A program and the graph it was planned for: a hint for another size of that graph
+    (the CP-SAT planner transfers it instead of solving; `plan_cpsat`)."""
+    pg: PrimGraph
+    program: Program
 
 
 @dataclass

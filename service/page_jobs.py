@@ -1,57 +1,55 @@
-"""Human-facing HTML pages of the service: the store's index and each stored program's
-report. Kept apart from the JSON API in app.py; included by `create_app`.
+"""The work behind the HTML pages (service/http/pages.py), run in a pool worker under
+the pool's queue limit: the store index and a stored program's report, HTML or JSON.
 
-- `GET /`: the store index: every graph (by name, at most `INDEX_GRAPH_LIMIT`) with
-  its best program's simulated time, planner, gaps and when it was solved, then every
-  program of those graphs, each linking to its report.
-- `GET /programs/{key}/report`: the self-contained HTML report of a stored program
-  (simulator/report_html.py: per-op table, timeline per core, roofline, LX occupancy,
-  restickifies), timed on the simulator when asked; `?format=json` gives the report
-  model it is rendered from (`simulator.report.Report.to_dict()`); `?against=KEY` adds
-  the diff against another stored program of the same graph (simulator.report.diff_programs).
+A report of a large program is costly (timing it on the simulator, the report model,
+the HTML: seconds and hundreds of MB for a 5,000-op program), so the server never builds
+one on its own process: the route submits `report_page` to the pool (coalesced by key,
+format and comparison; 503 with Retry-After when the pool is full) and returns the text
+the worker made. Nothing here imports FastAPI. Every string a client chose (graph names
+above all) is HTML-escaped.
 
-Both pages are self-contained: no scripts, no external assets, and a Content-Security-
-Policy that would block any script or fetch even if one slipped in. Every string a client
-chose (graph names above all) is HTML-escaped. They sit behind the same optional bearer
-token as the JSON API (the middleware in app.py guards every path but the probes): with
-STICKSAT_TOKEN set a browser must send `Authorization: Bearer <token>` (a header-injecting
-client or proxy; docs/report.md), without it the pages answer 401 problem+json.
+A page's answer is a `PageAnswer`: the body text and its media type, or a problem
+(status, code, detail) the route turns into problem+json.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import math
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from html import escape
-from typing import Any, Literal, Optional
-
-from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import HTMLResponse
-from starlette.responses import Response
+from typing import Any, Optional
 
 from lowering.version import COMPILER_VERSION
-from service.problems import ProblemError, openapi_responses
-
-router = APIRouter()
 
 # The index lists at most this many graphs (the first by name); the page says when it cut.
 INDEX_GRAPH_LIMIT = 200
 
-# Self-contained pages: inline styles and data: images only; no script, no connection.
-PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-                               "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
 
-_KEY = r"^[0-9a-f]{64}$"
+@dataclass(frozen=True)
+class PageAnswer:
+    body: str = ""
+    media_type: str = "text/html; charset=utf-8"
+    problem: Optional[tuple[int, str, str]] = None  # (status, code, detail)
 
 
-def _store(request: Request):
-    return request.app.state.service.store
+class _PageProblem(Exception):
+    def __init__(self, status: int, code: str, detail: str):
+        super().__init__(detail)
+        self.problem = (status, code, detail)
+
+
+_worker_stores: dict[str, Any] = {}
+
+
+def _worker_store(location: str):
+    """One store connection per worker process and location (opened on first use)."""
+    store = _worker_stores.get(location)
+    if store is None:
+        from service.store import ProgramStore
+
+        store = _worker_stores[location] = ProgramStore(location)
+    return store
 
 
 # -- the store index ------------------------------------------------------------------
@@ -188,14 +186,6 @@ def _index_html(model: dict[str, Any]) -> str:
     return "".join(body)
 
 
-@router.get("/", summary="the store index (HTML): graphs, best times, gaps, planners, links to reports",
-            response_class=HTMLResponse, responses=openapi_responses(401))
-async def index(request: Request) -> Response:
-    store = _store(request)
-    model = await asyncio.to_thread(_index_model, store)
-    return HTMLResponse(_index_html(model), headers=PAGE_HEADERS)
-
-
 # -- a program's report ---------------------------------------------------------------
 
 def _load(store, key: str, what: str = "program"):
@@ -209,14 +199,14 @@ def _load(store, key: str, what: str = "program"):
 
     record = store.get_program(key)
     if record is None:
-        raise ProblemError(404, "not_found", f"no {what} with key {key}")
+        raise _PageProblem(404, "not_found", f"no {what} with key {key}")
     try:
         hw = load_hardware(record.hardware)
         program = Program.from_json(record.program)
         return record, program, time_program(program, hw), hw
     except (GraphError, ValidationError, ValueError, KeyError) as exc:
         # e.g. a row written by another compiler version this build cannot read
-        raise ProblemError(422, "unreadable_program",
+        raise _PageProblem(422, "unreadable_program",
                            f"{what} {key} (compiler {record.compiler_version}) cannot be reported by this "
                            f"build: {type(exc).__name__}: {str(exc)[:500]}") from exc
 
@@ -236,13 +226,13 @@ def _report_of(store, key: str, against: Optional[str] = None):
     if against is not None:
         other, other_program, other_timing, _ = _load(store, against, "program to compare with")
         if other.graph_hash != record.graph_hash:
-            raise ProblemError(422, "different_graphs",
+            raise _PageProblem(422, "different_graphs",
                                f"program {against} is of graph {other.graph_hash[:16]}, not of this program's "
                                f"graph {record.graph_hash[:16]}: only programs of one graph can be compared")
         try:
             diff = diff_programs(program, timing, other_program, other_timing)
         except ValueError as exc:
-            raise ProblemError(422, "different_graphs", str(exc)) from exc
+            raise _PageProblem(422, "different_graphs", str(exc)) from exc
     siblings = [p for p in store.programs_for_graph(record.graph_hash) if p.key != record.key]
     return record, graph, report, diff, siblings
 
@@ -257,20 +247,24 @@ def _finite(value: Any) -> Any:
     return value
 
 
-@router.get("/programs/{key}/report",
-            summary="a stored program's report: HTML page (default) or the JSON model it is rendered from; "
-                    "with against=KEY, the diff against another stored program of the same graph",
-            response_class=HTMLResponse, responses=openapi_responses(401, 404, 422))
-async def program_report(request: Request, key: str = Path(pattern=_KEY),
-                         format: Literal["html", "json"] = Query("html", description="html or json"),
-                         against: Optional[str] = Query(None, pattern=_KEY,
-                                                        description="key of another program of the same graph: "
-                                                                    "which decisions differ and what each costs")
-                         ) -> Response:
+def index_page(store_location: str) -> PageAnswer:
+    """The store index (HTML)."""
+    return PageAnswer(_index_html(_index_model(_worker_store(store_location))))
+
+
+def report_page(store_location: str, key: str, format: str = "html", against: Optional[str] = None) -> PageAnswer:
+    """A stored program's report: the HTML page, or (format "json") the report model."""
+    try:
+        return _report_page(_worker_store(store_location), key, format, against)
+    except _PageProblem as exc:
+        return PageAnswer(problem=exc.problem)
+
+
+def _report_page(store, key: str, format: str, against: Optional[str]) -> PageAnswer:
     from simulator.report import fmt_s, fmt_us
     from simulator.report_html import render_html
 
-    record, graph, report, diff, siblings = await asyncio.to_thread(_report_of, _store(request), key, against)
+    record, graph, report, diff, siblings = _report_of(store, key, against)
     if format == "json":
         out = {"key": record.key, "graph_hash": record.graph_hash, "compiler_version": record.compiler_version,
                "options": record.options, "complete": record.complete, "solved_at": record.updated_at,
@@ -278,7 +272,7 @@ async def program_report(request: Request, key: str = Path(pattern=_KEY),
         if diff is not None:
             out["against"] = against
             out["diff"] = diff
-        return Response(json.dumps(_finite(out), allow_nan=False), media_type="application/json")
+        return PageAnswer(json.dumps(_finite(out), allow_nan=False), media_type="application/json")
     limit = record.options.get("time_limit_s")
     facts = [("key", record.key[:16]), ("graph", record.graph_hash[:16]),
              ("asked", f"{record.options.get('planner', '?')}" + (f", {fmt_s(limit)} limit" if limit else "")),
@@ -297,5 +291,4 @@ async def program_report(request: Request, key: str = Path(pattern=_KEY),
         label = f"{p.stats.get('planner') or p.options.get('planner') or '?'} {fmt_us(_time_of(p.stats))}"
         nav.append((f"../{p.key}/report", label))
         nav.append((f"?against={p.key}", f"diff vs {label}"))
-    html = await asyncio.to_thread(render_html, report, diff, None, nav, facts)
-    return HTMLResponse(html, headers=PAGE_HEADERS)
+    return PageAnswer(render_html(report, diff, None, nav, facts))
