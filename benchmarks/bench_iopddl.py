@@ -1,11 +1,15 @@
-"""Benchmark the generic core (solver.core.search.optimize) on IOPDDL contest instances.
+"""Benchmark `sticksat iopddl` on the shared IOPDDL contest instances and on synthetic ones at
+contest scale (benchmarks/iopddl_synthetic.py), run as a user runs it.
 
-Usage: python benchmarks/bench_iopddl.py [--instances B G V S] [--time-limit 60] [--workers 2]
-       [--write-docs]
-Every instance runs in a fresh process (peak memory = that process's max RSS). One JSON
-line per instance: cost, feasibility, ratio to the best contest cost and to XLA's baseline
-where it has one, seconds, peak memory. --write-docs replaces the table in docs/solver.md
-"IOPDDL results". Run it by hand (never in a loop).
+Usage: python benchmarks/bench_iopddl.py [--instances B G V S synth:40000:1 synth:65000:2:2]
+       [--time-limit 60] [--reference-limit 180] [--workers 2] [--write-docs]
+Every instance runs as its own `sticksat iopddl FILE --time-limit T --json` process: wall
+clock from launch to exit (start-up and reading included), peak memory (that process's max
+RSS), the cost checked by the command's independent evaluator, the phase table, and the
+load average when it started. The reference is the best contest cost for the shared
+instances and a run of the same command at --reference-limit for synthetic ones (cached
+next to the instance). --write-docs replaces the table in docs/iopddl.md "Results". Run it
+by hand (never in a loop).
 """
 from __future__ import annotations
 
@@ -14,7 +18,6 @@ import json
 import os
 import platform
 import re
-import resource
 import subprocess
 import sys
 import time
@@ -22,9 +25,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# the instances live next to the repository: ../shared/iopddl/ from its root
+sys.path.insert(0, str(ROOT))
+from benchmarks.iopddl_synthetic import instance_path  # noqa: E402  (run as a script)
+
+# the shared instances live next to the repository: ../shared/iopddl/ from its root
 DATA = Path(os.environ.get("IOPDDL_DIR", ROOT.parent / "shared" / "iopddl"))
-DOCS = ROOT / "docs" / "solver.md"
+DOCS = ROOT / "docs" / "iopddl.md"
 
 
 def load_csv() -> dict[str, dict]:
@@ -37,40 +43,75 @@ def load_csv() -> dict[str, dict]:
     return out
 
 
-def run_one(letter: str, time_limit: float, workers: int, seed: int) -> dict:
-    """Solve one instance in this process (called in a child)."""
-    from solver.core.iopddl import evaluate_solution, load_instance
-    from solver.core.search import optimize
-    name = f"asplos-2025-iopddl-{letter}"
-    t0 = time.perf_counter()
-    problem = load_instance(DATA / f"{name}.json.gz")
-    r = optimize(problem, time_limit_s=max(1.0, time_limit - (time.perf_counter() - t0)),
-                 workers=workers, seed=seed)
-    seconds = time.perf_counter() - t0
-    ev = evaluate_solution(problem, r.choice) if r.choice is not None else None
-    row = load_csv().get(name, {})
-    best = int(row["best_contest_cost"]) if row.get("best_contest_cost") else None
-    xla = int(row["xla_baseline_cost"]) if row.get("xla_baseline_cost") else None
-    cost = ev.cost if ev is not None and ev.feasible else None
-    return {"instance": letter, "nodes": problem.num_nodes, "edges": len(problem.edges),
-            "feasible": bool(ev is not None and ev.feasible), "cost": cost, "best": best, "xla": xla,
-            "ratio_best": None if not (cost and best) else round(cost / best, 3),
-            "ratio_xla": None if not (cost and xla) else round(cost / xla, 3),
-            "seconds": round(seconds, 1),
-            "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "stats": r.stats}
+def instance_file(spec: str) -> Path:
+    if spec.startswith("synth:"):
+        parts = spec.split(":")[1:]
+        nodes, seed = int(parts[0]), int(parts[1])
+        dense = float(parts[2]) if len(parts) > 2 else 1.0
+        return instance_path(nodes, seed, dense)
+    return DATA / f"asplos-2025-iopddl-{spec}.json.gz"
+
+
+def sticksat() -> list[str]:
+    exe = Path(sys.executable).with_name("sticksat")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "service.cli"]
+
+
+def run_command(path: Path, limit: float, workers: int, seed: int) -> dict:
+    """One `sticksat iopddl` process: its JSON line, wall seconds and the load at its start."""
+    load = os.getloadavg()[0]
+    t = time.perf_counter()
+    res = subprocess.run(sticksat() + ["iopddl", str(path), "--time-limit", str(limit), "--json",
+                                       "--workers", str(workers), "--seed", str(seed)],
+                         capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t
+    lines = res.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"sticksat iopddl {path}: no output\n{res.stderr[-2000:]}")
+    row = json.loads(lines[-1])
+    row.update(wall=round(wall, 1), load=round(load, 1))
+    return row
+
+
+def run_command_with_peak(path: Path, limit: float, workers: int, seed: int) -> dict:
+    """`run_command` with the peak RSS measured by a wrapper process of its own (so each
+    instance's peak is its own, not the largest so far)."""
+    code = ("import json,resource,sys;sys.path.insert(0,%r);"
+            "from benchmarks.bench_iopddl import run_command;from pathlib import Path;"
+            "r=run_command(Path(%r),%r,%r,%r);"
+            "r['peak_mb']=round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024);"
+            "print(json.dumps(r))") % (str(ROOT), str(path), limit, workers, seed)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-2000:])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def reference(spec: str, path: Path, args) -> tuple[int | None, str]:
+    """The cost to compare with: the best contest cost, or a longer run (cached)."""
+    if not spec.startswith("synth:"):
+        row = load_csv().get(f"asplos-2025-iopddl-{spec}", {})
+        best = row.get("best_contest_cost")
+        return (int(best) if best else None), "best contest"
+    cache = path.with_suffix(f".ref{int(args.reference_limit)}.json")
+    if cache.exists():
+        return json.loads(cache.read_text())["cost"], f"{args.reference_limit:g} s run"
+    r = run_command_with_peak(path, args.reference_limit, args.workers, args.seed)
+    cache.write_text(json.dumps(r))
+    print(json.dumps({"reference": spec, **r}), flush=True)
+    return r["cost"], f"{args.reference_limit:g} s run"
 
 
 def table(rows: list[dict], header: str) -> str:
     out = [header, "",
-           "| instance | nodes | feasible | our cost | best contest | ours / best | XLA baseline | ours / XLA | seconds | peak memory |",
+           "| instance | nodes | limit | wall | wall / limit | peak memory | load | cost | reference | cost / reference |",
            "|---|---|---|---|---|---|---|---|---|---|"]
+    f = lambda v: "-" if v is None else f"{v:,}"  # noqa: E731
     for r in rows:
-        f = lambda v: "-" if v is None else f"{v:,}"
-        out.append(f"| {r['instance']} | {r['nodes']:,} | {'yes' if r['feasible'] else 'no'} | {f(r['cost'])} "
-                   f"| {f(r['best'])} | {'-' if r['ratio_best'] is None else str(r['ratio_best']) + 'x'} "
-                   f"| {f(r['xla'])} | {'-' if r['ratio_xla'] is None else str(r['ratio_xla']) + 'x'} "
-                   f"| {r['seconds']} | {r['peak_mb']} MB |")
+        ratio = "-" if not (r["cost"] and r["ref"]) else f"{r['cost'] / r['ref']:.3f}x"
+        out.append(f"| {r['spec']} | {f(r['nodes'])} | {r['time_limit']:g} s | {r['wall']} s "
+                   f"| {r['wall'] / r['time_limit']:.3f} | {r['peak_mb']} MB | {r['load']} "
+                   f"| {f(r['cost'])} | {f(r['ref'])} ({r['ref_kind']}) | {ratio} |")
     return "\n".join(out) + "\n"
 
 
@@ -81,42 +122,37 @@ def write_docs(text: str) -> None:
     if start in doc:
         doc = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
     else:
-        doc = doc.replace("### IOPDDL results\n", f"### IOPDDL results\n\n{block}\n", 1)
+        doc = doc.replace("## Results\n", f"## Results\n\n{block}\n", 1)
     DOCS.write_text(doc)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--instances", nargs="+", default=["B", "G", "V", "S"])
+    ap.add_argument("--instances", nargs="+", default=["B", "G", "V", "S", "synth:40000:1", "synth:65000:2:2"])
     ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--reference-limit", type=float, default=180.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--write-docs", action="store_true")
-    ap.add_argument("--date", default=None, help="date for the docs header (default: today, UTC)")
     ap.add_argument("--machine", default=None, help="machine description for the docs header")
-    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child mode
     args = ap.parse_args()
-    if args.one:
-        print(json.dumps(run_one(args.one, args.time_limit, args.workers, args.seed)))
-        return
-    date = args.date or f"{datetime.now(timezone.utc):%Y-%m-%d}"
+    date = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     machine = args.machine or f"{platform.node()}, {os.cpu_count()} cpus"
     print(f"# {date}, {machine}, time limit {args.time_limit}s, {args.workers} workers", flush=True)
     rows = []
-    for letter in args.instances:
-        cmd = [sys.executable, __file__, "--one", letter, "--time-limit", str(args.time_limit),
-               "--workers", str(args.workers), "--seed", str(args.seed)]
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-        if res.returncode != 0:
-            print(res.stderr, file=sys.stderr)
-            continue
-        row = json.loads(res.stdout.strip().splitlines()[-1])
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    command = " ".join(["benchmarks/bench_iopddl.py"] + sys.argv[1:])  # the command as run
-    header = (f"`{command}`, {date}, machine: {machine}; `solver.core.search.optimize`, "
-              f"load + presolve + search within the limit, each instance in a fresh process:")
+    for spec in args.instances:
+        path = instance_file(spec)
+        ref, kind = reference(spec, path, args)
+        r = run_command_with_peak(path, args.time_limit, args.workers, args.seed)
+        r.update(spec=spec, ref=ref, ref_kind=kind, nodes=None)
+        m = re.match(r"synth:(\d+)", spec)
+        r["nodes"] = int(m.group(1)) if m else {"B": 816, "G": 816, "V": 816, "S": 28526}.get(spec)
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    command = " ".join(["benchmarks/bench_iopddl.py"] + sys.argv[1:])
+    header = (f"`{command}`, {date}, machine: {machine}; each instance one `sticksat iopddl FILE "
+              f"--time-limit {args.time_limit:g} --json` process (wall from launch to exit; peak = its max "
+              f"RSS; load = 1-minute load average at its start):")
     text = table(rows, header)
     print(text)
     if args.write_docs:

@@ -7,11 +7,12 @@ cold and with plan transfer, and the simulated time per token it gets.
 Graphs: benchmarks/graphs/serving/ (one layer each; make_graphs.py --suite serving). Per graph:
 - `heuristic`: the torch-spyre baseline's plan (simulated µs);
 - `cold`: the CP-SAT planner from nothing at the time limit (wall s of `plan()`, simulated µs);
-- `transfer`: the plan of the previous shape of the same structure (the next smaller prefill,
-  or the same batch at the next smaller KV length) carried over with `solver.spyre.transfer` and
-  repaired (wall s, simulated µs), then used as the start of a CP-SAT search of
-  `--transfer-limit` seconds (`hinted`: wall s including the transfer, simulated µs);
-  the first shape of each family has no source and is compiled cold only.
+- `transfer`: the CP-SAT planner given the plan of the previous shape of the same structure
+  (the next smaller prefill, or the same batch at the next smaller KV length) as
+  `SizedPlan`, as the compile driver gives it for a new shape of a graph it compiled before:
+  wall s of `plan()` (transfer, validation, lower bound), simulated µs, and whether it was
+  transferred (`TRANSFERRED`) or solved because the transfer failed; the first shape of each
+  family has no source and is compiled cold only.
 Per-token times multiply one layer by the model's 40 layers: a decode step of batch B gives
 B tokens (time per step and tokens per second), a prefill of S tokens one time to first token.
 Every program is validated by `plan()` or by the transfer's own check before it is timed.
@@ -35,7 +36,7 @@ from lowering import lower_document  # noqa: E402
 from lowering.graph_format import GraphDocument  # noqa: E402
 from simulator.timing import time_program  # noqa: E402
 from solver.planners import plan  # noqa: E402
-from solver.spyre.transfer import program_decisions, structure_key, transfer_decisions  # noqa: E402
+from solver.spyre.transfer import SizedPlan, structure_key  # noqa: E402
 from target.hardware import load_target  # noqa: E402
 
 GRAPHS = ROOT / "benchmarks" / "graphs" / "serving"
@@ -59,7 +60,7 @@ def _load(name: str):
     return lower_document(GraphDocument.from_json(read_document_text(path)))
 
 
-def run(time_limit_s: float, transfer_limit_s: float, deterministic: bool, only: str = "") -> dict:
+def run(time_limit_s: float, deterministic: bool, only: str = "") -> dict:
     hw = load_target()
     names = sorted((p.name[:-5] for p in GRAPHS.glob("*.json")), key=lambda n: _shape(n))
     names = [n for n in names if only in n]
@@ -77,15 +78,11 @@ def run(time_limit_s: float, transfer_limit_s: float, deterministic: bool, only:
         source = previous.get(family)
         if source is not None and structure_key(source[0]) == structure_key(pg):
             t = time.perf_counter()
-            moved = transfer_decisions(source[0], program_decisions(*source), pg, hw)
+            moved = plan(pg, hw, "cpsat", time_limit_s=time_limit_s, deterministic=deterministic,
+                         hint=SizedPlan(*source), fallback=False)
             row["transfer_s"] = time.perf_counter() - t
-            if moved is not None:
-                row["transfer_us"] = time_program(moved.program, hw).total_us
-                row["transfer_repairs"] = len(moved.repairs)
-                hinted = plan(pg, hw, "cpsat", time_limit_s=transfer_limit_s, deterministic=deterministic,
-                              hint=moved.decisions, fallback=False)
-                row["hinted_s"] = time.perf_counter() - t
-                row["hinted_us"] = time_program(hinted, hw).total_us
+            row["transfer_us"] = time_program(moved, hw).total_us
+            row["transfer_status"] = moved.stats.solver_status
         elif source is not None:
             row["transfer_note"] = "structure differs from the previous shape"
         previous[family] = (pg, cold)
@@ -96,24 +93,24 @@ def run(time_limit_s: float, transfer_limit_s: float, deterministic: bool, only:
         rows.append(row)
         print(json.dumps(row), flush=True)
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_info(),
-            "time_limit_s": time_limit_s, "transfer_limit_s": transfer_limit_s,
+            "time_limit_s": time_limit_s,
             "deterministic": deterministic, "rows": rows}
 
 
 def table(report: dict) -> str:
-    out = ["| graph | heuristic µs | cold s | cold µs | transfer s | transfer µs | hinted s | hinted µs | "
-           "cold/transfer time | hinted/cold µs | 40-layer step ms | tokens/s |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| graph | heuristic µs | cold s | cold µs | transfer s | transfer µs | cold/transfer time | "
+           "transfer/cold µs | 40-layer step ms | tokens/s |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def f(v, fmt="{:,.1f}"):
         return "-" if v is None else fmt.format(v)
 
     for r in report["rows"]:
-        speed = r["cold_s"] / r["hinted_s"] if r.get("hinted_s") else None
-        ratio = r["hinted_us"] / r["cold_us"] if r.get("hinted_us") else None
+        speed = r["cold_s"] / r["transfer_s"] if r.get("transfer_s") else None
+        ratio = r["transfer_us"] / r["cold_us"] if r.get("transfer_us") else None
+        solved = "" if r.get("transfer_status") in (None, "TRANSFERRED") else " (solved)"
         out.append(f"| {r['graph']} | {f(r['heuristic_us'])} | {f(r['cold_s'], '{:.2f}')} | {f(r['cold_us'])} | "
-                   f"{f(r.get('transfer_s'), '{:.2f}')} | {f(r.get('transfer_us'))} | "
-                   f"{f(r.get('hinted_s'), '{:.2f}')} | {f(r.get('hinted_us'))} | {f(speed, '{:.1f}x')} | "
+                   f"{f(r.get('transfer_s'), '{:.2f}')}{solved} | {f(r.get('transfer_us'))} | {f(speed, '{:.1f}x')} | "
                    f"{f(ratio, '{:.3f}')} | {f(r['step_ms_40_layers'], '{:.2f}')} | "
                    f"{f(r.get('tokens_per_s'), '{:,.0f}')} |")
     return "\n".join(out)
@@ -122,13 +119,11 @@ def table(report: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=10.0, help="cold CP-SAT limit per graph, s")
-    ap.add_argument("--transfer-limit", type=float, default=1.0,
-                    help="CP-SAT limit of the search started from a transferred plan, s")
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--only", default="", help="graphs whose name contains this")
     ap.add_argument("--json", type=Path, help="write the report here")
     args = ap.parse_args(argv)
-    report = run(args.time_limit, args.transfer_limit, args.deterministic, args.only)
+    report = run(args.time_limit, args.deterministic, args.only)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     print(table(report))

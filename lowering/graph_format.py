@@ -129,7 +129,7 @@ class GraphConstant(_Strict):
 
 class Node(_Strict):
     id: Ident
-    target: Annotated[str, Field(max_length=128, pattern=r"^(aten|prims|transformers)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")]
+    target: Annotated[str, Field(max_length=128, pattern=r"^(aten|prims|transformers|moe|spyre)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")]
     args: Annotated[list[Arg], Field(max_length=MAX_ARGS)] = []
     kwargs: Annotated[dict[Ident, Arg], Field(max_length=MAX_ARGS)] = {}
     outputs: Annotated[list[TensorMeta], Field(max_length=16)]

@@ -41,7 +41,7 @@ def _div_mode_ok(arg: ArgGetter) -> bool:
     return arg(2, "rounding_mode", None) in (None, "floor", "trunc")
 
 
-_DIV_MODE = "rounding_mode None, floor or trunc (the lowering refuses trunc of floats: dtypes are not known here)"
+_DIV_MODE = "rounding_mode None, floor or trunc"
 
 # The lowerings refuse the same cases with unsupported_op.
 ARG_LIMITS: dict[str, ArgLimit] = {
@@ -55,8 +55,10 @@ ARG_LIMITS: dict[str, ArgLimit] = {
     "aten.div.Scalar_mode": ArgLimit(_div_mode_ok, _DIV_MODE),
     # mixture-of-experts routing (lowering/aten/moe.py)
     "aten.topk.default": ArgLimit(lambda arg: arg(3, "largest", True) is not False, "largest=True"),
-    "aten.index_put.default": ArgLimit(lambda arg: not arg(3, "accumulate", False), "accumulate=False"),
     "aten.histc.default": ArgLimit(lambda arg: float(arg(2, "min", 0)) < float(arg(3, "max", 0)), "min < max"),
+    "aten.searchsorted.Tensor": ArgLimit(lambda arg: arg(5, "sorter", None) is None, "no sorter"),
+    "aten.scatter_reduce.two": ArgLimit(lambda arg: arg(4, "reduce", None) in ("sum", "prod", "amax", "amin", "mean"),
+                                        "reduce sum, prod, amax, amin or mean (mean of integers unsupported)"),
 }
 
 

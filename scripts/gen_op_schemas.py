@@ -10,7 +10,7 @@ default), `kwargs` (keyword-only parameter names).
     python scripts/gen_op_schemas.py --check    # exit 1 if it is stale
 
 tests/test_op_schemas.py runs the check. Needs torch (the `torch` extra) and, for
-`transformers.grouped_mm_fallback`, transformers.
+`transformers.grouped_mm_fallback`, transformers; for FMS's `moe.*` and `spyre.*` ops, ibm-fms.
 """
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ def _register_lazy_ops() -> None:
     import torch._inductor.inductor_prims  # noqa: F401 - prims._low_memory_max_pool_with_offsets
     try:
         import transformers.integrations.moe  # noqa: F401 - transformers.grouped_mm_fallback
+    except ImportError:
+        pass
+    try:   # Foundation Model Stack (ibm-fms, a test dependency): its custom ops
+        import fms.triton.pytorch_ops  # noqa: F401 - moe.moe_mm
+        import fms.utils.spyre.paged  # noqa: F401 - spyre.paged_attn_store / _compute / _compute_with_sinks
     except ImportError:
         pass
 

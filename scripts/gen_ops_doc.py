@@ -28,7 +28,7 @@ END = "<!-- ops-table:end -->"
 DOC_PATH = ROOT / "docs" / "ops.md"
 
 # lowering/aten module -> family name, in the order the table lists them
-FAMILIES = ["pointwise", "reductions", "matmul", "views", "indexing", "attention", "conv", "moe"]
+FAMILIES = ["pointwise", "reductions", "matmul", "views", "indexing", "attention", "paged", "conv", "moe"]
 
 
 def _op_name(target: str) -> str:

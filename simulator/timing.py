@@ -58,7 +58,9 @@ from target.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_k
 
 _GRAPH_INPUT_ROLES = ("user_input", "parameter", "buffer", "constant")
 _TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin",
-                             "cos", "gelu", "gelu_tanh", "silu", "pow", "div", "reciprocal"})
+                             "cos", "gelu", "gelu_tanh", "silu", "pow", "div", "reciprocal",
+                             "erfc", "log1p", "expm1", "log2", "log10", "tan", "atan", "asin", "acos", "sinh",
+                             "cosh", "asinh", "acosh", "atanh", "atan2", "fmod"})
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The program validator: every check of DESIGN.md "Simulator §1", each with its own code.
+"""The program validator: every validity rule of a SuperDSC program (docs/simulator.md), each with its own code.
 
 `validate_program(program, hw) -> list[ProgramIssue]` ([] means valid). It never raises on a
 bad program (a client may send anything); each issue names the op and/or tensor it concerns.
@@ -1096,7 +1096,7 @@ class _Checker:
 
 
 def validate_program(program: Union[Program, dict, str, bytes], hw) -> list[ProgramIssue]:
-    """Every check of DESIGN.md's Simulator §1; [] when the program is valid on `hw`."""
+    """Every validity rule (docs/simulator.md); [] when the program is valid on `hw`."""
     prog, issues = parse_program(program)
     if prog is None:
         return issues

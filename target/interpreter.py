@@ -117,12 +117,19 @@ def _from_iter_space(res: np.ndarray, acc: Access, shape: Sequence[int], sizes: 
 _UNARY = {
     "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
     "sin": np.sin, "cos": np.cos, "logical_not": np.logical_not,
+    "log1p": np.log1p, "expm1": np.expm1, "log2": np.log2, "log10": np.log10, "tan": np.tan, "atan": np.arctan,
+    "asin": np.arcsin, "acos": np.arccos, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh,
+    "acosh": np.arccosh, "atanh": np.arctanh,
+    # integer-valued roundings (round: half to even, as torch); identities on integer operands
+    "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "round": np.round,
 }
 _BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum, "minimum": np.minimum,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
     "ge": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
-    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
+    "atan2": np.arctan2,
+    "fmod": np.fmod,  # C fmod: the result takes the dividend's sign (remainder: the divisor's)
 }
 
 
@@ -149,6 +156,20 @@ def _erf(x: np.ndarray) -> np.ndarray:
     tail = 1.0 - t * np.exp(poly)
     out = np.where(a < 2.0, series, tail)
     return (np.sign(x64) * out).astype(np.asarray(x).dtype)
+
+
+def _erfc(x: np.ndarray) -> np.ndarray:
+    """erfc in float64 without 1 - erf's cancellation where it is small: 1 - the series for
+    |x| < 2 (erfc > 0.004 there), the Numerical Recipes fit t*exp(poly) beyond (relative
+    error 1.2e-7), reflected for x < 0 (erfc(-x) = 2 - erfc(x))."""
+    x64 = np.asarray(x, dtype=np.float64)
+    a = np.abs(x64)
+    near = 1.0 - _erf(np.minimum(a, 2.0))
+    t = 1.0 / (1.0 + 0.5 * a)
+    poly = -a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    pos = np.where(a < 2.0, near, t * np.exp(poly))
+    return np.where(x64 < 0, 2.0 - pos, pos).astype(np.asarray(x).dtype)
 
 
 def eval_expr(e: Expr, vals: Sequence[np.ndarray], cdt: np.dtype) -> np.ndarray:
@@ -185,8 +206,23 @@ def eval_expr(e: Expr, vals: Sequence[np.ndarray], cdt: np.dtype) -> np.ndarray:
             return np.divide(np.asarray(1, dtype=args[0].dtype), args[0])
         if fn == "rsqrt":
             return np.divide(np.asarray(1, dtype=args[0].dtype), np.sqrt(args[0]))
+        if fn in ("shift_left", "shift_right"):   # integers; shifts past 63 as torch (0, or the sign for >>)
+            a, b = (np.asarray(v) for v in args)
+            if a.dtype.kind == "f" or b.dtype.kind == "f":
+                raise InterpreterError(f"{fn} of floating operands")
+            a64, b64 = a.astype(np.int64), b.astype(np.int64)
+            inside = (b64 >= 0) & (b64 < 64)
+            amount = np.where(inside, b64, 0)
+            if fn == "shift_left":
+                return np.where(inside, np.left_shift(a64, amount), 0)
+            return np.where(inside, np.right_shift(a64, amount), np.where(a64 < 0, -1, 0))
+        if fn == "sign":  # torch: sign(NaN) = 0
+            x = args[0]
+            return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
         if fn == "erf":
             return _erf(args[0])
+        if fn == "erfc":
+            return _erfc(args[0])
         if fn == "sigmoid":
             return 1 / (1 + np.exp(-args[0]))
         if fn == "relu":

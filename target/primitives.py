@@ -99,14 +99,16 @@ Expr = Union[In, Const, Call]
 SCALAR_FNS = frozenset({
     # arithmetic
     "add", "sub", "mul", "div", "neg", "pow", "maximum", "minimum", "abs", "reciprocal",
-    "floordiv", "remainder",
+    "floordiv", "remainder", "fmod", "floor", "ceil", "trunc", "round", "sign",
     # transcendental
     "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin", "cos",
+    "erfc", "log1p", "expm1", "log2", "log10", "tan", "atan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "atan2",
     # activations kept fused where Spyre has them
     "relu", "gelu", "gelu_tanh", "silu",
     # comparisons and logic (produce bool)
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
-    "bitwise_and", "bitwise_or",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right",
     # selection and casts
     "where", "cast",
 })

@@ -33,12 +33,14 @@ def capture_with_values(model: torch.nn.Module, example_inputs) -> tuple[GraphDo
     state = dict(ep.state_dict)
     state.update(ep.constants)
     user = iter(example_inputs)
+    ids = {inp.id for inp in doc.inputs}   # unread weights are not document inputs
     values = {}
-    for spec, inp in zip(ep.graph_signature.input_specs, doc.inputs):
-        if inp.kind == "user_input":
-            values[inp.id] = to_numpy(next(user))
-        else:
-            values[inp.id] = to_numpy(state[spec.target])
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            values[spec.arg.name] = to_numpy(next(user))
+        elif spec.arg.name in ids:
+            values[spec.arg.name] = to_numpy(state[spec.target])
+    assert set(values) >= ids, f"document inputs without values: {sorted(ids - set(values))}"
     return doc, values
 
 

@@ -17,11 +17,7 @@ from backend.region import forget_compiled_regions  # noqa: E402
 from tests.fms_zoo import FMS_FAMILIES, build  # noqa: E402
 
 # family -> the ops its graph needs that sticksat cannot lower yet
-MISSING_OPS = {
-    "mixtral": ("moe.moe_mm.default", "aten.scatter.value", "aten.scatter_add.default"),
-    "gpt_oss": ("moe.moe_mm.default", "aten.scatter.value", "aten.scatter_add.default"),
-    "bamba": ("aten.log1p.default",),  # softplus of the mamba2 dt
-}
+MISSING_OPS: dict[str, tuple[str, ...]] = {}
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
 
 

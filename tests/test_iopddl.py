@@ -1,13 +1,28 @@
 """IOPDDL instance loading and solution checking (solver.core.iopddl)."""
+import itertools
 import json
+import os
+import random
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from ortools.sat.python import cp_model
 
-from solver.core import SolveOptions, solve
+import solver.core.iopddl as iopddl_module
+from solver.core import FORBIDDEN_COST, SolveOptions, StrategyProblem, Timeline, evaluate, presolve, solve
+from solver.core.group_state import GroupState, ball
 from solver.core.iopddl import evaluate_solution, load_best_known, load_instance, problem_from_dict
+from solver.core.kicks import kick_search
+from solver.core.merge import group_problem
+from solver.core.minsum import MinSum, lagrangian_starts, window_minsum
+from solver.core.search import group_tree_dp, least_peak_start, optimize
+from solver.core.windows import minsum_window_search, window_model
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "iopddl"
+DATA = Path(os.environ.get("IOPDDL_DIR", Path(__file__).resolve().parents[1].parent / "shared" / "iopddl"))
 EXAMPLE = {"problem": {
     "name": "example",
     "nodes": {"intervals": [[30, 70], [40, 70], [50, 120], [110, 140], [110, 150]],
@@ -28,6 +43,49 @@ def test_example_round_trip(tmp_path):
     assert evaluate_solution(p, [0, 0, 2, 1, 0]).cost == 445
     assert solve(p, SolveOptions(time_limit_s=5)).cost == 445
 
+
+
+def _same_problem(a, b) -> bool:
+    return (a.name == b.name and a.usage_limit == b.usage_limit and a.intervals == b.intervals
+            and a.edges == b.edges
+            and all(np.array_equal(x, y) for x, y in zip(a.node_costs, b.node_costs))
+            and all(np.array_equal(x, y) for x, y in zip(a.node_usages, b.node_usages))
+            and all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a.edge_costs, b.edge_costs)))
+
+
+def test_fast_reader_reads_what_json_reads(tmp_path):
+    """The fast reader (structure from brackets, integers by numpy) gives the same problem as
+    json.load on plain documents, key order and whitespace aside, negatives and 1e18
+    included; anything else (floats, a malformed document) goes to the json path, which
+    names the field."""
+    rng = np.random.default_rng(0)
+    n = 60
+    k = rng.integers(1, 5, size=n)
+    doc = {"problem": {"usage_limit": 500, "name": "fast", "edges": {"costs": [], "nodes": []},
+                       "nodes": {"usages": [rng.integers(0, 50, size=x).tolist() for x in k],
+                                 "intervals": [[int(a), int(a) + int(b)] for a, b in
+                                               zip(rng.integers(0, 40, size=n), rng.integers(0, 9, size=n))],
+                                 "costs": [rng.integers(-5, 10**6, size=x).tolist() for x in k]}}}
+    for u in range(n):
+        for v in rng.choice(n, size=2, replace=False):
+            t = rng.integers(0, 100, size=int(k[u] * k[int(v)]))
+            t[rng.random(len(t)) < 0.2] = FORBIDDEN_COST
+            doc["problem"]["edges"]["nodes"].append([u, int(v)])
+            doc["problem"]["edges"]["costs"].append(t.tolist())
+    for i, text in enumerate([json.dumps(doc), json.dumps(doc, indent=1), json.dumps(EXAMPLE)]):
+        path = tmp_path / f"doc{i}.json"
+        path.write_text(text)
+        fast = iopddl_module._problem_from_bytes(text.encode())
+        assert _same_problem(fast, problem_from_dict(json.loads(text)))
+        assert _same_problem(load_instance(path), fast)
+    with pytest.raises(iopddl_module._NotPlain):
+        iopddl_module._problem_from_bytes(json.dumps(EXAMPLE).replace("[15]", "[15.0]").encode())
+    bad = json.loads(json.dumps(EXAMPLE))
+    bad["problem"]["edges"]["costs"][2] = [1, 2, 3]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"edges\.costs\[2\].*expected 4"):
+        load_instance(path)
 
 def test_no_usage_limit():
     d = json.loads(json.dumps(EXAMPLE))
@@ -74,7 +132,6 @@ def test_malformed_instance_errors_name_the_field():
 
 
 def test_optimize_finds_the_example_optimum():
-    from solver.core.search import optimize
     p = problem_from_dict(EXAMPLE)
     r = optimize(p, time_limit_s=2, workers=1)
     assert r.feasible and r.cost == 445 and r.bound <= 445
@@ -89,7 +146,9 @@ def test_cli_solves_and_writes_solution(tmp_path, capsys):
     assert main(["iopddl", str(path), "--time-limit", "2", "--workers", "1", "--json",
                  "--solution", str(sol)]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(out) == {"instance", "cost", "feasible", "bound", "seconds"}
+    assert set(out) == {"instance", "cost", "feasible", "bound", "seconds", "time_limit", "phases"}
+    # where the time went: each phase's share of the limit, summing to at most 1 (the limit held)
+    assert out["phases"] and sum(r["share"] for r in out["phases"]) <= 1.0
     assert out["instance"] == "example" and out["cost"] == 445 and out["feasible"] is True
     choice = json.loads(sol.read_text())
     assert len(choice) == 5 and evaluate_solution(problem_from_dict(EXAMPLE), choice).cost == 445
@@ -128,8 +187,6 @@ def _random_instance(seed: int, n: int = 40, tight: float = 0.35):
     """A random instance with followers (edges whose table allows one strategy of the second
     node per strategy of the first), a few forbidden entries and a limit between the least
     and the largest possible peak."""
-    import numpy as np
-    from solver.core import FORBIDDEN_COST, StrategyProblem, Timeline
     rng = np.random.default_rng(seed)
     k = [int(rng.integers(1, 5)) for _ in range(n)]
     costs = [rng.integers(0, 50, size=ki) for ki in k]
@@ -165,7 +222,6 @@ def _random_instance(seed: int, n: int = 40, tight: float = 0.35):
 def _feasible_instances(first_seed: int, count: int, **kw):
     """(problem, reduction) for `count` random instances presolve accepts (the generator can
     forbid every strategy of a node)."""
-    from solver.core import presolve
     out, seed = [], first_seed
     while len(out) < count:
         p = _random_instance(seed, **kw)
@@ -178,9 +234,6 @@ def _feasible_instances(first_seed: int, count: int, **kw):
 
 
 def test_merged_groups_expand_to_the_evaluators_cost_and_usage():
-    import numpy as np
-    from solver.core import FORBIDDEN_COST, Timeline, evaluate, presolve
-    from solver.core.merge import group_problem
     merged_total = finite = 0
     for seed, (p, red) in enumerate(_feasible_instances(0, 6)):
         gp = group_problem(p, red)
@@ -208,9 +261,6 @@ def test_merged_groups_expand_to_the_evaluators_cost_and_usage():
 
 def test_merging_keeps_the_optimum():
     """Brute force over tiny instances: the best group choice is the best original choice."""
-    import itertools
-    from solver.core import evaluate, presolve
-    from solver.core.merge import group_problem
     for seed in range(8):
         p = _random_instance(100 + seed, n=7, tight=0.5)
         best = None
@@ -228,11 +278,6 @@ def test_merging_keeps_the_optimum():
 
 
 def test_group_moves_undo_and_kicks_keep_memory_and_never_worsen():
-    import random
-    import numpy as np
-    from solver.core import evaluate, presolve
-    from solver.core.merge import group_problem
-    from solver.core.search import GroupState, kick_search, least_peak_start
     for seed, (p, red) in enumerate(_feasible_instances(200, 4, n=60)):
         gp = group_problem(p, red)
         st = GroupState(gp, least_peak_start(gp))
@@ -260,11 +305,6 @@ def test_group_moves_undo_and_kicks_keep_memory_and_never_worsen():
 
 
 def test_window_solve_is_memory_feasible_and_never_worse():
-    import random
-    from ortools.sat.python import cp_model
-    from solver.core import evaluate, presolve
-    from solver.core.merge import group_problem
-    from solver.core.search import GroupState, _ball, group_tree_dp, window_model
     used = 0
     for seed, (p, red) in enumerate(_feasible_instances(300, 16, n=60, tight=0.4)):
         gp = group_problem(p, red)
@@ -275,7 +315,7 @@ def test_window_solve_is_memory_feasible_and_never_worse():
         used += 1
         before = evaluate(p, gp.expand(st.k))
         rng = random.Random(seed)
-        win = _ball(st, [rng.randrange(gp.num_groups)], 25, rng)
+        win = ball(st, [rng.randrange(gp.num_groups)], 25, rng)
         model, picks = window_model(st, win, pair_limit=64)  # both table encodings
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
@@ -294,11 +334,6 @@ def test_real_instance_groups_and_lagrangian_starts_agree_with_the_evaluator():
     """V: merging collapses followers, group costs and usage equal the evaluator's on the
     Lagrangian min-sum decodes, and a short optimize returns an evaluator-checked choice no
     worse than its start."""
-    import time
-    from solver.core import evaluate, presolve
-    from solver.core.bp import lagrangian_starts
-    from solver.core.merge import group_problem
-    from solver.core.search import optimize
     p = load_instance(DATA / "asplos-2025-iopddl-V.json.gz")
     gp = group_problem(p, presolve(p))
     assert gp.merged_followers > 300 and gp.num_groups < p.num_nodes // 2
@@ -316,12 +351,6 @@ def test_real_instance_groups_and_lagrangian_starts_agree_with_the_evaluator():
 
 
 def test_minsum_window_moves_keep_memory_and_never_worsen():
-    import random
-    import numpy as np
-    from solver.core import evaluate
-    from solver.core.bp import window_minsum
-    from solver.core.merge import group_problem
-    from solver.core.search import GroupState, least_peak_start, minsum_window_search
     for seed, (p, red) in enumerate(_feasible_instances(400, 4, n=60)):
         gp = group_problem(p, red)
         st = GroupState(gp, least_peak_start(gp))
@@ -341,11 +370,6 @@ def test_minsum_window_moves_keep_memory_and_never_worsen():
 
 def test_minsum_is_exact_on_a_tree():
     """On a tree without memory, min-sum's decode is the optimum (brute force)."""
-    import itertools
-    import numpy as np
-    from solver.core import StrategyProblem, evaluate, presolve
-    from solver.core.bp import MinSum
-    from solver.core.merge import group_problem
     rng = np.random.default_rng(7)
     for _ in range(5):
         n = 7
@@ -366,10 +390,6 @@ def test_optimize_finds_the_optimum_on_odd_small_instances():
     """Self-edges, duplicate edges, empty intervals, single-strategy nodes, no limit, no
     edges: optimize returns the brute-force optimum (the instances are small enough for the
     full grouped model to prove it)."""
-    import itertools
-    import numpy as np
-    from solver.core import FORBIDDEN_COST, StrategyProblem, evaluate
-    from solver.core.search import optimize
     rng = np.random.default_rng(11)
     cases = 0
     for case in range(8):
@@ -403,3 +423,53 @@ def test_optimize_finds_the_optimum_on_odd_small_instances():
         cases += 1
         assert r.feasible and evaluate(p, r.choice).cost == r.cost == best
     assert cases >= 4
+
+
+def test_optimize_is_never_worse_than_the_start_it_was_given():
+    """A feasible start is an answer the search already holds: with no time to improve
+    (0.01 s) or a little (0.3 s), the result costs at most the start's cost. Without the
+    start, the same runs return the least-usage greedy answer, worse on these instances."""
+    rng = np.random.default_rng(5)
+    checked = 0
+    for seed in range(6):
+        n, k = 40, 5
+        costs = [rng.integers(0, 100, size=k) for _ in range(n)]
+        usages = [rng.integers(1, 20, size=k) for _ in range(n)]
+        ivs = [(int(a), int(a) + int(b)) for a, b in zip(rng.integers(0, 30, size=n), rng.integers(1, 10, size=n))]
+        edges = [(int(j), i) for i in range(1, n) for j in rng.choice(i, size=min(i, 2), replace=False)]
+        tables = [rng.integers(0, 60, size=(k, k)) for _ in edges]
+        p = StrategyProblem(costs, usages, ivs, edges, tables, usage_limit=70)
+        good = optimize(p, time_limit_s=2.0, workers=1, seed=seed)
+        if not good.feasible:
+            continue
+        checked += 1
+        for limit in (0.01, 0.3):
+            r = optimize(p, time_limit_s=limit, workers=1, seed=seed + 1, start=good.choice)
+            assert r.feasible and r.cost <= good.cost
+            assert evaluate(p, r.choice).cost == r.cost
+        bare = optimize(p, time_limit_s=0.01, workers=1, seed=seed + 1)
+        assert bare.cost is None or bare.cost >= good.cost
+    assert checked >= 4
+
+
+@pytest.mark.slow
+def test_time_limit_holds_on_a_large_synthetic_instance(tmp_path):
+    """`sticksat iopddl --time-limit 10` on a 30,000-node synthetic instance (about 100 MB of
+    JSON) answers with a feasible solution and stops: wall clock under 25 s (the point is
+    that the whole command, reading included, is bounded, not a speed claim: the machine
+    may be loaded), and the phase table accounts for the run."""
+    from benchmarks.iopddl_synthetic import generate, write
+    path = tmp_path / "synthetic.json"
+    write(generate(30_000, seed=3, dense=0.5), path)
+    exe = Path(sys.executable).with_name("sticksat")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "service.cli"]
+    t = time.perf_counter()
+    res = subprocess.run(cmd + ["iopddl", str(path), "--time-limit", "10", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    wall = time.perf_counter() - t
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["feasible"] and out["cost"] > 0
+    assert wall < 25.0
+    shares = [r["share"] for r in out["phases"]]
+    assert all(x >= 0 for x in shares) and sum(shares) < 2.5

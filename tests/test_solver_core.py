@@ -1,8 +1,12 @@
 """The generic CP-SAT strategy core (solver.core) on small problems with known answers."""
+import itertools
+
 import numpy as np
 
+import solver.core.reduction as reduction_module
 from solver.core import (
-    SolveOptions, StrategyProblem, evaluate, local_search, maximal_live_sets, presolve, solve,
+    SolveOptions, StrategyProblem, best_start, evaluate, local_search, maximal_live_sets, presolve, solve,
+    tree_dp_start,
 )
 
 
@@ -34,7 +38,6 @@ def _random_problem(seed: int, n: int = 40, k: int = 5, limit: int = 60) -> Stra
 
 
 def _brute_force(p: StrategyProblem) -> int:
-    import itertools
     best = None
     for choice in itertools.product(*[range(len(c)) for c in p.node_costs]):
         ev = evaluate(p, choice)
@@ -121,7 +124,6 @@ def test_tree_dp_start_is_optimal_on_a_tree_without_memory_limit():
     p = StrategyProblem([rng.integers(0, 50, size=k) for _ in range(n)], [np.ones(k)] * n,
                         [(0, 1)] * n, edges, [rng.integers(0, 50, size=(k, k)) for _ in edges],
                         usage_limit=None)
-    from solver.core import best_start, tree_dp_start
     start = tree_dp_start(p, presolve(p))
     assert evaluate(p, start).cost == _brute_force(p)
     assert evaluate(p, best_start(p, presolve(p))).cost == _brute_force(p)
@@ -129,14 +131,13 @@ def test_tree_dp_start_is_optimal_on_a_tree_without_memory_limit():
 
 def test_running_sum_memory_chain_matches_explicit_rows(monkeypatch):
     """Large instances use a running-sum chain instead of one row per live set: same optima."""
-    import solver.core as core
     for seed in range(3):
         p = _random_problem(seed, n=7, k=3, limit=25)
         rows = solve(p, SolveOptions(time_limit_s=5))
-        monkeypatch.setattr(core, "ROW_MEMBERSHIP_LIMIT", 0)
+        monkeypatch.setattr(reduction_module, "ROW_MEMBERSHIP_LIMIT", 0)
         red = presolve(p)
         assert red.memory_rows == [] and (red.binding is not None)
         chain = solve(p, SolveOptions(time_limit_s=5))
-        monkeypatch.setattr(core, "ROW_MEMBERSHIP_LIMIT", 2_000_000)
+        monkeypatch.setattr(reduction_module, "ROW_MEMBERSHIP_LIMIT", 2_000_000)
         assert chain.status == rows.status
         assert chain.cost == rows.cost == _brute_force(p)

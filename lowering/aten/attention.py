@@ -3,6 +3,7 @@ q·√s, k·√s, bmm q·kᵀ, (+ mask), amax, sub, exp, sum, div, bmm with v.""
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from lowering.aten.context import Ctx, NodeArgs, View, expr_fn, register
 from lowering.aten.matmul import emit_matmul
@@ -20,7 +21,9 @@ def _iota(ctx: Ctx, node: NodeArgs, length: int, out_id: str) -> View:
 
 
 def lower_sdpa(ctx: Ctx, node: NodeArgs, q: View, k: View, v: View, attn_mask, dropout_p: float,
-               is_causal: bool, scale) -> list:
+               is_causal: bool, scale, name: Optional[str] = None) -> list:
+    """[out, logsumexp] of attention; the tensors are named after `name` (default the
+    node's id: a lowering that post-processes the result names its own output)."""
     if dropout_p:
         raise node.fail("unsupported_op", f"attention dropout_p={dropout_p} (inference only)")
     if q.rank < 2 or k.rank != q.rank or v.rank != q.rank:
@@ -30,7 +33,7 @@ def lower_sdpa(ctx: Ctx, node: NodeArgs, q: View, k: View, v: View, attn_mask, d
     s = float(scale) if scale is not None else 1.0 / math.sqrt(E)
     root = math.sqrt(s)
     dt = q.dtype
-    nid = node.id
+    nid = name or node.id
     out_shape = q.shape[:-1] + v.shape[-1:]
     qs = emit_pointwise(ctx, node, [q], lambda e: expr_fn("mul", e[0], Const(root)), dt, out_id=f"{nid}.q_scaled")
     ks = emit_pointwise(ctx, node, [k], lambda e: expr_fn("mul", e[0], Const(root)), dt, out_id=f"{nid}.k_scaled")
@@ -45,7 +48,7 @@ def lower_sdpa(ctx: Ctx, node: NodeArgs, q: View, k: View, v: View, attn_mask, d
         group = hq // hkv
         qs = reshape(ctx, node, qs, q.shape[:-3] + (hkv, group, L, E), f"{nid}.q_grouped")
         ks = _unsqueeze(ks, ks.rank - 2)
-        v = _unsqueeze(ctx.ensure_relabel(v, nid), v.rank - 2)
+        v = _unsqueeze(ctx.ensure_relabel(v, node.id), v.rank - 2)
         if attn_mask is not None:
             m = attn_mask
             while m.rank < 4:

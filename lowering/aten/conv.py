@@ -152,8 +152,10 @@ def _max_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, dilati
                "unsupported_op"))
 def _max_pool_node(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self" if node.target.startswith("aten") else "input")
-    ns = 2
-    kernel = _spatial(node, node.arg(1, "kernel_size"), ns, "kernel_size", 1)
+    ks = node.arg(1, "kernel_size")
+    # the prims op serves max_pool2d and max_pool3d: its kernel's length says which
+    ns = len(ks) if node.target.startswith("prims") and isinstance(ks, list) and len(ks) > 1 else 2
+    kernel = _spatial(node, ks, ns, "kernel_size", 1)
     stride = _spatial(node, node.arg(2, "stride"), ns, "stride", 0) if node.arg(2, "stride") else kernel
     padding = _spatial(node, node.arg(3, "padding"), ns, "padding", 0)
     dilation = _spatial(node, node.arg(4, "dilation"), ns, "dilation", 1)
@@ -172,9 +174,8 @@ def _avg_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, ceil_m
     out_sizes = [_out_size(sizes[i], kernel[i], stride[i], padding[i], 1, ceil_mode) for i in range(ns)]
     overhang = any((out_sizes[i] - 1) * stride[i] + kernel[i] > sizes[i] + 2 * padding[i] for i in range(ns))
     if overhang or (any(padding) and not count_include_pad and divisor_override is None):
-        # windows that cover fewer elements would need a per-window divisor
-        raise node.fail("unsupported_op", "average pooling with partial windows (ceil_mode overhang or "
-                                          "count_include_pad=False with padding)")
+        return _avg_pool_partial(ctx, node, x, unbatched, kernel, stride, padding, out_sizes, count_include_pad,
+                                 divisor_override)
     divisor = divisor_override or numel(kernel)
     xp = pad_view(ctx, node, x, [0, 0, *padding], [0, 0, *padding], 0.0, f"{node.id}.padded")
     win = window_view(ctx, node, xp, out_sizes, kernel, stride, [1] * ns, False, f"{node.id}.windows")
@@ -186,27 +187,104 @@ def _avg_pool(ctx: Ctx, node: NodeArgs, x: View, kernel, stride, padding, ceil_m
     return out
 
 
-@register("aten.avg_pool2d.default",
-          doc=("zero pad `copy`, window `copy`, `reduce sum` of `x / divisor`; partial windows (ceil_mode overhang, "
-               "count_include_pad=False with padding) are unsupported_op"))
+def _avg_pool_partial(ctx: Ctx, node: NodeArgs, x: View, unbatched: bool, kernel, stride, padding, out_sizes,
+                      count_include_pad: bool, divisor_override) -> View:
+    """Average pooling whose windows cover different numbers of elements (ceil_mode
+    overhang, count_include_pad=False): zero-padded windows summed, then divided per output
+    position by torch's divisor, the product over dims of the window's extent clipped to the
+    padded input (count_include_pad) or to the input itself, built from iotas."""
+    from lowering.aten.indexing import int_iota
+
+    ns = len(kernel)
+    sizes = x.shape[2:]
+    after = [max(padding[i], (out_sizes[i] - 1) * stride[i] + kernel[i] - sizes[i] - padding[i]) for i in range(ns)]
+    xp = pad_view(ctx, node, x, [0, 0, *padding], [0, 0, *after], 0.0, f"{node.id}.padded")
+    win = window_view(ctx, node, xp, out_sizes, kernel, stride, [1] * ns, False, f"{node.id}.windows")
+    red = list(range(2 + ns, 2 + 2 * ns))
+    total = emit_reduce(ctx, node, win, red, False, "sum", None, x.dtype, f"{node.id}.sum")
+    operands = [total]
+    for i in range(ns):
+        if divisor_override:
+            break
+        o = int_iota(ctx, node, out_sizes[i], f"out{i}")
+        k, st, p, n = kernel[i], stride[i], padding[i], sizes[i]
+        lo = lambda e, st=st, p=p: expr_fn("sub", expr_fn("mul", e, Const(float(st))), Const(float(p)))  # noqa: E731
+        hi = lambda e, k=k, n=n, p=p, lo=lo: expr_fn("minimum", expr_fn("add", lo(e), Const(float(k))),  # noqa: E731
+                                                     Const(float(n + p)))
+        if count_include_pad:
+            count = lambda e, lo=lo, hi=hi: expr_fn("sub", hi(e), lo(e))  # noqa: E731
+        else:
+            count = lambda e, lo=lo, hi=hi, n=n: expr_fn("sub", expr_fn("minimum", hi(e), Const(float(n))),  # noqa: E731
+                                                         expr_fn("maximum", lo(e), Const(0.0)))
+        extent = emit_pointwise(ctx, node, [o], lambda e, count=count: count(e[0]), "int64",
+                                out_id=f"{node.id}.extent{i}")
+        operands.append(extent.with_(tuple(out_sizes[j] if j == i else 1 for j in range(ns)),
+                                     tuple(extent.strides[0] if j == i else 0 for j in range(ns))))
+
+    def mean(e):
+        div = Const(float(divisor_override)) if divisor_override else None
+        for f in e[1:]:
+            div = f if div is None else expr_fn("mul", div, f)
+        return expr_fn("div", e[0], div)
+    out = emit_pointwise(ctx, node, operands, mean, x.dtype, out_shape=total.shape, out_id=node.id)
+    if unbatched:
+        out = out.with_(out.shape[1:], out.strides[1:])
+    return out
+
+
+@register("aten.avg_pool2d.default", "aten.avg_pool3d.default",
+          doc=("zero pad `copy`, window `copy`, `reduce sum` of `x / divisor`; partial windows (ceil_mode overhang,"
+               " count_include_pad=False): `reduce sum`, then a pointwise divide by torch's per-window divisor"))
 def _avg_pool2d(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self")
-    kernel = _spatial(node, node.arg(1, "kernel_size"), 2, "kernel_size", 1)
-    stride = _spatial(node, node.arg(2, "stride"), 2, "stride", 0) if node.arg(2, "stride") else kernel
-    padding = _spatial(node, node.arg(3, "padding"), 2, "padding", 0)
+    ns = 3 if node.target == "aten.avg_pool3d.default" else 2
+    kernel = _spatial(node, node.arg(1, "kernel_size"), ns, "kernel_size", 1)
+    stride = _spatial(node, node.arg(2, "stride"), ns, "stride", 0) if node.arg(2, "stride") else kernel
+    padding = _spatial(node, node.arg(3, "padding"), ns, "padding", 0)
     return [_avg_pool(ctx, node, x, kernel, stride, padding, bool(node.arg(4, "ceil_mode", False)),
                       bool(node.arg(5, "count_include_pad", True)), node.arg(6, "divisor_override"))]
 
 
-@register("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default",
-          doc=("average pool with kernel = stride = input/output when the output size divides the input, else "
-               "unsupported_op"))
+@register("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool3d.default",
+          doc=("average pool with kernel = stride = input/output when the output size divides the input; else one"
+               " `matmul` per spatial dim with its pooling matrix (1/window on torch's adaptive windows, from iotas)"))
 def _adaptive_avg_pool2d(ctx: Ctx, node: NodeArgs):
     x = node.arg(0, "self")
-    out_sizes = _spatial(node, node.arg(1, "output_size"), 2, "output_size", 1)
-    sizes = x.shape[-2:]
-    if any(o <= 0 or s % o for s, o in zip(sizes, out_sizes)):
-        raise node.fail("unsupported_op", f"adaptive average pooling {list(sizes)} -> {out_sizes} "
-                                          "(only evenly dividing output sizes)")
-    kernel = [s // o for s, o in zip(sizes, out_sizes)]
-    return [_avg_pool(ctx, node, x, kernel, kernel, [0, 0], False, True, None)]
+    ns = 3 if node.target == "aten._adaptive_avg_pool3d.default" else 2
+    out_sizes = _spatial(node, node.arg(1, "output_size"), ns, "output_size", 1)
+    sizes = x.shape[-ns:]
+    if any(o <= 0 for o in out_sizes) or x.rank < ns:
+        raise node.fail("bad_argument", f"adaptive average pooling {list(sizes)} -> {out_sizes}")
+    if all(s % o == 0 for s, o in zip(sizes, out_sizes)):
+        kernel = [s // o for s, o in zip(sizes, out_sizes)]
+        return [_avg_pool(ctx, node, x, kernel, kernel, [0] * ns, False, True, None)]
+    # windows of different sizes: per spatial dim one matmul with its pooling matrix
+    for k in range(ns):
+        x = _pool_dim(ctx, node, x, x.rank - ns + k, out_sizes[k], node.id if k == ns - 1 else f"{node.id}.dim{k}")
+    return [x]
+
+
+def _pool_dim(ctx: Ctx, node: NodeArgs, x: View, d: int, out: int, out_id: str) -> View:
+    """Adaptive average along dim d as a matmul with the pooling matrix P [out, n]:
+    P[o, i] = 1 / (end_o - start_o) for start_o = floor(o*n/out) <= i < end_o = ceil((o+1)*n/out)
+    (torch's adaptive windows), built from iotas in exact integer arithmetic."""
+    from lowering.aten.indexing import int_iota
+
+    n = x.shape[d]
+    if n == out:
+        return x.with_(x.shape, x.strides, name=out_id)
+    rows, cols = int_iota(ctx, node, out, f"{out_id}.out_pos"), int_iota(ctx, node, n, f"{out_id}.in_pos")
+    start = lambda o: expr_fn("floordiv", expr_fn("mul", o, Const(float(n))), Const(float(out)))  # noqa: E731
+    end = lambda o: expr_fn("floordiv", expr_fn("add", expr_fn("mul", expr_fn("add", o, Const(1.0)),  # noqa: E731
+                                                               Const(float(n))), Const(float(out - 1))), Const(float(out)))
+    weight = emit_pointwise(ctx, node, [rows.with_((out, 1), (1, 0)), cols.with_((1, n), (0, 1))], lambda e: expr_fn(
+        "where", expr_fn("logical_and", expr_fn("ge", e[1], start(e[0])), expr_fn("lt", e[1], end(e[0]))),
+        expr_fn("div", Const(1.0), expr_fn("sub", end(e[0]), start(e[0]))), Const(0.0)),
+        x.dtype, out_shape=(out, n), out_id=f"{out_id}.weights")
+    if d == x.rank - 1:   # [..., n] @ Pᵀ [n, out]
+        pt = weight.with_((n, out), (weight.strides[1], weight.strides[0]))
+        return emit_matmul(ctx, node, x, pt, x.dtype, out_id)
+    before, after = numel(x.shape[:d]), numel(x.shape[d + 1:])
+    x3 = reshape(ctx, node, x, (before, n, after), f"{out_id}.grouped")
+    y = emit_matmul(ctx, node, weight.with_((1, out, n), (0,) + weight.strides), x3, x.dtype, f"{out_id}.pooled")
+    return reshape(ctx, node, y, tuple(x.shape[:d]) + (out,) + tuple(x.shape[d + 1:]), out_id)

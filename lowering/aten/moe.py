@@ -20,6 +20,10 @@ matmul itself, which is the one new body (`grouped_matmul`):
   `where` against the original.
 - grouped_mm (transformers' `grouped_mm_fallback` custom op, `aten._grouped_mm`): per-row
   expert id from the offsets (`reduce sum` of offs[g] <= row), then `grouped_matmul`.
+- moe_mm (Foundation Model Stack's `moe::moe_mm`): the rows carry their expert id already
+  (the token-to-expert mapping); each token's row repeated per routed slot, then
+  `grouped_matmul`. FMS's block alignment before it (scatter.value, scatter_add, cumsum,
+  sort) lowers in lowering/aten/indexing.py and the others; it only schedules the GPU kernel.
 
 The comparison-based ops cost O(n^2) SFP work on [n, n] iteration spaces (n = tokens *
 top_k); at a 512-token prefill with top-2 that is about 1M element steps per op, small
@@ -32,21 +36,15 @@ from typing import Optional, Sequence
 import numpy as np
 
 from lowering.aten.context import FLOAT_DTYPES, INT_DTYPES, Ctx, NodeArgs, View, expr_fn, register
-from lowering.aten.indexing import emit_gather
+from lowering.aten.indexing import emit_gather, int_iota
 from lowering.aten.views import norm_dim
-from target.primitives import (Access, Const, Expr, FillBody, GroupedMatmulBody, In, IterDim, ReduceBody,
+from target.primitives import (Access, Const, Expr, GroupedMatmulBody, In, IterDim, ReduceBody,
                                  StridedMap)
 
 _INF = float("inf")
 
 
-def _iota(ctx: Ctx, node: NodeArgs, n: int, name: str) -> View:
-    """An int64 [0, n) tensor (a `fill` with iota)."""
-    tid = ctx.new_tensor(f"{node.id}.{name}", (n,), "int64")
-    dims = [IterDim("d0", n)] if n > 1 else []
-    ctx.emit(tid, dims, [], Access(tid, (0,) if n > 1 else (None,)),
-             FillBody(0.0, iota_dim=0, start=0.0, step=1.0), node.id)
-    return ctx.tensor_view(tid)
+_iota = int_iota
 
 
 def _isnan(e: Expr) -> Expr:
@@ -152,30 +150,13 @@ def _topk(ctx: Ctx, node: NodeArgs):
     return [values, idx.with_(idx.shape, idx.strides, name=f"{node.id}:1")]
 
 
-# -- sort ----------------------------------------------------------------------------------
-@register("aten.sort.default", "aten.sort.stable",
-          doc=("stable sort: a rank per element (`reduce sum` over [n, n] comparisons, equal elements by"
-               " position; NaN last, first when descending), the permutation from the ranks (`reduce sum`"
-               " over [n, n]), values by `gather`"))
-def _sort(ctx: Ctx, node: NodeArgs):
-    x: View = node.arg(0, "self")
-    if node.target == "aten.sort.stable":
-        d = node.kwargs.get("dim", -1)
-        descending = node.kwargs.get("descending", False)
-    else:
-        d = node.arg(1, "dim", -1)
-        descending = node.arg(2, "descending", False)
-    if x.rank == 0:
-        raise node.fail("unsupported_op", "sort of a 0-d tensor")
-    d = norm_dim(node, d, x.rank)
-    n = x.shape[d]
-    if n == 1:
-        zero = _iota(ctx, node, 1, "iota")
-        return [x, zero.with_(x.shape, tuple(0 for _ in x.shape), name=f"{node.id}:1")]
-    iota = _iota(ctx, node, n, "iota")
+# -- ranks (sort, kthvalue, median) -----------------------------------------------------------
+def emit_rank(ctx: Ctx, node: NodeArgs, x: View, d: int, descending: bool, iota: View):
+    """rank[i] along d = #{j: x[j] sorts before x[i]} + #{j < i: x[j] ties x[i]} (a stable
+    order; NaN last, first when descending): one `reduce sum` over [x's dims, j]. Returns
+    (rank view, the iteration dims, x's dim -> iteration dim, the index of j's dim)."""
     is_float = x.dtype in FLOAT_DTYPES
-
-    # rank[i] = #{j: x[j] sorts before x[i]} + #{j < i: x[j] ties x[i]}
+    n = x.shape[d]
     iters: list[IterDim] = []
     it: list[Optional[int]] = []
     for j, s in enumerate(x.shape):
@@ -207,7 +188,33 @@ def _sort(ctx: Ctx, node: NodeArgs):
     expr = expr_fn("logical_or", before(xj, xi), expr_fn("logical_and", same, expr_fn("lt", pj, pi)))
     rank_t = ctx.new_tensor(f"{node.id}.rank", x.shape, "int64")
     ctx.emit(rank_t, iters, acc, Access(rank_t, tuple(it)), ReduceBody("sum", expr), node.id)
-    rank = ctx.tensor_view(rank_t)
+    return ctx.tensor_view(rank_t), iters, it, jd
+
+
+# -- sort ----------------------------------------------------------------------------------
+@register("aten.sort.default", "aten.sort.stable",
+          doc=("stable sort: a rank per element (`reduce sum` over [n, n] comparisons, equal elements by"
+               " position; NaN last, first when descending), the permutation from the ranks (`reduce sum`"
+               " over [n, n]), values by `gather`"))
+def _sort(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    if node.target == "aten.sort.stable":
+        d = node.kwargs.get("dim", -1)
+        descending = node.kwargs.get("descending", False)
+    else:
+        d = node.arg(1, "dim", -1)
+        descending = node.arg(2, "descending", False)
+    if x.rank == 0:
+        raise node.fail("unsupported_op", "sort of a 0-d tensor")
+    d = norm_dim(node, d, x.rank)
+    n = x.shape[d]
+    if n == 1:
+        zero = _iota(ctx, node, 1, "iota")
+        return [x, zero.with_(x.shape, tuple(0 for _ in x.shape), name=f"{node.id}:1")]
+    iota = _iota(ctx, node, n, "iota")
+    rank, iters, it, jd = emit_rank(ctx, node, x, d, descending, iota)
+    it_j = list(it)
+    it_j[d] = jd
 
     # perm[p] = the i whose rank is p
     acc2 = [ctx.access(rank, it_j, node.id), ctx.access(iota, [jd], node.id), ctx.access(iota, [it[d]], node.id)]
@@ -263,44 +270,67 @@ def _histc(ctx: Ctx, node: NodeArgs):
 
 # -- index_put -----------------------------------------------------------------------------
 @register("aten.index_put.default",
-          doc=("one index tensor on dim 0, no accumulation: the last position writing each row (`reduce max`"
-               " over [rows, positions]), `gather` of those value rows, pointwise `where` against self"))
+          doc=("one index tensor on one dim (the others None): the last position writing each row along that dim"
+               " (`reduce max` over [rows, positions]), `gather` of those value rows, pointwise `where` against self;"
+               " accumulate=True: `reduce sum` over the positions of `where(index == row, values, 0)`, added to self"))
 def _index_put(ctx: Ctx, node: NodeArgs):
     from lowering.aten.pointwise import emit_pointwise
 
     x: View = node.arg(0, "self")
     indices = list(node.arg(1, "indices"))
-    values: View = node.arg(2, "values")
-    if node.arg(3, "accumulate", False):
-        raise node.fail("unsupported_op", "index_put with accumulate=True")
-    if x.rank == 0 or len(indices) != 1 or indices[0] is None:
-        raise node.fail("unsupported_op", "index_put with other than one index tensor on dim 0")
-    idx: View = indices[0]
+    values = node.arg(2, "values")
+    accumulate = bool(node.arg(3, "accumulate", False))
+    given = [j for j, t in enumerate(indices) if t is not None]
+    if x.rank == 0 or len(given) != 1 or len(indices) > x.rank:
+        raise node.fail("unsupported_op", "index_put with other than one index tensor")
+    d = given[0]
+    idx: View = indices[d]
     if idx.dtype not in INT_DTYPES or idx.rank != 1:
         raise node.fail("unsupported_op", f"index_put with a {idx.rank}-D {idx.dtype} index")
     if not isinstance(values, View):
         raise node.fail("unsupported_op", "index_put of a scalar value")
-    P, I = x.shape[0], idx.shape[0]
-    rest = tuple(x.shape[1:])
+    P, I = x.shape[d], idx.shape[0]
+    # values broadcast to the indexed shape: x's shape with dim d replaced by the I positions
+    vshape = tuple(x.shape[:d]) + (I,) + tuple(x.shape[d + 1:])
+    lead = len(vshape) - values.rank
+    if lead < 0 or any(s not in (1, t) for s, t in zip(values.shape, vshape[lead:])):
+        raise node.fail("shape_mismatch", f"index_put values {list(values.shape)} for {list(vshape)}")
+    vals = values.with_(vshape, (0,) * lead + tuple(st if s == t else 0 for s, t, st in
+                                                  zip(values.shape, vshape[lead:], values.strides)))
+    wrapped = lambda e: expr_fn("where", expr_fn("lt", e, Const(0.0)), expr_fn("add", e, Const(float(P))), e)  # noqa: E731
+    iota_p = _iota(ctx, node, P, "rows")
+    if accumulate:
+        # added[.., p, ..] = sum_i [idx[i] == p] * values[.., i, ..]
+        shape = tuple(x.shape) + (I,)
+        iters, it = ctx.iter_dims_for(shape, kinds=["parallel"] * x.rank + ["reduction"], keep=(x.rank,))
+        v_it = list(it[:x.rank])
+        v_it[d] = it[-1]
+        acc = [ctx.access(idx, [it[-1]], node.id), ctx.access(iota_p, [it[d]], node.id),
+               ctx.access(vals, v_it, node.id)]
+        expr = expr_fn("where", expr_fn("eq", wrapped(In(0)), In(1)), In(2), Const(0.0))
+        acc_dtype = x.dtype if x.dtype in FLOAT_DTYPES else "int64"
+        added_t = ctx.new_tensor(f"{node.id}.added", x.shape, acc_dtype)
+        ctx.emit(added_t, iters, acc, Access(added_t, tuple(it[:x.rank])), ReduceBody("sum", expr), node.id)
+        return [emit_pointwise(ctx, node, [x, ctx.tensor_view(added_t)], lambda e: expr_fn("add", e[0], e[1]),
+                               x.dtype, out_shape=x.shape)]
     # last[p] = max{i : idx[i] (wrapped) == p}, -1 when no position writes row p
-    iota_p, iota_i = _iota(ctx, node, P, "rows"), _iota(ctx, node, I, "pos")
+    iota_i = _iota(ctx, node, I, "pos")
     iters, (p_it, i_it) = ctx.iter_dims_for((P, I), kinds=("parallel", "reduction"))
     acc = [ctx.access(idx, [i_it], node.id), ctx.access(iota_i, [i_it], node.id),
            ctx.access(iota_p, [p_it], node.id)]
-    wrapped = expr_fn("where", expr_fn("lt", In(0), Const(0.0)), expr_fn("add", In(0), Const(float(P))), In(0))
-    expr = expr_fn("where", expr_fn("eq", wrapped, In(2)), In(1), Const(-1.0))
+    expr = expr_fn("where", expr_fn("eq", wrapped(In(0)), In(2)), In(1), Const(-1.0))
     last_t = ctx.new_tensor(f"{node.id}.last", (P,), "int64")
     ctx.emit(last_t, iters, acc, Access(last_t, (p_it,)), ReduceBody("max", expr), node.id)
     last = ctx.tensor_view(last_t)
-    last_b = last.with_((P,) + (1,) * len(rest), (1,) + (0,) * len(rest))
-    vshape = tuple(values.shape)
-    if len(vshape) == 1 + len(rest) and vshape[0] == I and I > 1:
+    last_b = last.with_(tuple(P if j == d else 1 for j in range(x.rank)),
+                        tuple(last.strides[0] if j == d else 0 for j in range(x.rank)))
+    if I > 1 and vals.strides[d] != 0:
         row = emit_pointwise(ctx, node, [last], lambda e: expr_fn("maximum", e[0], Const(0.0)), "int64",
                              out_id=f"{node.id}.row")
-        src = emit_gather(ctx, node, values, (P,) + vshape[1:], [None] + list(range(1, len(vshape))),
-                          [(0, row, 0)], f"{node.id}.src")
-    else:
-        src = values
+        src = emit_gather(ctx, node, vals, x.shape, [None if j == d else j for j in range(x.rank)],
+                          [(d, row, d)], f"{node.id}.src")
+    else:   # every position writes the same values: read them broadcast along d
+        src = vals.with_(x.shape, tuple(0 if j == d else st for j, st in enumerate(vals.strides)))
     out = emit_pointwise(ctx, node, [last_b, src, x],
                          lambda e: expr_fn("where", expr_fn("ge", e[0], Const(0.0)), e[1], e[2]),
                          x.dtype, out_shape=x.shape)
@@ -314,9 +344,9 @@ def emit_grouped_matmul(ctx: Ctx, node: NodeArgs, x: View, w: View, offs: View, 
     if x.rank != 2 or w.rank != 3 or offs.rank != 1:
         raise node.fail("unsupported_op", f"grouped mm of {list(x.shape)} x {list(w.shape)} offsets "
                                           f"{list(offs.shape)} (only 2-D x 3-D with 1-D offsets)")
-    S, K = x.shape
-    G, K2, N = w.shape
-    if K != K2 or offs.shape[0] != G:
+    S = x.shape[0]
+    G = w.shape[0]
+    if offs.shape[0] != G:
         raise node.fail("shape_mismatch", f"grouped mm of {list(x.shape)} x {list(w.shape)} offsets "
                                           f"{list(offs.shape)}")
     if offs.dtype not in INT_DTYPES:
@@ -327,16 +357,66 @@ def emit_grouped_matmul(ctx: Ctx, node: NodeArgs, x: View, w: View, offs: View, 
     acc = [ctx.access(offs, [g_it], node.id), ctx.access(iota, [m_it], node.id)]
     gid_t = ctx.new_tensor(f"{node.id}.group", (S,), "int64")
     ctx.emit(gid_t, iters, acc, Access(gid_t, (m_it,)), ReduceBody("sum", expr_fn("le", In(0), In(1))), node.id)
-    gid = ctx.tensor_view(gid_t)
-    # out[m, n] = sum_k x[m, k] * w[gid[m], k, n]; iteration dims m, n, k, g
+    return emit_grouped_matmul_by_id(ctx, node, x, w, ctx.tensor_view(gid_t), out_dtype, node.id)
+
+
+def emit_grouped_matmul_by_id(ctx: Ctx, node: NodeArgs, x: View, w: View, gid: View, out_dtype: str,
+                              out_id: str) -> View:
+    """out[m, n] = sum_k x[m, k] * w[gid[m], k, n] for x [S, K], w [G, K, N], gid [S] (rows
+    whose id is outside [0, G) are 0): the `grouped_matmul` body, iteration dims m, n, k, g."""
+    if x.rank != 2 or w.rank != 3 or gid.rank != 1:
+        raise node.fail("unsupported_op", f"grouped mm of {list(x.shape)} x {list(w.shape)} ids "
+                                          f"{list(gid.shape)} (only 2-D x 3-D with 1-D ids)")
+    S, K = x.shape
+    G, K2, N = w.shape
+    if K != K2 or gid.shape[0] != S:
+        raise node.fail("shape_mismatch", f"grouped mm of {list(x.shape)} x {list(w.shape)} ids {list(gid.shape)}")
+    if gid.dtype not in INT_DTYPES:
+        raise node.fail("unsupported_op", f"grouped mm expert ids of {gid.dtype}")
     m, n, k, g = 0, 1, 2, 3
     iters2 = [IterDim("m", S), IterDim("n", N), IterDim("k", K, "reduction"), IterDim("g", G, "reduction")]
     ax = ctx.access(x, [m, k], node.id)
     aw = ctx.access(w, [g, k, n], node.id)
     ag = ctx.access(gid, [m], node.id)
-    tid = ctx.new_tensor(node.id, (S, N), out_dtype)
+    tid = ctx.new_tensor(out_id, (S, N), out_dtype)
     ctx.emit(tid, iters2, [ax, aw, ag], Access(tid, (m, n)), GroupedMatmulBody(m, n, k, g), node.id)
-    return ctx.tensor_view(tid, node.id)
+    return ctx.tensor_view(tid, out_id)
+
+
+@register("moe.moe_mm.default",
+          doc=("FMS's expert matmul: row t·topk + a of the input repeated topk times (a `copy` when topk > 1) times"
+               " `moe_matrix[token_expert_mapping[t, a]]ᵀ` as one `grouped_matmul` with the flattened mapping as"
+               " the per-row expert id (ids outside [0, E) give 0 rows, as FMS's CPU kernel); the block-alignment"
+               " arguments (a GPU kernel's schedule) are not read"))
+def _moe_mm(ctx: Ctx, node: NodeArgs):
+    """torch.ops.moe.moe_mm (fms/triton/pytorch_ops.py): input [T, D], moe_matrix [E, N, D],
+    token_expert_mapping [M, A] with M*A == T*topk; output [M, A, N]. The CPU kernel's
+    semantics: out[r] = a[r] @ moe_matrix[mapping.flat[r]]ᵀ, a = input's rows each repeated
+    topk times. padded_token_ids_per_block, expert_block_mapping and total_padded_tokens
+    only schedule the Triton kernel's blocks; the result does not depend on them."""
+    from lowering.aten.views import reshape
+
+    x: View = node.arg(0, "input")
+    w: View = node.arg(1, "moe_matrix")
+    mapping: View = node.arg(2, "token_expert_mapping")
+    topk = int(node.arg(6, "topk"))
+    if x.rank != 2 or w.rank != 3 or mapping.rank != 2:
+        raise node.fail("unsupported_op", f"moe_mm of input {list(x.shape)}, matrix {list(w.shape)}, mapping "
+                                          f"{list(mapping.shape)} (needs 2-D, 3-D, 2-D)")
+    T, D = x.shape
+    E, N, D2 = w.shape
+    M, A = mapping.shape
+    if D != D2 or topk < 1 or T * topk != M * A:
+        raise node.fail("shape_mismatch", f"moe_mm of input {list(x.shape)} (topk {topk}), matrix {list(w.shape)},"
+                                          f" mapping {list(mapping.shape)}")
+    rows = x
+    if topk > 1:  # each token's row once per routed slot: a stride-0 view, materialized by the regroup
+        rows = reshape(ctx, node, x.with_((T, topk, D), (x.strides[0], 0, x.strides[1])), (T * topk, D),
+                       f"{node.id}.rows")
+    gid = reshape(ctx, node, mapping, (M * A,), f"{node.id}.expert")
+    wt = w.with_((E, D, N), (w.strides[0], w.strides[2], w.strides[1]))   # moe_matrix[e]ᵀ, read through the Access
+    out = emit_grouped_matmul_by_id(ctx, node, rows, wt, gid, node.out_dtypes[0], node.id)
+    return [reshape(ctx, node, out, (M, A, N), node.id)]
 
 
 @register("transformers.grouped_mm_fallback.default", "aten._grouped_mm.default",
@@ -351,3 +431,71 @@ def _grouped_mm(ctx: Ctx, node: NodeArgs):
     if not isinstance(offs, View):
         raise node.fail("unsupported_op", "grouped mm without offsets")
     return [emit_grouped_matmul(ctx, node, x, w, offs, node.out_dtypes[0])]
+
+
+# -- k-th smallest: kthvalue, median ----------------------------------------------------------
+def _kth(ctx: Ctx, node: NodeArgs, x: View, d: int, k: int, keepdim: bool, nan_propagates: bool) -> list:
+    """Value and index of the element of stable rank k (0-based) along d: one rank
+    reduction, then `reduce max` of `where(rank == k, x, -inf)` and of `where(rank == k, i,
+    -1)`. nan_propagates (median): a row holding NaN answers NaN at its first NaN."""
+    from lowering.aten.reductions import emit_reduce
+
+    n = x.shape[d]
+    iota = _iota(ctx, node, n, "iota")
+    rank, _, _, _ = emit_rank(ctx, node, x, d, False, iota)
+    pos = iota.with_(x.shape, tuple(iota.strides[0] if j == d else 0 for j in range(x.rank)))
+    low = -_INF if x.dtype in FLOAT_DTYPES else float(-2 ** 62)
+    picked = lambda e: expr_fn("eq", e[1], Const(float(k)))  # noqa: E731
+    vid, iid = (f"{node.id}.kth", f"{node.id}.kth_index") if nan_propagates else (node.id, f"{node.id}:1")
+    value = emit_reduce(ctx, node, x, [d], keepdim, "max", lambda e: expr_fn("where", picked(e), e[0], Const(low)),
+                        x.dtype, vid, extra=[rank])
+    index = emit_reduce(ctx, node, x, [d], keepdim, "max", lambda e: expr_fn("where", picked(e), e[2], Const(-1.0)),
+                        "int64", iid, extra=[rank, pos])
+    if not nan_propagates or x.dtype not in FLOAT_DTYPES:
+        return [value.with_(value.shape, value.strides, name=node.id), index.with_(index.shape, index.strides,
+                                                                                   name=f"{node.id}:1")]
+    from lowering.aten.pointwise import emit_pointwise
+
+    first_nan = emit_reduce(ctx, node, x, [d], keepdim, "min", lambda e: expr_fn("where", _isnan(e[0]), e[1],
+                                                                                 Const(float(n))),
+                            "int64", f"{node.id}.first_nan", extra=[pos])
+    has_nan = lambda e: expr_fn("lt", e[0], Const(float(n)))  # noqa: E731
+    nan = float("nan")
+    out_v = emit_pointwise(ctx, node, [first_nan, value], lambda e: expr_fn("where", has_nan(e), Const(nan), e[1]),
+                           x.dtype, out_id=node.id)
+    out_i = emit_pointwise(ctx, node, [first_nan, index], lambda e: expr_fn("where", has_nan(e), e[0], e[1]),
+                           "int64", out_id=f"{node.id}:1")
+    return [out_v, out_i]
+
+
+@register("aten.kthvalue.default",
+          doc=("the element of stable rank k-1 along dim (sort's rank `reduce sum` over [n, n], NaN last), its value"
+               " and index by `reduce max` of `where(rank == k-1, …)`"))
+def _kthvalue(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    k = int(node.arg(1, "k"))
+    d = norm_dim(node, node.arg(2, "dim", -1), x.rank)
+    if x.rank == 0 or not 1 <= k <= x.shape[d]:
+        raise node.fail("bad_argument", f"kthvalue k={k} of {list(x.shape)}")
+    return _kth(ctx, node, x, d, k - 1, bool(node.arg(3, "keepdim", False)), False)
+
+
+@register("aten.median.dim", "aten.median.default",
+          doc=("the lower median as kthvalue at rank (n-1)//2; a row holding NaN gives NaN and its first NaN's"
+               " index (torch); median.default flattens"))
+def _median(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.views import reshape
+
+    x: View = node.arg(0, "self")
+    if node.target == "aten.median.default":
+        n = 1
+        for s in x.shape:
+            n *= s
+        flat = reshape(ctx, node, x, (n,), f"{node.id}.flat") if x.rank != 1 else x
+        if n == 0:
+            raise node.fail("bad_argument", "median of an empty tensor")
+        return _kth(ctx, node, flat, 0, (n - 1) // 2, False, True)[:1]
+    d = norm_dim(node, node.arg(1, "dim"), x.rank)
+    if x.rank == 0:
+        raise node.fail("unsupported_op", "median.dim of a 0-d tensor")
+    return _kth(ctx, node, x, d, (x.shape[d] - 1) // 2, bool(node.arg(2, "keepdim", False)), True)

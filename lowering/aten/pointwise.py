@@ -78,6 +78,11 @@ _UNARY_FLOAT = {
     "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh", "erf": "erf",
     "sigmoid": "sigmoid", "sin": "sin", "cos": "cos", "reciprocal": "reciprocal", "silu": "silu",
 }
+# the same, added with the core ATen sweep (own doc row)
+_UNARY_FLOAT_MORE = ("erfc", "log1p", "expm1", "log2", "log10", "tan", "atan", "asin", "acos", "sinh", "cosh", "asinh",
+                     "acosh", "atanh")
+# roundings: identities on integer tensors (torch keeps the dtype and the values)
+_ROUNDINGS = ("floor", "ceil", "trunc", "round")
 # unary ops keeping the input dtype
 _UNARY_SAME = {"neg": "neg", "abs": "abs", "relu": "relu"}
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
@@ -109,6 +114,8 @@ def _binary(fn: str):
 
 for _name, _fn in _UNARY_FLOAT.items():
     register(f"aten.{_name}.default", doc="same-named fn (ints give float32)")(_unary(_fn, True))
+for _name in _UNARY_FLOAT_MORE:
+    register(f"aten.{_name}.default", doc="same-named fn, float32 compute (ints give float32)")(_unary(_name, True))
 for _name, _fn in _UNARY_SAME.items():
     register(f"aten.{_name}.default", doc="same-named fn (dtype kept)")(_unary(_fn, False))
 for _name, _fn in _COMPARE.items():
@@ -118,6 +125,129 @@ for _name, _fn in _BINARY_SAME.items():
     if _name in ("mul", "remainder", "bitwise_and", "bitwise_or"):
         targets.append(f"aten.{_name}.Scalar")
     register(*targets, doc="same-named fn (torch's type promotion)")(_binary(_fn))
+
+
+def _rounding(fn: str):
+    def lower(ctx: Ctx, node: NodeArgs):
+        x = as_operand(node, node.arg(0, "self"))
+        if not is_float(x.dtype):   # an integer is its own floor: alias, no op
+            return [x.with_(x.shape, x.strides, name=node.id)]
+        return [emit_pointwise(ctx, node, [x], lambda e: expr_fn(fn, e[0]), x.dtype)]
+    return lower
+
+
+for _name in _ROUNDINGS:
+    register(f"aten.{_name}.default",
+             doc="same-named fn (round: half to even); integer tensors alias (no op)")(_rounding(_name))
+
+
+@register("aten.sign.default",
+          doc="`sign` (dtype kept; sign(NaN) = 0 as torch)")
+def _sign(ctx: Ctx, node: NodeArgs):
+    x = as_operand(node, node.arg(0, "self"))
+    if x.dtype == "bool":
+        return [x.with_(x.shape, x.strides, name=node.id)]
+    return [emit_pointwise(ctx, node, [x], lambda e: expr_fn("sign", e[0]), x.dtype)]
+
+
+@register("aten.fmod.Tensor", "aten.fmod.Scalar",
+          doc="`fmod` (C fmod: the result takes the dividend's sign; torch's type promotion)")
+def _fmod(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("fmod", e[0], e[1]), result_type([a, b]))]
+
+
+@register("aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar",
+          doc="`bitwise_xor` on integer and bool tensors (`ne` on bools)")
+def _bitwise_xor(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    rt = result_type([a, b])
+    if is_float(rt):
+        raise node.fail("bad_argument", f"bitwise_xor of {rt}")
+    fn = "ne" if rt == "bool" else "bitwise_xor"
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn(fn, e[0], e[1]), rt)]
+
+
+@register("aten.__lshift__.Tensor", "aten.__lshift__.Scalar", "aten.bitwise_left_shift.Tensor",
+          "aten.bitwise_left_shift.Tensor_Scalar", "aten.bitwise_left_shift.Scalar_Tensor",
+          "aten.__rshift__.Tensor", "aten.__rshift__.Scalar", "aten.bitwise_right_shift.Tensor",
+          "aten.bitwise_right_shift.Tensor_Scalar", "aten.bitwise_right_shift.Scalar_Tensor",
+          doc="`shift_left` / `shift_right` (arithmetic) on integer tensors, computed in int64 and stored to the dtype")
+def _shift(ctx: Ctx, node: NodeArgs):
+    fn = "shift_left" if "lshift" in node.target or "left" in node.target else "shift_right"
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    rt = result_type([a, b])
+    if is_float(rt) or rt == "bool":
+        raise node.fail("bad_argument", f"bit shift of {rt}")
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn(fn, e[0], e[1]), rt)]
+
+
+@register("aten.logical_xor.default",
+          doc="`ne(a != 0, b != 0)`, bool result")
+def _logical_xor(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    truth = lambda v: expr_fn("ne", v, Const(0.0))  # noqa: E731
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("ne", truth(e[0]), truth(e[1])), "bool")]
+
+
+@register("aten.atan2.default",
+          doc="`atan2(self, other)` (ints give float32)")
+def _atan2(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("atan2", e[0], e[1]),
+                           float_result(result_type([a, b])))]
+
+
+@register("aten.addcmul.default", "aten.addcdiv.default",
+          doc="`add(self, mul(value, mul(t1, t2)))` / `…div(t1, t2)…` (torch's type promotion)")
+def _addcmul(ctx: Ctx, node: NodeArgs):
+    ops = [as_operand(node, node.arg(i, n)) for i, n in ((0, "self"), (1, "tensor1"), (2, "tensor2"))]
+    value = node.kwargs.get("value", node.args[3] if len(node.args) > 3 else 1)
+    fn = "mul" if node.target == "aten.addcmul.default" else "div"
+    rt = result_type(ops)
+    if fn == "div" and not is_float(rt):
+        raise node.fail("bad_argument", "addcdiv of integer tensors")
+    return [emit_pointwise(ctx, node, ops, lambda e: expr_fn("add", e[0], _alpha(node, expr_fn(fn, e[1], e[2]), value)),
+                           rt)]
+
+
+@register("aten.hypot.default",
+          doc="`sqrt(a·a + b·b)`")
+def _hypot(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("sqrt", expr_fn(
+        "add", expr_fn("mul", e[0], e[0]), expr_fn("mul", e[1], e[1]))), result_type([a, b]))]
+
+
+@register("aten.exp2.default",
+          doc="`pow(2, x)` (ints give float32)")
+def _exp2(ctx: Ctx, node: NodeArgs):
+    x = as_operand(node, node.arg(0, "self"))
+    return [emit_pointwise(ctx, node, [x], lambda e: expr_fn("pow", Const(2.0), e[0]), float_result(x.dtype))]
+
+
+def _negative(e: Expr) -> Expr:
+    """The sign bit: x < 0, or x a negative zero (1/x = -inf)."""
+    return expr_fn("logical_or", expr_fn("lt", e, Const(0.0)),
+                   expr_fn("logical_and", expr_fn("eq", e, Const(0.0)), expr_fn("lt", expr_fn("reciprocal", e),
+                                                                                Const(0.0))))
+
+
+@register("aten.signbit.default",
+          doc="`x < 0 or (x == 0 and 1/x < 0)` (negative zero counts), bool result")
+def _signbit(ctx: Ctx, node: NodeArgs):
+    x = as_operand(node, node.arg(0, "self"))
+    if not is_float(x.dtype):
+        return [emit_pointwise(ctx, node, [x], lambda e: expr_fn("lt", e[0], Const(0.0)), "bool")]
+    return [emit_pointwise(ctx, node, [x], lambda e: _negative(e[0]), "bool")]
+
+
+@register("aten.copysign.Tensor", "aten.copysign.Scalar",
+          doc="`where(signbit(other), -abs(self), abs(self))` (a negative zero counts as negative; ints give float32)")
+def _copysign(ctx: Ctx, node: NodeArgs):
+    a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
+    return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("where", _negative(e[1]), expr_fn(
+        "neg", expr_fn("abs", e[0])), expr_fn("abs", e[0])), float_result(result_type([a, b])))]
 
 
 @register("aten.logical_and.default", "aten.logical_or.default",
@@ -157,8 +287,8 @@ def _rsub(ctx: Ctx, node: NodeArgs):
 
 
 @register("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode", "aten.div.Scalar_mode",
-          doc=("`div` (true division, ints give float32); rounding_mode floor: `floordiv`; trunc on ints: `div` stored"
-               " to the int dtype"))
+          doc=("`div` (true division, ints give float32); rounding_mode floor: `floordiv`; trunc: `trunc(div)` (on ints"
+               " `div` stored to the int dtype)"))
 def _div(ctx: Ctx, node: NodeArgs):
     a, b = as_operand(node, node.arg(0, "self")), as_operand(node, node.arg(1, "other"))
     mode = node.arg(2, "rounding_mode") if node.target.endswith("_mode") else None
@@ -170,6 +300,8 @@ def _div(ctx: Ctx, node: NodeArgs):
     if mode == "trunc" and not is_float(rt):
         # trunc division of ints: the result's cast back to an int dtype truncates
         return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("div", e[0], e[1]), rt)]
+    if mode == "trunc":
+        return [emit_pointwise(ctx, node, [a, b], lambda e: expr_fn("trunc", expr_fn("div", e[0], e[1])), rt)]
     raise node.fail("unsupported_op", f"div rounding_mode={mode!r} on {rt}")
 
 

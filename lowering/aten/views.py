@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from lowering.aten.context import Ctx, NodeArgs, View, numel, register
-from target.primitives import StridedMap
+from lowering.aten.context import Ctx, NodeArgs, View, expr_fn, numel, register
+from target.primitives import Const, StridedMap
 
 
 def norm_dim(node: NodeArgs, dim: int, rank: int) -> int:
@@ -323,3 +323,122 @@ def _repeat(ctx: Ctx, node: NodeArgs):
         tiled_strides += [0, st]
     tiled = x.with_(tiled_shape, tiled_strides, name=node.id)
     return [reshape(ctx, node, tiled, [r * s for r, s in zip(reps, shape)], node.id)]
+
+
+@register("aten.diagonal.default",
+          doc="strided view (the two dims' strides summed into a trailing dim), a `copy` at the first consumer")
+def _diagonal(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    offset = int(node.arg(1, "offset", 0))
+    d1, d2 = norm_dim(node, node.arg(2, "dim1", 0), x.rank), norm_dim(node, node.arg(3, "dim2", 1), x.rank)
+    if d1 == d2:
+        raise node.fail("bad_argument", "diagonal dims must differ")
+    n1, n2 = x.shape[d1], x.shape[d2]
+    length = max(0, min(n1, n2 - offset) if offset >= 0 else min(n1 + offset, n2))
+    start = x.offset + (offset * x.strides[d2] if offset >= 0 else -offset * x.strides[d1]) if length else x.offset
+    keep = [j for j in range(x.rank) if j not in (d1, d2)]
+    return [x.with_(tuple(x.shape[j] for j in keep) + (length,),
+                    tuple(x.strides[j] for j in keep) + (x.strides[d1] + x.strides[d2],), offset=start, name=node.id)]
+
+
+def _scatter_pieces(ctx: Ctx, node: NodeArgs, x: View, d: int, start: int, end: int, src: View) -> View:
+    """x with [start, end) along d replaced by src: one `copy` of three pieces (x before,
+    src, x after), which never overlap."""
+    if src.dtype != x.dtype:
+        raise node.fail("unsupported_op", f"scatter of {src.dtype} into {x.dtype}")
+    pieces = []
+    for lo, hi, v in ((0, start, x), (start, end, src), (end, x.shape[d], x)):
+        if hi <= lo:
+            continue
+        part = v if v is src else slice_view(node, x, d, lo, hi, 1, x.name)
+        offs = tuple(lo if j == d else 0 for j in range(x.rank))
+        pieces.append((part.base, StridedMap(part.shape, part.strides, part.offset), offs))
+    tid = ctx.new_tensor(node.id, x.shape, x.dtype)
+    ctx.emit_copy(tid, pieces, 0.0, node.id)
+    return ctx.tensor_view(tid, node.id)
+
+
+@register("aten.slice_scatter.default",
+          doc=("step 1: one `copy` of three pieces (self before the slice, src, self after); a step > 1: src"
+               " `gather`ed to self's extent and a pointwise `where` on the slice's positions"))
+def _slice_scatter(ctx: Ctx, node: NodeArgs):
+    from lowering.aten.indexing import emit_gather, int_iota
+    from lowering.aten.pointwise import emit_pointwise
+
+    x: View = node.arg(0, "self")
+    src: View = node.arg(1, "src")
+    d = norm_dim(node, node.arg(2, "dim", 0), x.rank)
+    step = int(node.arg(5, "step", 1))
+    sl = slice_view(node, x, d, node.arg(3, "start"), node.arg(4, "end"), step, x.name)
+    if tuple(sl.shape) != tuple(src.shape):
+        raise node.fail("shape_mismatch", f"slice_scatter of {list(src.shape)} into a slice {list(sl.shape)}")
+    start = node.arg(3, "start")
+    start = 0 if start is None else (start + x.shape[d] if start < 0 else start)
+    start = min(max(start, 0), x.shape[d])
+    n = src.shape[d]
+    if step == 1 or n <= 1:
+        return [_scatter_pieces(ctx, node, x, d, start, start + n, src)]
+    # position p along d is the slice's element (p - start) / step when that is a whole number
+    q = x.shape[d]
+    pos = int_iota(ctx, node, q, "positions")
+    rel = emit_pointwise(ctx, node, [pos], lambda e: expr_fn("minimum", expr_fn("maximum", expr_fn(
+        "floordiv", expr_fn("sub", e[0], Const(float(start))), Const(float(step))), Const(0.0)), Const(float(n - 1))),
+                         "int64", out_id=f"{node.id}.src_pos")
+    hit = emit_pointwise(ctx, node, [pos], lambda e: expr_fn("logical_and", expr_fn("logical_and", expr_fn(
+        "ge", e[0], Const(float(start))), expr_fn("lt", e[0], Const(float(start + step * (n - 1) + 1)))), expr_fn(
+        "eq", expr_fn("remainder", expr_fn("sub", e[0], Const(float(start))), Const(float(step))), Const(0.0))),
+                         "bool", out_id=f"{node.id}.in_slice")
+    spread = emit_gather(ctx, node, src, x.shape, [None if j == d else j for j in range(x.rank)], [(d, rel, d)],
+                         f"{node.id}.spread")
+    hit_b = hit.with_(tuple(q if j == d else 1 for j in range(x.rank)),
+                      tuple(hit.strides[0] if j == d else 0 for j in range(x.rank)))
+    return [emit_pointwise(ctx, node, [hit_b, spread, x], lambda e: expr_fn("where", e[0], e[1], e[2]), x.dtype,
+                           out_shape=x.shape)]
+
+
+@register("aten.select_scatter.default",
+          doc="one `copy` of three pieces (self before the index, src as a size-1 slice, self after)")
+def _select_scatter(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    src: View = node.arg(1, "src")
+    d = norm_dim(node, node.arg(2, "dim"), x.rank)
+    i = int(node.arg(3, "index"))
+    i = i + x.shape[d] if i < 0 else i
+    if not 0 <= i < x.shape[d]:
+        raise node.fail("bad_argument", f"select_scatter index {i} out of range for size {x.shape[d]}")
+    want = x.shape[:d] + x.shape[d + 1:]
+    if tuple(src.shape) != tuple(want):
+        raise node.fail("shape_mismatch", f"select_scatter of {list(src.shape)} into {list(x.shape)} at dim {d}")
+    src1 = src.with_(src.shape[:d] + (1,) + src.shape[d:], src.strides[:d] + (0,) + src.strides[d:])
+    return [_scatter_pieces(ctx, node, x, d, i, i + 1, src1)]
+
+
+@register("prims.rev.default", "aten.flip.default",
+          doc="strided view with negative strides (offset at the last element), a `copy` at the first consumer")
+def _rev(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "a" if node.target.startswith("prims") else "self")
+    dims = {norm_dim(node, d, x.rank) for d in node.arg(1, "dims")}
+    strides, offset = list(x.strides), x.offset
+    for d in dims:
+        if x.shape[d] > 1:
+            offset += (x.shape[d] - 1) * strides[d]
+            strides[d] = -strides[d]
+    return [x.with_(x.shape, tuple(strides), offset=offset, name=node.id)]
+
+
+@register("aten.unfold.default",
+          doc="strided view (windows of `size` every `step` along the dim, a trailing window dim), a `copy` at the first"
+              " consumer")
+def _unfold(ctx: Ctx, node: NodeArgs):
+    x: View = node.arg(0, "self")
+    d = norm_dim(node, node.arg(1, "dimension"), x.rank)
+    size, step = int(node.arg(2, "size")), int(node.arg(3, "step"))
+    n = x.shape[d] if x.rank else 1
+    if size < 0 or size > n or step <= 0:
+        raise node.fail("bad_argument", f"unfold size {size} step {step} of a dim of {n}")
+    if x.rank == 0:
+        return [x.with_((size,), (0,), name=node.id)]
+    shape, strides = list(x.shape), list(x.strides)
+    shape[d] = (n - size) // step + 1
+    strides[d] = x.strides[d] * step
+    return [x.with_(tuple(shape) + (size,), tuple(strides) + (x.strides[d],), name=node.id)]

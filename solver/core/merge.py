@@ -24,7 +24,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from solver.core import FORBIDDEN_COST, Reduction, StrategyProblem, Timeline
+from solver.core.clock import check_deadline
+from solver.core.reduction import Reduction
+from solver.core.problem import FORBIDDEN_COST, StrategyProblem
+from solver.core.timeline import Timeline
 
 F = FORBIDDEN_COST
 
@@ -101,8 +104,9 @@ class GroupedProblem:
 
 
 def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: bool = True,
-                  max_members: int = 4096) -> GroupedProblem:
-    """Merge followers and fold single-strategy nodes over the kept strategies of `red`."""
+                  max_members: int = 4096, deadline: Optional[float] = None) -> GroupedProblem:
+    """Merge followers and fold single-strategy nodes over the kept strategies of `red`.
+    `deadline` (perf_counter seconds): raise OutOfTime once it has passed."""
     n = problem.num_nodes
     alive = red.alive
     members: dict[int, list[int]] = {x: [x] for x in range(n)}
@@ -110,6 +114,15 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
     cost: dict[int, np.ndarray] = {x: problem.node_costs[x][alive[x]].astype(np.int64) for x in range(n)}
     E: dict[tuple[int, int], np.ndarray] = {}
     adj: dict[int, set[int]] = {x: set() for x in range(n)}
+
+    # per table: does it forbid anything (tables that do not cannot prune a strategy;
+    # most do not, and checking them on every prune dominated merging on 40k nodes)
+    forbids: dict[tuple[int, int], bool] = {}
+    # dirty[a]: neighbours whose table with a changed since a's rows were last checked
+    # against it (a created or summed table, or strategies of the neighbour removed); a
+    # prune checks only those (a hub of S with 830 neighbours was re-checked against all of
+    # them after every follower merged into it: 12 of 16 s of merging)
+    dirty: dict[int, set[int]] = {}
 
     def add_edge(a: int, b: int, t: np.ndarray) -> None:
         if a > b:
@@ -119,15 +132,18 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
             E[key] = _sat(E[key] + t)
         else:
             E[key] = np.ascontiguousarray(t)
+        forbids[key] = bool((E[key] >= F).any())
         adj[a].add(b)
         adj[b].add(a)
+        dirty.setdefault(a, set()).add(b)
+        dirty.setdefault(b, set()).add(a)
 
     def oriented(a: int, b: int) -> np.ndarray:
         return E[(a, b)] if a < b else E[(b, a)].T
 
     def pop_edge(a: int, b: int) -> np.ndarray:
         t = oriented(a, b)
-        del E[(min(a, b), max(a, b))]
+        del E[(min(a, b), max(a, b))], forbids[(min(a, b), max(a, b))]
         adj[a].discard(b)
         adj[b].discard(a)
         return t
@@ -137,7 +153,10 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
             t = problem.edge_costs[e][np.ix_(alive[u], alive[u])]
             cost[u] = _sat(cost[u] + np.diagonal(t))
             continue
-        add_edge(u, v, problem.edge_costs[e][np.ix_(alive[u], alive[v])].astype(np.int64))
+        t = problem.edge_costs[e]
+        if len(alive[u]) < t.shape[0] or len(alive[v]) < t.shape[1]:
+            t = t[np.ix_(alive[u], alive[v])]
+        add_edge(u, v, t)  # the problem's own table when nothing was removed (never written to)
 
     queue: list[tuple[int, int]] = list(E.keys())
     merged = folded = 0
@@ -151,7 +170,10 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
                 E[(a, c)] = E[(a, c)][keep, :]
             else:
                 E[(c, a)] = E[(c, a)][:, keep]
+            key = (min(a, c), max(a, c))
+            forbids[key] = forbids[key] and bool((E[key] >= F).any())
             queue.append((min(a, c), max(a, c)))
+            dirty.setdefault(c, set()).add(a)  # c's rows lost entries of this table
 
     def prune(start: int) -> None:
         todo = [start]
@@ -160,8 +182,9 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
             if a not in cost:
                 continue
             keep = cost[a] < F
-            for c in adj[a]:
-                keep &= (oriented(a, c) < F).any(axis=1)
+            for c in dirty.pop(a, ()):
+                if c in adj[a] and forbids[(min(a, c), max(a, c))]:
+                    keep &= (oriented(a, c) < F).any(axis=1)
             if not keep.all():
                 if not keep.any():
                     raise ValueError(f"node {members[a][0]}: every strategy is forbidden after merging")
@@ -169,8 +192,10 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
                 todo.extend(adj[a])
 
     for a in list(cost):
+        check_deadline(deadline)
         prune(a)
     while queue:
+        check_deadline(deadline)
         key = queue.pop()
         if key not in E:
             continue
@@ -186,8 +211,8 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
                 prune(b)
             folded += 1
             continue
-        if not merge_followers:
-            continue
+        if not merge_followers or not forbids[key]:
+            continue  # a table without forbidden entries makes no follower (two strategies each)
         fin = t < F
         if (fin.sum(axis=1) == 1).all() and len(members[a]) + len(members[b]) <= max_members:
             leader, follower, f = a, b, np.argmax(fin, axis=1)
@@ -205,6 +230,7 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
             add_edge(leader, c, tc)
             queue.append((min(leader, c), max(leader, c)))
         del members[follower], maps[follower], cost[follower], adj[follower]
+        dirty.pop(follower, None)
         merged += 1
         prune(leader)
     # renumber the live groups
@@ -221,6 +247,7 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
     tl = red.timeline or Timeline.build(problem.intervals)
     seg_start, seg_end, W = [], [], []
     for g in ids:
+        check_deadline(deadline)
         ms = np.array(members[g])
         s, e = tl.start[ms], tl.end[ms]
         live = e > s
@@ -233,11 +260,20 @@ def group_problem(problem: StrategyProblem, red: Reduction, merge_followers: boo
         s, e, use = s[live], e[live], use[live]
         pts = np.unique(np.concatenate([s, e]))
         lo, hi = pts[:-1], pts[1:]
-        cover = (s[None, :] <= lo[:, None]) & (e[None, :] > lo[:, None])  # (segments, members)
-        keep = cover.any(axis=1)
+        # usage per segment by running sums over the members' start and end points
+        # (O((segments + members) x strategies); a segments x members cover matrix was
+        # quadratic in a long follower chain)
+        i_s, i_e = np.searchsorted(pts, s), np.searchsorted(pts, e)
+        diff = np.zeros((len(pts), use.shape[1]), dtype=np.int64)
+        np.add.at(diff, i_s, use)
+        np.add.at(diff, i_e, -use)
+        count = np.zeros(len(pts), dtype=np.int64)
+        np.add.at(count, i_s, 1)
+        np.add.at(count, i_e, -1)
+        keep = np.cumsum(count)[:-1] > 0
         seg_start.append(lo[keep])
         seg_end.append(hi[keep])
-        W.append(cover[keep].astype(np.int64) @ use)
+        W.append(np.cumsum(diff, axis=0)[:-1][keep])
     return GroupedProblem(problem, [np.array(members[g]) for g in ids], [maps[g] for g in ids],
                           [cost[g] for g in ids], edges, tables, group_of, tl, seg_start, seg_end,
                           W, problem.usage_limit, merged, folded)

@@ -6,7 +6,7 @@
   and memory stays exact (each member keeps its live interval: a group's usage is piecewise
   constant over its segments on the compressed timeline);
 - starts: every group on its least-peak strategy (feasibility first), and min-sum message
-  passing (`solver.core.bp`) under Lagrangian usage penalties per compressed step (several
+  passing (`solver.core.minsum`) under Lagrangian usage penalties per compressed step (several
   trajectories: step sizes, sweep orders); each decode repaired (cheapest cost increase per
   unit of usage saved at the worst step) and descended; the best few trajectories' starts
   are polished by kicks and the search restarts from the next one when it stagnates;
@@ -24,8 +24,13 @@
 - the full grouped model (the CP-SAT window builder with every group in the window) hinted
   with the best choice gets the last 80% of the budget when it is small enough (B, G).
 
-`optimize(problem, time_limit_s, ...)` runs them within the time limit and returns the
-best feasible choice found (always checked with `evaluate` on the original problem).
+`optimize(problem, time_limit_s, started=..., start=...)` runs them on the caller's clock
+(`solver.core.clock.PhaseClock`: from `started`, so reading the instance counts): it holds
+an answer from the first second (a greedy least-usage choice, or the caller's feasible
+start), offers it every state it accepts, and when the deadline passes in any phase answers
+with the best one held, evaluated once on the original problem; `stats["phases"]` is the
+phase table. On instances over 5,000 nodes min-sum gets half the search's time, one sweep
+per round, and repairs even decodes far over the limit (docs/iopddl.md).
 """
 from __future__ import annotations
 
@@ -37,328 +42,15 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
-from solver.core import (FORBIDDEN_COST, Reduction, StrategyProblem, evaluate, forest_min_sum, local_search,
-                         presolve, tree_dp_start)
-from solver.core.bp import bfs_order, lagrangian_starts, window_minsum
+from solver.core.clock import OutOfTime, PhaseClock
+from solver.core.group_state import INF, GroupState, ball, costly_group, shared_tables
+from solver.core.kicks import kick_search
 from solver.core.merge import GroupedProblem, group_problem
-
-INF = float("inf")
-
-
-def _shared_tables(gp: GroupedProblem) -> tuple:
-    G = gp.num_groups
-    inc: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(G)]
-    inc_e: list[list[int]] = [[] for _ in range(G)]
-    for e, ((a, b), t) in enumerate(zip(gp.edges, gp.tables)):
-        tf = t.astype(np.float64)
-        tf[t >= FORBIDDEN_COST] = INF
-        inc[a].append((b, tf))
-        inc[b].append((a, tf.T))
-        inc_e[a].append(e)
-        inc_e[b].append(e)
-    cost = []
-    for c in gp.cost:
-        cf = c.astype(np.float64)
-        cf[c >= FORBIDDEN_COST] = INF
-        cost.append(cf)
-    steps, offs = [], []
-    for g in range(G):
-        ss, se = gp.seg_start[g], gp.seg_end[g]
-        if len(ss):
-            steps.append(np.concatenate([np.arange(a, b) for a, b in zip(ss, se)]))
-            offs.append(np.concatenate([[0], np.cumsum(se - ss)[:-1]]))
-        else:
-            steps.append(np.zeros(0, np.int64))
-            offs.append(np.zeros(0, np.int64))
-    wmin = [W.min(axis=1) if len(W) else np.zeros(0, np.int64) for W in gp.W]
-    # all segments of all groups, for "who is live at step t"
-    all_g = np.concatenate([np.full(len(x), g) for g, x in enumerate(gp.seg_start)] or [np.zeros(0, int)])
-    all_j = np.concatenate([np.arange(len(x)) for x in gp.seg_start] or [np.zeros(0, int)])
-    all_s = np.concatenate(gp.seg_start or [np.zeros(0, int)])
-    all_e = np.concatenate(gp.seg_end or [np.zeros(0, int)])
-    return inc, inc_e, {}, cost, steps, offs, wmin, all_g, all_j, all_s, all_e
-
-
-class GroupState:
-    """A complete group choice with its usage profile on the compressed timeline, for fast
-    single-group move evaluation (cost rows against the neighbours' current choices, memory
-    as the peak over each of the group's segments)."""
-
-    def __init__(self, gp: GroupedProblem, choice: Sequence[int]):
-        self.gp = gp
-        # what does not depend on the choice is built once per grouped problem and shared by
-        # every state (on S the float tables alone are tens of MB per state)
-        shared = getattr(gp, "_state_shared", None)
-        if shared is None:
-            shared = _shared_tables(gp)
-            gp._state_shared = shared  # type: ignore[attr-defined]
-        self.inc, self.inc_e, self._reduced, self.cost, self.steps, self.offs, self.Wmin, \
-            self.all_g, self.all_j, self.all_s, self.all_e = shared
-        self.k = np.array([int(s) for s in choice], dtype=np.int64)
-        self.limit = gp.limit
-        self.has_limit = gp.limit is not None and gp.tl.n_steps > 0
-        self.prof = gp.profile(self.k) if self.has_limit else np.zeros(0, np.int64)
-        self.journal: Optional[list[tuple[int, int]]] = None
-        self.cur = self.total()  # kept up to date by move()
-
-    def reduced(self, e: int):
-        """Edge e's table over its distinct rows and columns: (row class of each strategy of
-        the first end, column class of each strategy of the second end, reduced table)."""
-        r = self._reduced.get(e)
-        if r is None:
-            t = self.gp.tables[e]
-            rows, inv_r = np.unique(t, axis=0, return_inverse=True)
-            cols, inv_c = np.unique(rows, axis=1, return_inverse=True)
-            r = (inv_r.reshape(-1), inv_c.reshape(-1), cols)
-            self._reduced[e] = r
-        return r
-
-    def reduced_terms(self, e: int) -> int:
-        return int((self.reduced(e)[2] < FORBIDDEN_COST).sum())
-
-    def copy_choice(self):
-        return self.k.copy(), self.prof.copy(), self.cur
-
-    def restore(self, saved) -> None:
-        self.k, self.prof, self.cur = saved[0].copy(), saved[1].copy(), saved[2]
-
-    def local_cost(self, g: int) -> np.ndarray:
-        c = self.cost[g].copy()
-        for o, t in self.inc[g]:
-            c += t[:, self.k[o]]
-        return c
-
-    def new_peaks(self, g: int) -> np.ndarray:
-        """Per strategy of g: the highest usage over g's segments if g took it."""
-        W = self.gp.W[g]
-        if not len(W):
-            return np.zeros(W.shape[1], dtype=np.int64)
-        segmax = np.maximum.reduceat(self.prof[self.steps[g]], self.offs[g])
-        return ((segmax - W[:, self.k[g]])[:, None] + W).max(axis=0)
-
-    def memory_ok(self, g: int) -> np.ndarray:
-        if not self.has_limit or not len(self.gp.W[g]):
-            return np.ones(len(self.cost[g]), dtype=bool)
-        return self.new_peaks(g) <= self.limit
-
-    def move(self, g: int, s: int) -> None:
-        if self.journal is not None:
-            self.journal.append((g, int(self.k[g])))
-        exact = False
-        if s != self.k[g]:
-            lc = self.local_cost(g)
-            delta = lc[s] - lc[self.k[g]]
-            if np.isfinite(delta):
-                self.cur += delta
-            else:
-                exact = True  # into or out of a forbidden state: recount below
-        if self.has_limit:
-            W = self.gp.W[g]
-            if len(W):
-                d = W[:, s] - W[:, self.k[g]]
-                for j in np.flatnonzero(d):
-                    self.prof[self.gp.seg_start[g][j]:self.gp.seg_end[g][j]] += d[j]
-        self.k[g] = s
-        if exact:
-            self.cur = self.total()
-
-    def undo(self, mark: int) -> None:
-        """Take back the journal's moves after position `mark`."""
-        j, self.journal = self.journal, None
-        while len(j) > mark:
-            g, s = j.pop()
-            self.move(g, s)
-        self.journal = j
-
-    def feasible_memory(self) -> bool:
-        return not self.has_limit or bool((self.prof <= self.limit).all())
-
-    def total(self) -> float:
-        """Cost of the current choice (inf when a forbidden entry is chosen)."""
-        c = float(sum(int(self.gp.cost[g][s]) for g, s in enumerate(self.k))
-                  + sum(int(t[self.k[a], self.k[b]]) for (a, b), t in zip(self.gp.edges, self.gp.tables)))
-        return INF if c >= FORBIDDEN_COST else c
-
-    def descent(self, deadline: float, groups: Optional[Sequence[int]] = None, max_passes: int = 50) -> int:
-        """Best-improvement single-group moves that keep memory feasible, until none
-        improves (or the deadline). Returns the number of moves made."""
-        moves = 0
-        order = list(groups) if groups is not None else list(range(self.gp.num_groups))
-        dirty = set(order)
-        for _ in range(max_passes):
-            if not dirty or time.perf_counter() > deadline:
-                break
-            todo = [g for g in order if g in dirty]
-            dirty = set()
-            for g in todo:
-                if len(self.cost[g]) < 2:
-                    continue
-                lc = self.local_cost(g)
-                lc = np.where(self.memory_ok(g), lc, INF)
-                s = int(np.argmin(lc))
-                if lc[s] < lc[self.k[g]]:
-                    self.move(g, s)
-                    moves += 1
-                    dirty.update(o for o, _ in self.inc[g])
-                    dirty.add(g)
-        return moves
-
-    def _rise_ok(self, g: int) -> np.ndarray:
-        """Per strategy of g: it raises none of g's segments above the limit."""
-        W = self.gp.W[g]
-        segmax = np.maximum.reduceat(self.prof[self.steps[g]], self.offs[g])
-        rise = W - W[:, self.k[g]][:, None]
-        return ~((rise > 0) & ((segmax[:, None] + rise) > self.limit)).any(axis=0)
-
-    def repair(self, deadline: float, tabu: Optional[set] = None) -> bool:
-        """Memory repair at the worst step: the usage-reducing moves of the groups live there,
-        cheapest cost increase per unit of usage saved first, applied until the step fits (a
-        move may not push any of the group's other segments over the limit)."""
-        while self.has_limit and time.perf_counter() < deadline:
-            over = self.prof - self.limit
-            t = int(np.argmax(over))
-            if over[t] <= 0:
-                return True
-            cands = []
-            live = np.flatnonzero((self.all_s <= t) & (self.all_e > t))
-            for g, j in zip(self.all_g[live], self.all_j[live]):
-                g, j = int(g), int(j)
-                if (tabu is not None and g in tabu) or self.gp.W[g][j, self.k[g]] <= self.Wmin[g][j]:
-                    continue
-                W = self.gp.W[g]
-                saved = W[j, self.k[g]] - W[j]
-                lc = self.local_cost(g)
-                ratio = np.where((saved > 0) & self._rise_ok(g) & np.isfinite(lc),
-                                 (lc - lc[self.k[g]]) / np.maximum(saved, 1), INF)
-                s = int(np.argmin(ratio))
-                if ratio[s] < INF:
-                    cands.append((float(ratio[s]), g, j, s))
-            if not cands:
-                return False
-            cands.sort()
-            moved = False
-            for _, g, j, s in cands:
-                if self.prof[t] <= self.limit:
-                    break
-                W = self.gp.W[g]
-                if W[j, s] >= W[j, self.k[g]] or not self._rise_ok(g)[s]:
-                    continue  # an earlier move changed what this one would do
-                self.move(g, s)
-                moved = True
-            if not moved:
-                return False
-        return self.feasible_memory()
-
-
-def kick_search(st: GroupState, deadline: float, rng: random.Random, max_kicks: int = 10**9,
-                ball: int = 2, depth: Sequence[int] = (1, 2, 3, 5, 8),
-                slack: float = 0.0) -> tuple[int, int]:
-    """Ejection chains: move a group (drawn by what it costs now) to its cheapest strategy
-    ignoring memory, repair memory elsewhere by the cheapest usage-reducing moves (the
-    kicked group tabu), descend around everything that moved, and keep the result when the
-    total is no worse; otherwise undo. Returns (kicks tried, kicks that improved)."""
-    tried = improved = 0
-    best = None  # (k, prof, cost) of the best state while walking on a worse one
-    st.journal = []
-    cur = st.cur
-    while tried < max_kicks and time.perf_counter() < deadline:
-        tried += 1
-        g = _costly_group(st, rng) if rng.random() < 0.7 else rng.randrange(st.gp.num_groups)
-        if len(st.cost[g]) < 2:
-            continue
-        lc = st.local_cost(g)
-        lc[st.k[g]] = INF
-        finite = np.flatnonzero(np.isfinite(lc))
-        if not len(finite):
-            continue
-        mark = len(st.journal)
-        if rng.random() < 0.5:
-            order = finite[np.argsort(lc[finite])]
-            s = int(order[min(len(order) - 1, int(rng.random() ** 2 * min(4, len(order))))])
-            st.move(g, s)
-        else:
-            # a chain: g takes a random allowed strategy, then its neighbours (and theirs,
-            # up to `depth` steps) their best responses, memory ignored until the repair
-            st.move(g, int(finite[rng.randrange(len(finite))]))
-            frontier, seen = [g], {g}
-            for _ in range(rng.choice(depth)):
-                nxt = []
-                for x in frontier:
-                    for y, _ in st.inc[x]:
-                        if y in seen or len(st.cost[y]) < 2:
-                            continue
-                        seen.add(y)
-                        ly = st.local_cost(y)
-                        sy = int(np.argmin(ly))
-                        if np.isfinite(ly[sy]) and sy != st.k[y]:
-                            st.move(y, sy)
-                            nxt.append(y)
-                frontier = nxt
-        ok = st.repair(deadline, tabu={x for x, _ in st.journal[mark:]})
-        if ok:
-            moved = {x for x, _ in st.journal[mark:]}
-            region = _ball(st, list(moved), len(moved) * 4 + 8, rng) if ball else list(moved)
-            st.descent(deadline, groups=region, max_passes=3)
-            new = st.cur
-            if new <= cur and st.feasible_memory():
-                if new < cur:
-                    improved += 1
-                cur = new
-                st.journal = []
-                continue
-            # the kick's end state, to redo after taking a snapshot of the state before it
-            redo = [(x, int(st.k[x])) for x in {x for x, _ in st.journal[mark:]}]
-            if slack and new <= cur * (1 + slack) and st.feasible_memory():
-                # record-to-record travel: a slightly worse state is kept to walk on from,
-                # the best one is kept aside
-                if best is None:
-                    st.undo(mark)
-                    best = st.copy_choice()
-                    for x, sx in redo:
-                        st.move(x, sx)
-                cur = new
-                st.journal = []
-                continue
-        st.undo(mark)
-        st.journal = st.journal[:mark]
-        if best is not None and st.cur < best[2]:
-            best = None
-    if best is not None and best[2] < st.cur:
-        st.restore(best)
-    st.journal = None
-    return tried, improved
-
-
-def minsum_window_search(st: GroupState, deadline: float, rng: random.Random,
-                         nrng: np.random.Generator, penalty: Optional[np.ndarray]) -> tuple[int, int]:
-    """Large moves by message passing: a ball of groups around one drawn by what it costs
-    now (30-120 groups) is re-decoded by min-sum with the rest fixed (fixed neighbours as
-    costs, usage priced by a scaled copy of the Lagrangian penalties, a little noise), then
-    memory is repaired, the surroundings descended, and the result kept when no worse."""
-    tried = improved = 0
-    while time.perf_counter() < deadline:
-        tried += 1
-        size = rng.choice((30, 60, 120))
-        win = [g for g in _ball(st, [_costly_group(st, rng)], size, rng) if len(st.cost[g]) > 1]
-        if not win:
-            continue
-        scale = rng.choice((0.0, 0.5, 1.0)) if penalty is not None else 0.0
-        k = window_minsum(st, win, penalty * scale if scale else None,
-                          noise=rng.choice((0.0, 0.02, 0.05)), rng=nrng)
-        st.journal = []
-        before = st.cur
-        for g, s in zip(win, k):
-            if s != st.k[g]:
-                st.move(g, s)
-        ok = st.repair(deadline)
-        if ok:
-            st.descent(deadline, groups=_ball(st, win, 2 * size, rng), max_passes=3)
-        if ok and st.cur <= before and st.feasible_memory():
-            improved += int(st.cur < before)
-        else:
-            st.undo(0)
-        st.journal = None
-    return tried, improved
+from solver.core.minsum import bfs_order, lagrangian_starts
+from solver.core.reduction import Reduction, presolve
+from solver.core.problem import FORBIDDEN_COST, StrategyProblem, evaluate
+from solver.core.starts import forest_min_sum, local_search, tree_dp_start
+from solver.core.windows import minsum_window_search, window_model
 
 
 def least_peak_start(gp: GroupedProblem) -> list[int]:
@@ -394,195 +86,6 @@ def group_tree_dp(gp: GroupedProblem) -> list[int]:
     return forest_min_sum(G, weight, lambda e: gp.edges[e], table, node_cost)
 
 
-# -- CP-SAT on a window of groups ------------------------------------------------------------
-def window_model(st: GroupState, window: list[int], pair_limit: int):
-    """CP-SAT model of the window with every other group fixed at its current strategy;
-    returns (model, picks) where picks[i][s] is the boolean of window[i] taking strategy s.
-    Objective: the window's cost minus a constant (fixed neighbours fold into group costs)."""
-    gp = st.gp
-    inw = {g: i for i, g in enumerate(window)}
-    model = cp_model.CpModel()
-    picks = []
-    obj_vars, obj_coefs = [], []
-    for g in window:
-        vs = [model.NewBoolVar("") for _ in range(len(gp.cost[g]))]
-        model.AddExactlyOne(vs)
-        picks.append(vs)
-    for i, g in enumerate(window):
-        c = st.cost[g].copy()
-        for o, t in st.inc[g]:
-            if o not in inw:
-                c += t[:, st.k[o]]
-        fin = np.isfinite(c)
-        lo = c[fin].min() if fin.any() else 0.0
-        for s, v in enumerate(picks[i]):
-            if not fin[s]:
-                model.Add(v == 0)
-            elif c[s] > lo:
-                obj_vars.append(v)
-                obj_coefs.append(int(c[s] - lo))
-    for e, (a, b) in enumerate(gp.edges):
-        if a not in inw or b not in inw:
-            continue
-        ia, ib = inw[a], inw[b]
-        t = gp.tables[e]
-        forb = t >= FORBIDDEN_COST
-        lo = int(t[~forb].min()) if (~forb).any() else 0
-        inv_r, inv_c, R = st.reduced(e)
-        rforb = R >= FORBIDDEN_COST
-        if int((~rforb).sum()) <= pair_limit:
-            # pair booleans over the table's distinct rows x distinct columns (strategies
-            # with equal rows act alike on this edge: a follower merged into a group keeps
-            # its own small table), with marginal equalities to both ends (the tight local
-            # polytope)
-            z = {}
-            rows: list[list] = [[] for _ in range(R.shape[0])]
-            cols: list[list] = [[] for _ in range(R.shape[1])]
-            for x, y in zip(*np.nonzero(~rforb)):
-                var = model.NewBoolVar("")
-                rows[x].append(var)
-                cols[y].append(var)
-                if R[x, y] > lo:
-                    obj_vars.append(var)
-                    obj_coefs.append(int(R[x, y] - lo))
-                z[int(x), int(y)] = var
-            ra = [[] for _ in range(R.shape[0])]
-            for s_, r in enumerate(inv_r):
-                ra[r].append(picks[ia][s_])
-            cb = [[] for _ in range(R.shape[1])]
-            for s_, c in enumerate(inv_c):
-                cb[c].append(picks[ib][s_])
-            for x in range(R.shape[0]):
-                model.Add(cp_model.LinearExpr.Sum(rows[x]) == cp_model.LinearExpr.Sum(ra[x]))
-            for y in range(R.shape[1]):
-                model.Add(cp_model.LinearExpr.Sum(cols[y]) == cp_model.LinearExpr.Sum(cb[y]))
-            key = (int(inv_r[st.k[a]]), int(inv_c[st.k[b]]))
-            if key in z:
-                model.AddHint(z[key], True)
-        else:
-            ka = model.NewIntVar(0, t.shape[0] - 1, "")
-            kb = model.NewIntVar(0, t.shape[1] - 1, "")
-            model.Add(ka == cp_model.LinearExpr.WeightedSum(picks[ia], list(range(t.shape[0]))))
-            model.Add(kb == cp_model.LinearExpr.WeightedSum(picks[ib], list(range(t.shape[1]))))
-            idx = model.NewIntVar(0, t.size - 1, "")
-            model.Add(idx == cp_model.LinearExpr.WeightedSum([ka, kb], [t.shape[1], 1]))
-            vals = np.where(forb, -1, t - lo).reshape(-1)
-            allowed = sorted(set(int(v) for v in vals if v >= 0))
-            cost = model.NewIntVarFromDomain(cp_model.Domain.FromValues(allowed), "")
-            model.AddElement(idx, [int(v) for v in vals], cost)
-            obj_vars.append(cost)
-            obj_coefs.append(1)
-    if st.has_limit:
-        _window_memory(st, window, picks, model)
-    model.Minimize(cp_model.LinearExpr.WeightedSum(obj_vars, obj_coefs))
-    for i, g in enumerate(window):
-        for s, v in enumerate(picks[i]):
-            model.AddHint(v, s == st.k[g])
-    return model, picks
-
-
-def _window_memory(st: GroupState, window: list[int], picks, model: cp_model.CpModel) -> None:
-    """Fixed groups' usage is a per-step background; one row per distinct live signature
-    (which segment of which window group is live) with the tightest budget over the steps it
-    covers, kept only when the window's highest usages could exceed it."""
-    gp = st.gp
-    n_steps = gp.tl.n_steps
-    diff = np.zeros(n_steps + 1, dtype=np.int64)
-    segs = []  # (start, end, window index, segment index)
-    for i, g in enumerate(window):
-        W = gp.W[g]
-        if not len(W):
-            continue
-        cur = W[:, st.k[g]]
-        np.add.at(diff, gp.seg_start[g], cur)
-        np.add.at(diff, gp.seg_end[g], -cur)
-        for j, (a, b) in enumerate(zip(gp.seg_start[g], gp.seg_end[g])):
-            segs.append((int(a), int(b), i, j))
-    if not segs:
-        return
-    bg = st.prof - np.cumsum(diff)[:n_steps]
-    pts = sorted({p for a, b, _, _ in segs for p in (a, b)})
-    # sweep: live segments between consecutive points
-    starts: dict[int, list] = {}
-    ends: dict[int, list] = {}
-    for sg in segs:
-        starts.setdefault(sg[0], []).append(sg)
-        ends.setdefault(sg[1], []).append(sg)
-    live: dict[tuple[int, int], None] = {}
-    rows: dict[tuple, int] = {}
-    for p, q in zip(pts[:-1], pts[1:]):
-        for sg in ends.get(p, []):
-            live.pop((sg[2], sg[3]), None)
-        for sg in starts.get(p, []):
-            live[(sg[2], sg[3])] = None
-        if not live:
-            continue
-        sig = tuple(sorted(live))
-        budget = st.limit - int(bg[p:q].max())
-        if sig not in rows or budget < rows[sig]:
-            rows[sig] = budget
-    for sig, budget in rows.items():
-        lows = highs = 0
-        for i, j in sig:
-            w = gp.W[window[i]][j]
-            lows += int(w.min())
-            highs += int(w.max())
-        if highs <= budget:
-            continue
-        vs, cs = [], []
-        for i, j in sig:
-            w = gp.W[window[i]][j]
-            m = int(w.min())
-            for s in np.flatnonzero(w > m):
-                vs.append(picks[i][int(s)])
-                cs.append(int(w[s] - m))
-        model.Add(cp_model.LinearExpr.WeightedSum(vs, cs) <= budget - lows)
-
-
-def _ball(st: GroupState, seeds: list[int], size: int, rng: random.Random,
-          max_terms: Optional[float] = None) -> list[int]:
-    """Breadth-first ball around the seeds: at most `size` groups and (when given) about
-    `max_terms` pair terms inside (the model size, not the group count, sets solve time)."""
-    seen = set(seeds)
-    frontier = list(seeds)
-    out = list(seeds)
-    terms = 0
-    edges = st.gp.edges
-    while frontier and len(out) < size:
-        nxt = []
-        rng.shuffle(frontier)
-        for x in frontier:
-            for y, _ in st.inc[x]:
-                if y in seen:
-                    continue
-                if max_terms is not None:
-                    add = sum(st.reduced_terms(e) for e in st.inc_e[y]
-                              if (edges[e][0] if edges[e][1] == y else edges[e][1]) in seen)
-                    if terms + add > max_terms and len(out) > 1:
-                        continue
-                    terms += add
-                seen.add(y)
-                out.append(y)
-                nxt.append(y)
-                if len(out) >= size:
-                    return out
-        frontier = nxt
-    return out
-
-
-def _costly_group(st: GroupState, rng: random.Random) -> int:
-    """A group drawn with probability proportional to the square root of what it and its
-    incident edges cost under the current choice."""
-    gp = st.gp
-    w = np.array([st.cost[g][st.k[g]] for g in range(gp.num_groups)])
-    for (a, b), t in zip(gp.edges, gp.tables):
-        c = float(t[st.k[a], st.k[b]])
-        w[a] += c / 2
-        w[b] += c / 2
-    w = np.sqrt(np.maximum(w, 0)) + 1e-9
-    return int(min(len(w) - 1, np.searchsorted(np.cumsum(w), rng.random() * w.sum())))
-
-
 @dataclass
 class SearchResult:
     choice: Optional[list[int]]
@@ -593,13 +96,81 @@ class SearchResult:
     stats: dict = field(default_factory=dict)
 
 
-def trivial_bound(problem: StrategyProblem, red: Reduction) -> int:
-    """Sum of each node's and each edge's cheapest kept entry: a valid lower bound."""
+def trivial_bound(problem: StrategyProblem, red: Reduction, deadline: Optional[float] = None) -> int:
+    """Sum of each node's and each edge's cheapest kept entry: a valid lower bound (past
+    `deadline`, the rest of the edges count their cheapest entry, kept or not: still valid)."""
     b = sum(int(problem.node_costs[x][a].min()) for x, a in enumerate(red.alive))
-    for (u, v), t in zip(problem.edges, problem.edge_costs):
-        sub = t[np.ix_(red.alive[u], red.alive[v])]
-        b += int(sub.min())
+    for e, ((u, v), t) in enumerate(zip(problem.edges, problem.edge_costs)):
+        full = len(red.alive[u]) == t.shape[0] and len(red.alive[v]) == t.shape[1]
+        if full or (deadline is not None and time.perf_counter() > deadline):
+            b += int(t.min())
+        else:
+            b += int(t[np.ix_(red.alive[u], red.alive[v])].min())
     return b
+
+
+def least_usage_choice(problem: StrategyProblem) -> list[int]:
+    """Greedy in node order (producers first in graph-derived instances): each node takes
+    its least-usage strategy (then the cheapest) among those no edge to an already placed
+    neighbour forbids. The answer the search holds before presolve; O(nodes + edges)."""
+    incident: list[list[tuple[int, bool]]] = [[] for _ in range(problem.num_nodes)]
+    for e, (u, v) in enumerate(problem.edges):
+        incident[u].append((e, True))
+        incident[v].append((e, False))
+    out = [-1] * problem.num_nodes
+    for n, (c, u) in enumerate(zip(problem.node_costs, problem.node_usages)):
+        ok = c < FORBIDDEN_COST
+        for e, is_u in incident[n]:
+            a, b = problem.edges[e]
+            other = out[b] if is_u else out[a]
+            if other >= 0:
+                t = problem.edge_costs[e]
+                allowed = (t[:, other] if is_u else t[other, :]) < FORBIDDEN_COST
+                if (ok & allowed).any():
+                    ok &= allowed
+        idx = np.flatnonzero(ok) if ok.any() else np.arange(len(c))
+        out[n] = int(idx[np.lexsort((c[idx], u[idx]))[0]])
+    # two placed neighbours may leave a node nothing both allow: re-choose the ends of each
+    # forbidden pair against all their neighbours (a few passes)
+    for _ in range(3):
+        bad = [e for e, ((a, b), t) in enumerate(zip(problem.edges, problem.edge_costs))
+               if t[out[a], out[b]] >= FORBIDDEN_COST]
+        if not bad:
+            break
+        for e in bad:
+            for n in problem.edges[e][::-1]:
+                c, u = problem.node_costs[n], problem.node_usages[n]
+                ok = c < FORBIDDEN_COST
+                for f, is_u in incident[n]:
+                    a, b = problem.edges[f]
+                    t = problem.edge_costs[f]
+                    ok &= (t[:, out[b]] if is_u else t[out[a], :]) < FORBIDDEN_COST
+                if ok.any():
+                    idx = np.flatnonzero(ok)
+                    out[n] = int(idx[np.lexsort((c[idx], u[idx]))[0]])
+                    break
+    return out
+
+
+class _Incumbent:
+    """The best feasible solution so far, as a group choice of a grouped problem or as an
+    original choice; what the search answers with when its time is up."""
+
+    def __init__(self) -> None:
+        self.cost: Optional[float] = None
+        self._gp: Optional[GroupedProblem] = None
+        self._choice: Optional[list[int]] = None
+
+    def offer(self, cost: float, choice: Sequence[int], gp: Optional[GroupedProblem] = None) -> bool:
+        if self.cost is not None and cost >= self.cost:
+            return False
+        self.cost, self._gp, self._choice = cost, gp, [int(x) for x in choice]
+        return True
+
+    def choice(self) -> Optional[list[int]]:
+        if self._choice is None:
+            return None
+        return self._gp.expand(self._choice) if self._gp is not None else list(self._choice)
 
 
 def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int = 2, seed: int = 1,
@@ -609,20 +180,86 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
              window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.6,
              kick_batch: float = 2.0, kick_slack: float = 0.01,
              lagrangian_share: float = 0.25, polish_starts: int = 3,
-             polish_share: float = 0.15, stagnation: float = 0.12) -> SearchResult:
-    """Best feasible choice found within `time_limit_s` (wall clock, all phases)."""
-    t_start = time.perf_counter()
-    deadline = t_start + time_limit_s
+             polish_share: float = 0.15, stagnation: float = 0.12,
+             started: Optional[float] = None, start: Optional[Sequence[int]] = None) -> SearchResult:
+    """Best feasible choice found within `time_limit_s` of wall clock counted from `started`
+    (perf_counter seconds; default now): a caller that read the instance passes the time it
+    started, so reading counts too. The answer is the best solution held when the time is
+    up, whichever phase was running; `stats["phases"]` says where the time went. `start`: a
+    complete choice to begin from; the answer is never worse than it when it is feasible."""
+    clock = PhaseClock(time_limit_s, started if started is not None else time.perf_counter())
+    if started is not None:
+        clock.record("before the search (start-up, reading)", time.perf_counter() - started)
     say = log or (lambda s: None)
+    incumbent = _Incumbent()
+    stats: dict = {}
+    # the answer held before anything else: every node on its least usage
+    with clock.phase("least-usage start"):
+        safe = least_usage_choice(problem)
+        t_e = time.perf_counter()
+        ev = evaluate(problem, safe)
+        t_eval = time.perf_counter() - t_e
+        if ev.feasible:
+            incumbent.offer(ev.cost, safe)
+        given = None
+        if start is not None:
+            ev = evaluate(problem, start)
+            if ev.feasible:
+                given = [int(x) for x in start]
+                incumbent.offer(ev.cost, given)
+    # kept free at the end: expanding and evaluating the answer, and the caller's own
+    # evaluation of it (about one evaluation each), plus 1% of the limit
+    clock.reserve_s = min(0.1 * time_limit_s, 0.01 * time_limit_s + 3 * t_eval + 0.05)
+    bound = None
+    try:
+        bound = _search(problem, clock, incumbent, stats, say, workers=workers, seed=seed,
+                        window=window, pair_limit=pair_limit, solve_cap=solve_cap,
+                        full_share=full_share, full_pair_limit=full_pair_limit,
+                        time_share=time_share, window_terms=window_terms, merge=merge,
+                        kick_batch=kick_batch, kick_slack=kick_slack,
+                        lagrangian_share=lagrangian_share, polish_starts=polish_starts,
+                        polish_share=polish_share, stagnation=stagnation, start=given)
+    except OutOfTime:
+        stats["out_of_time"] = True
+        say("out of time: answering with the best solution held")
+    with clock.phase("final check"):
+        choice = incumbent.choice()
+        ev = evaluate(problem, choice) if choice is not None else None
+    if ev is not None and not ev.feasible:  # never: every accepted state kept memory
+        raise AssertionError(f"the search's answer is infeasible: {ev.reason}")
+    if ev is not None and ev.cost != incumbent.cost:
+        stats["counted_cost"] = incumbent.cost  # running float sums drifted (never seen)
+    stats["phases"] = clock.table()
+    if ev is None:
+        return SearchResult(None, None, False, bound, clock.elapsed(), stats)
+    return SearchResult(choice, ev.cost, ev.feasible, bound, clock.elapsed(), stats)
+
+
+def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, stats: dict,
+            say: Callable[[str], None], *, workers: int, seed: int, window: int, pair_limit: int,
+            solve_cap: float, full_share: float, full_pair_limit: int, time_share: float,
+            window_terms: int, merge: bool, kick_batch: float, kick_slack: float,
+            lagrangian_share: float, polish_starts: int, polish_share: float,
+            stagnation: float, start: Optional[list[int]]) -> Optional[float]:
+    """The phases of `optimize`; every solution it accepts is offered to `incumbent`.
+    Returns the lower bound (None when the time ran out before it)."""
+    deadline = clock.deadline
+    t_start = clock.started
     rng = random.Random(seed)
     big = problem.num_nodes > 5000
-    red = presolve(problem, prune_dominated=not big, max_rounds=6 if not big else 1)
-    gp = group_problem(problem, red, merge_followers=merge)
+    with clock.phase("presolve"):
+        red = presolve(problem, prune_dominated=not big, max_rounds=6 if not big else 1, deadline=deadline)
+    with clock.phase("merge"):
+        gp = group_problem(problem, red, merge_followers=merge, deadline=deadline)
     say(f"presolve {time.perf_counter() - t_start:.1f}s, {red.num_strategies} strategies kept, "
         f"{gp.num_groups} groups ({gp.merged_followers} followers merged, {gp.folded_single} edges folded)")
-    stats: dict = {"presolve_s": round(time.perf_counter() - t_start, 2),
-                   "strategies_kept": red.num_strategies, "groups": gp.num_groups,
-                   "group_edges": len(gp.edges)}
+    with clock.phase("state tables"):
+        shared_tables(gp, deadline)
+    stats.update(presolve_s=round(time.perf_counter() - t_start, 2), strategies_kept=red.num_strategies,
+                 groups=gp.num_groups, group_edges=len(gp.edges))
+    # the search's shares are of the time left after reading and presolve (on the largest
+    # instances those take a third of the limit and more)
+    time_limit_s = max(0.0, clock.left())
     best_state, best_cost = None, None
     best_penalty: Optional[np.ndarray] = None  # the Lagrangian penalties of the best start
     n_starts = 0
@@ -638,11 +275,13 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         n_starts += 1
         if best_cost is not None and st.cur >= best_cost:
             return False
-        ev = evaluate(problem, gp.expand(st.k))
-        say(f"start {name}: {ev.cost if ev.feasible else 'infeasible ' + ev.reason} "
-            f"({time.perf_counter() - t_s:.1f}s)")
-        if ev.feasible and (best_cost is None or ev.cost < best_cost):
-            best_state, best_cost = st, ev.cost
+        # the state's running cost is the evaluator's (merging keeps costs exact); the final
+        # answer is evaluated once (a full evaluation per start is O(nodes + edges))
+        feasible = st.feasible_memory() and st.cur < INF
+        say(f"start {name}: {int(st.cur) if feasible else 'infeasible'} ({time.perf_counter() - t_s:.1f}s)")
+        if feasible:
+            best_state, best_cost = st, int(st.cur)
+            incumbent.offer(best_cost, st.k, gp)
             return True
         return False
 
@@ -661,11 +300,18 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         if consider(name, list(st.k), budget):
             best_penalty = pen
 
+    t_phase = time.perf_counter()
+    if start is not None:  # the caller's start (feasible: checked by optimize)
+        consider("given", gp.contract(start, red), 0.1 * time_limit_s)
     # the feasibility-first start (always memory-feasible when each node alone fits)
     consider("least-peak", least_peak_start(gp), 0.2 * time_limit_s)
     # min-sum message passing under Lagrangian usage penalties (three step sizes), each
     # decoded choice repaired and descended
-    lag_deadline = time.perf_counter() + lagrangian_share * time_limit_s
+    # on large instances min-sum decodes are the best starts by far (40k synthetic: 59.4 G
+    # from the first decode against 68.7 G after 21 s of kicks from the least-peak start)
+    # and a round takes seconds: half of the search's time
+    lag_share = lagrangian_share if not big else max(lagrangian_share, 0.5)
+    lag_deadline = min(deadline, time.perf_counter() + lag_share * time_limit_s)
     # trajectories: step sizes, then sweep orders breadth-first from random groups (the
     # decoding order changes which local optimum min-sum lands in: V 2.24-2.36 M)
     configs = [(0.01, None), (0.003, None), (0.03, None)]
@@ -675,14 +321,24 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             break
         if order == "bfs":
             order = bfs_order(gp, rng.randrange(gp.num_groups))
-        for k, over, pen in lagrangian_starts(gp, lag_deadline, step=step, order=order):
-            if over <= 0.1:  # far over the limit (no penalty yet): a long repair, skipped
+        # on large instances per-step rounds for at most 40% of what is left of the phase,
+        # then the per-group penalty factors (on 40k-node instances a round takes seconds:
+        # 25 rounds would never reach them)
+        switch = time.perf_counter() + 0.4 * max(0.0, lag_deadline - time.perf_counter()) if big else None
+        # one sweep per round on large instances: the first decode in half the time (40k
+        # synthetic: 59.8 G after 5.6 s against 59.5 G after 10.3 s with three)
+        for k, over, pen in lagrangian_starts(gp, lag_deadline, step=step, order=order, switch_at=switch,
+                                              sweeps=1 if big else 3):
+            # far over the limit (no penalty yet): a long repair on V (skipped), a second on
+            # the 40k synthetic instance (its best start)
+            if over <= 0.1 or big:
                 consider_pooled(f"lagrangian {step}", k, 0.05 * time_limit_s, traj, pen)
     if problem.num_nodes <= 2000 and time.perf_counter() < lag_deadline:
         # the core's older local search (ratio repair from the node DP start)
         ls = local_search(problem, red, start=tree_dp_start(problem, red))
         if ls is not None:
             consider("node DP + local_search", gp.contract(ls, red), 0.05 * time_limit_s)
+    clock.record("starts", time.perf_counter() - t_phase)
     stats["starts"] = n_starts
     stats["start_cost"] = best_cost
     # polish the best starts of the best few trajectories with kicks, go on from the best:
@@ -700,16 +356,18 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         polished.sort(key=lambda x: x[0])
         c, st_p, pen = polished[0]
         alternatives = [(x[1], x[2]) for x in polished[1:]]
-        ev = evaluate(problem, gp.expand(st_p.k))
-        if ev.feasible and ev.cost < best_cost:
-            best_state, best_cost, best_penalty = st_p, ev.cost, pen
+        if st_p.feasible_memory() and st_p.cur < best_cost:
+            best_state, best_cost, best_penalty = st_p, int(st_p.cur), pen
+            incumbent.offer(best_cost, st_p.k, gp)
         stats["polished"] = [int(x[0]) for x in polished]
         say(f"polished {len(top)} starts: {[int(x[0]) for x in polished]} "
             f"({time.perf_counter() - t_p:.1f}s)")
+        clock.record("polish", time.perf_counter() - t_p)
     stats["start_s"] = round(time.perf_counter() - t_start, 2)
-    bound = float(trivial_bound(problem, red))
+    with clock.phase("bound"):
+        bound = float(trivial_bound(problem, red, deadline))
     if best_state is None:
-        return SearchResult(None, None, False, bound, time.perf_counter() - t_start, stats)
+        return bound
     st = best_state
     cur_cost = best_cost
     G = gp.num_groups
@@ -717,8 +375,10 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     iters = accepted = 0
     status_counts: dict[str, int] = {}
     terms_cap = float(window_terms)
-    pair_terms = sum(st.reduced_terms(e) for e in range(len(gp.tables)))
-    use_full = full_share > 0 and pair_terms <= full_pair_limit
+    # the full grouped model only on small instances (counting its pair terms takes a
+    # np.unique per edge: 20 s on 40k nodes)
+    pair_terms = sum(st.reduced_terms(e) for e in range(len(gp.tables))) if not big else None
+    use_full = full_share > 0 and pair_terms is not None and pair_terms <= full_pair_limit
     lns_deadline = deadline - full_share * time_limit_s if use_full else deadline
     stats["pair_terms"] = pair_terms
     tl = gp.tl
@@ -744,7 +404,9 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
     last_cost_seen = cur_cost
     last_gain = time.perf_counter()
     restarts = 0
+    t_phase = time.perf_counter()
     while time.perf_counter() < lns_deadline - 0.2:
+        incumbent.offer(cur_cost, st.k, gp)
         if cur_cost < kept_cost:
             kept_choice, kept_cost = list(st.k), cur_cost
         if cur_cost < last_cost_seen:
@@ -752,7 +414,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         last_cost_seen = cur_cost
         if alternatives and time.perf_counter() - last_gain > stagnation * time_limit_s:
             st, best_penalty = alternatives.pop(0)
-            cur_cost = evaluate(problem, gp.expand(st.k)).cost
+            cur_cost = int(st.cur)
             last_cost_seen = cur_cost
             last_gain = time.perf_counter()
             restarts += 1
@@ -777,10 +439,9 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             arm_stats[0] += tr
             arm_stats[1] += im
             arm_stats[2] += time.perf_counter() - t_it
-            ev = evaluate(problem, gp.expand(st.k))
-            if not ev.feasible or ev.cost > cur_cost:  # never: moves keep memory, cost exact
-                raise AssertionError(f"{choice_arm} search broke the incumbent: {ev.reason or ev.cost}")
-            cur_cost = ev.cost
+            if not st.feasible_memory() or st.cur > cur_cost:  # never: moves keep memory, cost exact
+                raise AssertionError(f"{choice_arm} search broke the incumbent: {st.cur} > {cur_cost}")
+            cur_cost = int(st.cur)
             credit(choice_arm, cost_it - cur_cost, time.perf_counter() - t_it)
             continue
         iters += 1
@@ -790,10 +451,10 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             rng.shuffle(live)
             seeds = live[: max(1, size // 4)] or [rng.randrange(G)]
         elif rng.random() < 0.6:
-            seeds = [_costly_group(st, rng)]
+            seeds = [costly_group(st, rng)]
         else:
             seeds = [rng.randrange(G)]
-        win = _ball(st, seeds, size, rng, max_terms=terms_cap)
+        win = ball(st, seeds, size, rng, max_terms=terms_cap)
         model, picks = window_model(st, win, pair_limit)
         solver = cp_model.CpSolver()
         prm = solver.parameters
@@ -811,12 +472,11 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
                 s = next(s for s, v in enumerate(picks[i]) if solver.BooleanValue(v))
                 if s != st.k[g]:
                     st.move(g, s)
-            st.descent(deadline, groups=_ball(st, win, min(G, 2 * size), rng), max_passes=3)
-            ev = evaluate(problem, gp.expand(st.k))
-            if ev.feasible and ev.cost <= cur_cost:
-                if ev.cost < cur_cost:
+            st.descent(deadline, groups=ball(st, win, min(G, 2 * size), rng), max_passes=3)
+            if st.feasible_memory() and st.cur <= cur_cost:
+                if st.cur < cur_cost:
                     accepted += 1
-                cur_cost = ev.cost
+                cur_cost = int(st.cur)
             else:
                 st.restore(saved)
             if status == cp_model.OPTIMAL and solver.WallTime() < solve_cap:
@@ -832,6 +492,8 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
         if iters % 20 == 0:
             say(f"lns {iters}: cost {cur_cost}, window {size}, terms {int(terms_cap)}, "
                 f"{time.perf_counter() - t_start:.0f}s")
+    incumbent.offer(cur_cost, st.k, gp)
+    clock.record("improve", time.perf_counter() - t_phase)
     stats.update(kicks=kick_stats[0], kick_improvements=kick_stats[1], kick_s=round(kick_stats[2], 1),
                  minsum_windows=ms_stats[0], minsum_improvements=ms_stats[1], minsum_s=round(ms_stats[2], 1))
     stats.update(lns_status=status_counts, final_terms=int(terms_cap), lns_iterations=iters,
@@ -855,8 +517,8 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
             if ev.feasible and ev.cost < cur_cost:
                 st = GroupState(gp, cand)
                 cur_cost = ev.cost
+                incumbent.offer(cur_cost, st.k, gp)
         stats.update(full_status=solver.StatusName(status), full_s=round(time.perf_counter() - t_full, 1))
+        clock.record("full model", time.perf_counter() - t_full)
         say(f"full grouped model: {solver.StatusName(status)}, cost {cur_cost}")
-    choice = gp.expand(st.k)
-    ev = evaluate(problem, choice)
-    return SearchResult(choice, ev.cost, ev.feasible, bound, time.perf_counter() - t_start, stats)
+    return bound

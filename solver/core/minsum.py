@@ -16,8 +16,10 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from solver.core import FORBIDDEN_COST
+from solver.core.clock import OutOfTime, check_deadline
+from solver.core.group_state import shared_tables
 from solver.core.merge import GroupedProblem
+from solver.core.problem import FORBIDDEN_COST
 
 BIG = 1e15  # forbidden entries in message passing (finite: no inf - inf)
 
@@ -55,8 +57,10 @@ class MinSum:
         # directed edges: for group g, list of (neighbour, table oriented [g, nb], message id in, id out)
         self.nbrs: list[list[tuple[int, np.ndarray, int, int]]] = [[] for _ in range(G)]
         self.msg: list[np.ndarray] = []
-        for (a, b), t in zip(gp.edges, gp.tables):
-            tf = np.where(t >= FORBIDDEN_COST, BIG, t.astype(np.float64))
+        # the group states' float tables (inf forbidden; messages are capped at BIG below):
+        # a second float copy of every table was a third of the peak memory at 65k nodes
+        ftables = shared_tables(gp)[11]
+        for (a, b), t, tf in zip(gp.edges, gp.tables, ftables):
             ab = len(self.msg)
             self.msg.append(np.zeros(t.shape[1]))  # a -> b, over b's strategies
             ba = len(self.msg)
@@ -79,15 +83,18 @@ class MinSum:
             out.append(u)
         return out
 
-    def sweep(self, unary: list[np.ndarray], damping: float = 0.5) -> None:
+    def sweep(self, unary: list[np.ndarray], damping: float = 0.5, deadline: Optional[float] = None) -> None:
+        """One forward and one backward pass; OutOfTime past `deadline`."""
         for order in (self.order, self.order[::-1]):
-            for g in order:
+            for i, g in enumerate(order):
+                if i % 256 == 0:
+                    check_deadline(deadline)
                 belief = unary[g].copy()
                 for _, _, m_in, _ in self.nbrs[g]:
                     belief += self.msg[m_in]
                 for nb, t, m_in, m_out in self.nbrs[g]:
                     h = belief - self.msg[m_in]
-                    new = (h[:, None] + t).min(axis=0)
+                    new = np.minimum((h[:, None] + t).min(axis=0), BIG)
                     new -= new.min()
                     self.msg[m_out] = damping * self.msg[m_out] + (1 - damping) * new
 
@@ -97,7 +104,7 @@ class MinSum:
         for g in self.order:
             c = unary[g].copy()
             for nb, t, m_in, _ in self.nbrs[g]:
-                c += t[:, k[nb]] if k[nb] >= 0 else self.msg[m_in]
+                c += np.minimum(t[:, k[nb]], BIG) if k[nb] >= 0 else self.msg[m_in]
             k[g] = int(np.argmin(c))
         return k
 
@@ -105,7 +112,8 @@ class MinSum:
 def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, rounds: int = 25,
                       step: float = 0.01, decay: float = 0.9,
                       order: Optional[list[int]] = None, node_rounds: int = 100,
-                      beta: float = 0.3) -> Iterator[tuple[list[int], float, np.ndarray]]:
+                      beta: float = 0.3, switch_at: Optional[float] = None,
+                      ) -> Iterator[tuple[list[int], float, np.ndarray]]:
     """Decoded choices of min-sum runs under usage penalties raised by subgradient steps:
     penalty[t] += step * decay^r * (usage[t] - limit) / limit (kept >= 0), in cost units per
     unit of usage; messages stay warm between rounds. Then `node_rounds` rounds of per-group
@@ -115,7 +123,8 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
     so the pressure lands on the groups that cause the overflow (V: starts of 1.77-1.81 M
     against 2.27 M from the per-step penalties alone). Yields (choice, share of compressed
     steps over the limit, the per-step penalties) for each new choice; the first round has no
-    penalty. `order`: the sweep and decoding order (default: group index)."""
+    penalty. `order`: the sweep and decoding order (default: group index). `switch_at`
+    (perf_counter seconds): go on to the per-group factors then, after at least two rounds."""
     ms = MinSum(gp)
     if order is not None:
         ms.order = list(order)
@@ -133,9 +142,14 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
     for r in range(rounds):
         if time.perf_counter() > deadline:
             return
+        if r >= 2 and switch_at is not None and time.perf_counter() > switch_at:
+            break  # on to the per-group factors
         unary = ms.unary_with_penalty(penalty if has_limit else None)
-        for _ in range(sweeps):
-            ms.sweep(unary)
+        try:
+            for _ in range(sweeps):
+                ms.sweep(unary, deadline=deadline)
+        except OutOfTime:
+            return
         k = ms.decode(unary)
         prof = gp.profile(k) if has_limit else None
         out = new(k, prof)
@@ -156,8 +170,11 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
         if time.perf_counter() > deadline:
             return
         unary = [z + (b - z) * rho[g] for g, (z, b) in enumerate(zip(zero, base))]
-        for _ in range(sweeps):
-            ms.sweep(unary)
+        try:
+            for _ in range(sweeps):
+                ms.sweep(unary, deadline=deadline)
+        except OutOfTime:
+            return
         k = ms.decode(unary)
         prof = gp.profile(k)
         out = new(k, prof)

@@ -1,0 +1,199 @@
+"""Foundation Model Stack's paged attention (`fms/utils/spyre/paged.py`, the ops vLLM's
+Spyre plugin and aiu-fms-testing-utils drive) lowered to primitive ops.
+
+The KV cache is `[num_blocks, block_size, kv_heads, head_size]`; a sequence's positions
+live in the blocks its block-table row names, position j in block `block_table[j //
+block_size]` at offset `j % block_size`; a token's slot is `block * block_size + offset`.
+
+- `spyre.paged_attn_store(key, value, key_cache, value_cache, slot_mapping)` returns new
+  caches (the op is functional: FMS declares it non-mutating and clones): token (b, s)
+  writes its key/value row to slot `slot_mapping[b, s]`; when two tokens name one slot
+  the later one in (b, s) order wins, as FMS's loop. Lowered as a scatter read the other
+  way round: per cache slot the last token writing it (`reduce max` over [blocks,
+  offsets, b, s] of `where(slot == block*block_size + offset, b*S + s, -1)`), a `gather`
+  of those tokens' rows, and a pointwise `where` against the old cache. The store thus
+  rewrites the whole cache (the graph is functional; the IR has no in-place row store).
+- `spyre.paged_attn_compute(query, key_cache, value_cache, scale, current_tkv_mask,
+  left_padded_prompt_mask, block_table)`: per sequence i the keys at positions
+  j in [left_padded_prompt_mask[i], current_tkv_mask[i]) through the block table, queries
+  aligned to the end (query row r sits at position current_tkv_mask[i] - Lq + r), causal
+  within that; rows with no key (the pads of a first prefill shorter than the query) are 0.
+  Lowered as: the block id per position (`gather` of the block table at j // block_size,
+  then positions outside the sequence's range set to block 0 so no out-of-range id is
+  read), one multi-axis `gather` of the cache per K and V (block axis and offset axis
+  indexed together, so no flattened copy of the cache), the boolean mask
+  `start <= j <= tkv - Lq + r` (pointwise over iotas), the materialized-scores attention of
+  lowering/aten/attention.py (GQA: kv read broadcast over each group), and a pointwise that
+  zeroes the empty rows and writes `[batch, Lq, heads, head_size]`.
+- `spyre.paged_attn_compute_with_sinks(..., sinks, sliding_window)`: the same with
+  gpt-oss's attention sinks (the result scaled by `sigmoid(logsumexp - sinks[h])`, what a
+  softmax with one extra sink logit per head gives) and, for sliding_window > 0, keys older
+  than the window masked (`j > tkv - Lq + r - sliding_window`).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from lowering.aten.attention import lower_sdpa
+from lowering.aten.context import INT_DTYPES, Ctx, NodeArgs, View, expr_fn, register
+from lowering.aten.indexing import emit_gather, int_iota
+from lowering.aten.pointwise import emit_pointwise
+from lowering.aten.views import reshape
+from target.primitives import Access, Const, In, ReduceBody
+
+
+def _check_cache(node: NodeArgs, key_cache: View, value_cache: View) -> tuple[int, int, int, int]:
+    if key_cache.rank != 4 or value_cache.rank != 4 or key_cache.shape[:3] != value_cache.shape[:3]:
+        raise node.fail("shape_mismatch", f"paged KV caches {list(key_cache.shape)} and {list(value_cache.shape)} "
+                                          "(need [blocks, block_size, kv_heads, head_size] each)")
+    return key_cache.shape
+
+
+def _int(node: NodeArgs, v: View, what: str) -> View:
+    if not isinstance(v, View) or v.dtype not in INT_DTYPES:
+        raise node.fail("unsupported_op", f"{node.target}: {what} must be an integer tensor")
+    return v
+
+
+def _per_seq(v: View, rank: int) -> View:
+    """A per-sequence [B] tensor as [B, 1, ...] (rank dims), broadcast over the rest."""
+    return v.with_((v.shape[0],) + (1,) * (rank - 1), (v.strides[0],) + (0,) * (rank - 1))
+
+
+# -- store ---------------------------------------------------------------------------------
+@register("spyre.paged_attn_store.default",
+          doc=("per cache slot the last token writing it (`reduce max` over [blocks, offsets, batch, tokens] of"
+               " `where(slot == block*block_size + offset, token, -1)`), `gather` of those tokens' key and value"
+               " rows, pointwise `where` against the old caches (returns new caches; rewrites them whole)"))
+def _paged_store(ctx: Ctx, node: NodeArgs):
+    key, value = node.arg(0, "key"), node.arg(1, "value")
+    key_cache, value_cache = node.arg(2, "key_cache"), node.arg(3, "value_cache")
+    slots = _int(node, node.arg(4, "slot_mapping"), "slot_mapping")
+    NB, BS, KH, D = _check_cache(node, key_cache, value_cache)
+    if slots.rank != 2 or key.rank != 4 or value.rank != 4 or key.shape[:2] != slots.shape \
+            or value.shape[:2] != slots.shape or key.shape[2:] != key_cache.shape[2:] \
+            or value.shape[2:] != value_cache.shape[2:]:
+        raise node.fail("shape_mismatch", f"paged_attn_store of key {list(key.shape)}, value {list(value.shape)}, "
+                                          f"slots {list(slots.shape)} into caches {list(key_cache.shape)}")
+    B, S = slots.shape
+    nid = node.id
+    # last[blk, off] = max{b*S + s : slots[b, s] == blk*BS + off}, -1 when no token writes it
+    shape = (NB, BS, B, S)
+    iters, it = ctx.iter_dims_for(shape, kinds=("parallel", "parallel", "reduction", "reduction"))
+    blk, off = int_iota(ctx, node, NB, "blocks"), int_iota(ctx, node, BS, "offsets")
+    tok = int_iota(ctx, node, B * S, "tokens")
+    acc = [ctx.access(slots, [it[2], it[3]], nid), ctx.access(blk, [it[0]], nid), ctx.access(off, [it[1]], nid),
+           ctx.access(reshape(ctx, node, tok, (B, S), f"{nid}.tokens"), [it[2], it[3]], nid)]
+    slot_here = expr_fn("add", expr_fn("mul", In(1), Const(float(BS))), In(2))
+    expr = expr_fn("where", expr_fn("eq", In(0), slot_here), In(3), Const(-1.0))
+    last_t = ctx.new_tensor(f"{nid}.last", (NB, BS), "int64")
+    ctx.emit(last_t, iters, acc, Access(last_t, (it[0], it[1])), ReduceBody("max", expr), nid)
+    last = ctx.tensor_view(last_t)
+    row = emit_pointwise(ctx, node, [last], lambda e: expr_fn("maximum", e[0], Const(0.0)), "int64",
+                         out_id=f"{nid}.row")
+    last_b = last.with_((NB, BS, 1, 1), last.strides + (0, 0))
+    outs = []
+    for k, (new, cache) in enumerate(((key, key_cache), (value, value_cache))):
+        rows = reshape(ctx, node, new, (B * S,) + tuple(new.shape[2:]), f"{nid}.rows{k}")
+        picked = emit_gather(ctx, node, rows, cache.shape, [None, 2, 3], [(0, row, 0)], f"{nid}.new{k}")
+        outs.append(emit_pointwise(ctx, node, [last_b, picked, cache],
+                                   lambda e: expr_fn("where", expr_fn("ge", e[0], Const(0.0)), e[1], e[2]),
+                                   cache.dtype, out_shape=cache.shape, out_id=f"{nid}:{k}" if k else nid))
+    return outs
+
+
+# -- compute -------------------------------------------------------------------------------
+def _lower_paged_compute(ctx: Ctx, node: NodeArgs, sinks: Optional[View], sliding_window: int) -> list:
+    q: View = node.arg(0, "query")
+    key_cache, value_cache = node.arg(1, "key_cache"), node.arg(2, "value_cache")
+    scale = node.arg(3, "scale")
+    tkv = _int(node, node.arg(4, "current_tkv_mask"), "current_tkv_mask")
+    start = _int(node, node.arg(5, "left_padded_prompt_mask"), "left_padded_prompt_mask")
+    table = _int(node, node.arg(6, "block_table"), "block_table")
+    NB, BS, KH, D = _check_cache(node, key_cache, value_cache)
+    if q.rank != 4 or table.rank != 2 or q.shape[0] != table.shape[0] or q.shape[3] != D \
+            or value_cache.shape[3] != D or tkv.shape != (q.shape[0],) or start.shape != (q.shape[0],):
+        raise node.fail("shape_mismatch", f"{node.target} of query {list(q.shape)}, caches {list(key_cache.shape)}"
+                                          f" / {list(value_cache.shape)}, block table {list(table.shape)}, masks "
+                                          f"{list(tkv.shape)} / {list(start.shape)}")
+    B, Lq, H, _ = q.shape
+    T = table.shape[1]
+    J = T * BS     # positions the block table can address
+    if H % KH:
+        raise node.fail("shape_mismatch", f"{H} query heads over {KH} kv heads")
+    nid = node.id
+    start_b, tkv_b = _per_seq(start, 2), _per_seq(tkv, 2)
+    pos = int_iota(ctx, node, J, "positions")
+
+    # the block holding each position of each sequence (block 0 outside the sequence's keys)
+    tblk = emit_pointwise(ctx, node, [pos], lambda e: expr_fn("floordiv", e[0], Const(float(BS))), "int64",
+                          out_id=f"{nid}.table_col")
+    offset = emit_pointwise(ctx, node, [pos], lambda e: expr_fn("remainder", e[0], Const(float(BS))), "int64",
+                            out_id=f"{nid}.offset")
+    blocks = emit_gather(ctx, node, table, (B, J), [0, None], [(1, tblk, 1)], f"{nid}.block_of")
+    pos_row = pos.with_((1, J), (0, 1))
+    in_seq = lambda e: expr_fn("logical_and", expr_fn("ge", e[1], e[2]), expr_fn("lt", e[1], e[3]))  # noqa: E731
+    blocks = emit_pointwise(ctx, node, [blocks, pos_row, start_b, tkv_b],
+                            lambda e: expr_fn("where", in_seq(e), e[0], Const(0.0)), "int64", out_id=f"{nid}.block")
+    # K, V [B, J, KH, D]: cache[block[b, j], offset[j]]
+    kv = [emit_gather(ctx, node, cache, (B, J, KH, D), [None, None, 2, 3], [(0, blocks, 0), (1, offset, 1)],
+                      f"{nid}.{name}") for cache, name in ((key_cache, "keys"), (value_cache, "values"))]
+
+    # mask[b, r, j]: start <= j <= tkv - Lq + r (and j > tkv - Lq + r - window)
+    rows = int_iota(ctx, node, Lq, "query_rows")
+    last_key = lambda e: expr_fn("add", expr_fn("sub", e[2], Const(float(Lq))), e[1])  # noqa: E731  tkv - Lq + r
+
+    def visible(e):
+        ok = expr_fn("logical_and", expr_fn("ge", e[0], e[3]), expr_fn("le", e[0], last_key(e)))
+        if sliding_window > 0:
+            ok = expr_fn("logical_and", ok, expr_fn("gt", e[0], expr_fn("sub", last_key(e), Const(float(sliding_window)))))
+        return ok
+    start_3, tkv_3 = _per_seq(start, 3), _per_seq(tkv, 3)
+    mask = emit_pointwise(ctx, node, [pos.with_((1, 1, J), (0, 0, 1)), rows.with_((1, Lq, 1), (0, 1, 0)), tkv_3,
+                                      start_3], visible, "bool", out_shape=(B, Lq, J), out_id=f"{nid}.mask")
+    # a query row sees at least one key iff its last visible position is >= start
+    has_keys = emit_pointwise(ctx, node, [rows.with_((1, Lq), (0, 1)), tkv_b, start_b],
+                              lambda e: expr_fn("ge", expr_fn("add", expr_fn("sub", e[1], Const(float(Lq))), e[0]),
+                                                e[2]),
+                              "bool", out_shape=(B, Lq), out_id=f"{nid}.has_keys")
+
+    def heads_first(v: View) -> View:   # [B, L, heads, D] -> [B, heads, L, D] (a relabel)
+        return v.with_((v.shape[0], v.shape[2], v.shape[1], v.shape[3]),
+                       (v.strides[0], v.strides[2], v.strides[1], v.strides[3]))
+    mask4 = mask.with_((B, 1, Lq, J), (mask.strides[0], 0, mask.strides[1], mask.strides[2]))
+    attn, lse = lower_sdpa(ctx, node, heads_first(q), heads_first(kv[0]), heads_first(kv[1]), mask4, 0.0, False,
+                           float(scale), name=f"{nid}.attn")
+    out_v = heads_first(attn)                              # [B, Lq, H, D]
+    keep = has_keys.with_((B, Lq, 1, 1), has_keys.strides + (0, 0))
+    if sinks is None:
+        return [emit_pointwise(ctx, node, [keep, out_v], lambda e: expr_fn("where", e[0], e[1], Const(0.0)), q.dtype,
+                               out_shape=q.shape, out_id=nid)]
+    if sinks.shape != (H,):
+        raise node.fail("shape_mismatch", f"sinks {list(sinks.shape)} for {H} heads")
+    lse_v = lse.with_((B, Lq, H, 1), (lse.strides[0], lse.strides[2], lse.strides[1], 0))   # lse is [B, H, Lq]
+    sinks_v = sinks.with_((1, 1, H, 1), (0, 0, sinks.strides[0], 0))
+
+    def scaled(e):
+        gate = expr_fn("sigmoid", expr_fn("sub", e[2], e[3]))
+        return expr_fn("where", e[0], expr_fn("mul", e[1], gate), Const(0.0))
+    return [emit_pointwise(ctx, node, [keep, out_v, lse_v, sinks_v], scaled, q.dtype, out_shape=q.shape, out_id=nid)]
+
+
+@register("spyre.paged_attn_compute.default",
+          doc=("block id per position (`gather` of the block table), K and V by one two-axis `gather` of the cache"
+               " (block, offset), bool mask `start <= j <= tkv - Lq + r`, materialized-scores attention (GQA: kv"
+               " read broadcast), rows with no key zeroed"))
+def _paged_compute(ctx: Ctx, node: NodeArgs):
+    return _lower_paged_compute(ctx, node, None, 0)
+
+
+@register("spyre.paged_attn_compute_with_sinks.default",
+          doc=("as paged_attn_compute, the result scaled by `sigmoid(logsumexp - sinks[h])`; sliding_window > 0"
+               " also masks keys at or before `tkv - Lq + r - sliding_window`"))
+def _paged_compute_sinks(ctx: Ctx, node: NodeArgs):
+    sinks = node.arg(7, "sinks")
+    window = node.arg(8, "sliding_window")
+    if not isinstance(sinks, View):
+        raise node.fail("bad_argument", "paged attention sinks must be a tensor")
+    return _lower_paged_compute(ctx, node, sinks, int(window or 0))
+
