@@ -98,12 +98,46 @@ def test_a_planner_that_falls_back_fails_the_gate(graphs, tmp_path, monkeypatch)
 
     monkeypatch.setitem(planners.PLANNERS, "cpsat", broken)
     junit = tmp_path / "junit.xml"
-    assert main(["check", str(graphs), "--junit", str(junit)]) == 1
+    # in this process (--graph-timeout 0): the injected bug lives in this process only
+    assert main(["check", str(graphs), "--junit", str(junit), "--graph-timeout", "0"]) == 1
     _, cases = _junit(junit)
     for name in FAST:
         failure = cases[name].find("failure")
         assert failure.get("type") == "fallback" and "injected planner bug" in failure.get("message")
-    assert main(["check", str(graphs), "--allow-fallback"]) == 0
+    assert main(["check", str(graphs), "--allow-fallback", "--graph-timeout", "0"]) == 0
+
+
+def test_a_graph_past_the_per_graph_time_limit_fails_alone(graphs, tmp_path):
+    """Each compile runs in a worker under the per-graph limit (the default): a limit no
+    compile can meet fails every graph with reason 'limit', and a generous one passes them,
+    with no worker left behind either way."""
+    junit = tmp_path / "junit.xml"
+    assert main(["check", str(graphs), "--junit", str(junit), "--graph-timeout", "0.05", "--time-limit", "2"]) == 1
+    _, cases = _junit(junit)
+    for name in FAST:
+        failure = cases[name].find("failure")
+        assert failure is not None and failure.get("type") == "limit", name
+    assert main(["check", str(graphs), "--graph-timeout", "60", "--time-limit", "2"]) == 0
+    assert not _children()
+
+
+def _children() -> list[int]:
+    """Live processes whose parent is this one (Linux /proc), but multiprocessing's resource
+    tracker, which lives as long as this process by design."""
+    import os
+
+    me, out = str(os.getpid()), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            with open(f"/proc/{pid}/cmdline") as fh:
+                if "resource_tracker" not in fh.read():
+                    out.append(int(pid))
+    return out
 
 
 def test_check_a_store_without_rich(tmp_path, monkeypatch, capsys):

@@ -42,7 +42,7 @@ class CheckCase:
     source: str  # file path or store graph hash
     graph_hash: Optional[str] = None
     status: str = "fail"  # pass | fail | new (passes: not in the baseline)
-    reason: Optional[str] = None  # compile | validation | fallback | regression | timing (when failed)
+    reason: Optional[str] = None  # compile | validation | fallback | regression | timing | limit (when failed)
     message: str = ""
     simulated_us: Optional[float] = None
     baseline_us: Optional[float] = None
@@ -134,12 +134,10 @@ def iter_sources(location: str) -> Iterator[tuple[str, str, Any]]:
         yield graph_file_stem(path), str(path), (lambda p=path: read_graph_file(p))
 
 
-def check_one(name: str, source: str, load, options, baseline: Optional[dict[str, Any]], tolerance_pct: float,
-              allow_fallback: bool) -> CheckCase:
+def _loaded(name: str, source: str, load) -> tuple[CheckCase, Any]:
+    """The case of one graph source and its document, or the case failed with why it could
+    not be read (document None)."""
     from lowering.errors import GraphError
-    from service import pipeline
-    from target.superdsc import Program
-    from simulator.validate import validate_program
 
     case = CheckCase(name=name, source=source)
     started = time.time()
@@ -149,14 +147,22 @@ def check_one(name: str, source: str, load, options, baseline: Optional[dict[str
         case.reason, case.message = "compile", f"invalid graph: {exc.code}: {exc.message}" + (
             f" (node {exc.node})" if exc.node else "")
         case.seconds = time.time() - started
-        return case
+        return case, None
     except OSError as exc:
         case.reason, case.message = "compile", f"cannot read: {exc}"
-        return case
+        return case, None
     case.name = name or doc.name
     case.graph_hash = doc.graph_hash()
-    outcome = pipeline.compile_job(pipeline.CompileJob(document=doc.to_json(), options=options))
-    case.seconds = time.time() - started
+    return case, doc
+
+
+def _judged(case: CheckCase, outcome, options, baseline: Optional[dict[str, Any]], tolerance_pct: float,
+            allow_fallback: bool) -> CheckCase:
+    """`case` with the verdict on its compile `outcome` (a pipeline.CompileOutcome)."""
+    from service import pipeline
+    from simulator.validate import validate_program
+    from target.superdsc import Program
+
     if outcome.status != "ok" or outcome.program is None:
         err = outcome.error or {}
         case.reason = "compile"
@@ -201,11 +207,31 @@ def check_one(name: str, source: str, load, options, baseline: Optional[dict[str
     return case
 
 
+def check_one(name: str, source: str, load, options, baseline: Optional[dict[str, Any]], tolerance_pct: float,
+              allow_fallback: bool) -> CheckCase:
+    """One graph compiled in this process and judged (no time or memory limit)."""
+    from service import pipeline
+
+    case, doc = _loaded(name, source, load)
+    if doc is None:
+        return case
+    started = time.time()
+    outcome = pipeline.compile_job(pipeline.CompileJob(document=doc.to_json(), options=options))
+    case.seconds = time.time() - started
+    return _judged(case, outcome, options, baseline, tolerance_pct, allow_fallback)
+
+
 def run_check(location: str, *, baseline_path: Optional[str] = None, tolerance_pct: float = DEFAULT_TOLERANCE_PCT,
               planner: Optional[str] = DEFAULT_PLANNER, time_limit_s: Optional[float] = DEFAULT_TIME_LIMIT_S,
               deterministic: bool = True, target: Optional[str] = None, allow_fallback: bool = False,
-              update_baseline: bool = False, progress=None) -> CheckResult:
+              update_baseline: bool = False, progress=None, graph_wall_s: Optional[float] = None,
+              memory_bytes: Optional[int] = None) -> CheckResult:
+    """Compile and judge every graph of `location`. With `graph_wall_s` or `memory_bytes`
+    each compile runs in a worker process under those limits (service/batch/isolated.py):
+    a graph past either fails with reason "limit" and the run goes on; without them, in
+    this process."""
     from service import pipeline
+    from service.batch.isolated import JobLimitExceeded, run_isolated
 
     options = pipeline.resolve_options(planner, time_limit_s, deterministic, target)
     baseline = None
@@ -215,12 +241,38 @@ def run_check(location: str, *, baseline_path: Optional[str] = None, tolerance_p
         raise BaselineError(f"baseline {baseline_path} does not exist (write it with --update-baseline)")
     result = CheckResult(options={**options.solve_dict(), "target": options.target, "tolerance_pct": tolerance_pct,
                                   "baseline": baseline_path, "location": location})
+    judge_against = None if update_baseline else baseline
     sources = list(iter_sources(location))
-    for i, (name, source, load) in enumerate(sources):
-        if progress is not None:
-            progress(i, len(sources), name)
-        result.cases.append(check_one(name, source, load, options, None if update_baseline else baseline,
-                                      tolerance_pct, allow_fallback))
+    if graph_wall_s is None and memory_bytes is None:
+        for i, (name, source, load) in enumerate(sources):
+            if progress is not None:
+                progress(i, len(sources), name)
+            result.cases.append(check_one(name, source, load, options, judge_against, tolerance_pct,
+                                          allow_fallback))
+    else:
+        loaded = [_loaded(name, source, load) for name, source, load in sources]
+        result.cases = [case for case, _ in loaded]
+        jobs = {k: pipeline.CompileJob(document=doc.to_json(), options=options)
+                for k, (_, doc) in enumerate(loaded) if doc is not None}
+        case_of = {id(job): k for k, job in jobs.items()}
+        started = {k: time.time() for k in jobs}
+        done = 0
+        for job, outcome in run_isolated(list(jobs.values()), pipeline.compile_job, jobs=1,
+                                         wall_s=lambda _job: graph_wall_s, memory_bytes=memory_bytes):
+            k = case_of[id(job)]
+            case = result.cases[k]
+            if progress is not None:
+                progress(done, len(jobs), case.name)
+            done += 1
+            case.seconds = time.time() - started[k]
+            if isinstance(outcome, JobLimitExceeded):
+                case.reason, case.message = "limit", f"stopped at the per-graph time limit ({graph_wall_s:g} s)"
+            elif isinstance(outcome, BaseException):
+                case.reason = "limit" if memory_bytes else "compile"
+                case.message = f"the compile's worker failed: {type(outcome).__name__}: {outcome}" + (
+                    " (the per-graph memory limit?)" if memory_bytes else "")
+            else:
+                _judged(case, outcome, options, judge_against, tolerance_pct, allow_fallback)
     if progress is not None:
         progress(len(sources), len(sources), None)
     if update_baseline and baseline_path:

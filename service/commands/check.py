@@ -32,6 +32,13 @@ def register(sub) -> None:
     p.add_argument("--allow-fallback", action="store_true",
                    help="pass a graph whose planner fell back to a simpler one (default: fail it)")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    p.add_argument("--graph-timeout", type=float, default=None, metavar="S",
+                   help="per-graph wall-time limit: each compile runs in a worker process, stopped past S "
+                        "seconds (the graph fails with reason 'limit'; default: the time limit plus its grace, "
+                        "pipeline.wall_limit_s); 0 compiles in this process without limits")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="GIB",
+                   help="per-graph memory limit of the compile's worker, GiB (default: the machine's memory "
+                        "shared among the worker and this process, at least 2 GiB)")
     p.set_defaults(func=run)
 
 
@@ -58,11 +65,28 @@ def run(args) -> int:
         if name is not None and not args.json:
             print(f"[{i + 1}/{n}] {printable(name)}", file=sys.stderr, flush=True)
 
+    from service.batch.isolated import default_memory_bytes, signals_as_interrupt
+    from service.pipeline import wall_limit_s
+
+    if (args.graph_timeout is not None and args.graph_timeout < 0) or (
+            args.memory_limit is not None and args.memory_limit <= 0):
+        print("sticksat check: --graph-timeout must be >= 0 and --memory-limit positive", file=sys.stderr)
+        return 2
+    isolated = args.graph_timeout != 0
+    graph_wall_s = (args.graph_timeout or wall_limit_s(args.time_limit)) if isolated else None
+    memory_bytes = (int(args.memory_limit * 2**30) if args.memory_limit else default_memory_bytes(1)) if isolated \
+        else None
     try:
-        result = run_check(args.location, baseline_path=args.baseline, tolerance_pct=args.tolerance,
-                           planner=args.planner, time_limit_s=args.time_limit, deterministic=args.deterministic,
-                           target=args.target, allow_fallback=args.allow_fallback,
-                           update_baseline=args.update_baseline, progress=progress)
+        with signals_as_interrupt():
+            result = run_check(args.location, baseline_path=args.baseline, tolerance_pct=args.tolerance,
+                               planner=args.planner, time_limit_s=args.time_limit, deterministic=args.deterministic,
+                               target=args.target, allow_fallback=args.allow_fallback,
+                               update_baseline=args.update_baseline, progress=progress,
+                               graph_wall_s=graph_wall_s, memory_bytes=memory_bytes)
+    except KeyboardInterrupt as exc:
+        how = str(exc) or "SIGINT"
+        print(f"sticksat check: stopped by {how}; no worker is left running", file=sys.stderr)
+        return 143 if how == "SIGTERM" else 130
     except (BaselineError, FileNotFoundError) as exc:
         print(f"sticksat check: {printable(str(exc))}", file=sys.stderr)
         return 2
