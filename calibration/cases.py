@@ -68,6 +68,14 @@ def _matmul(case: dict, hw) -> Built:
         raise CaseError("matmul needs integer m, k, n")
     pg = matmul_graph(case["m"], case["k"], case["n"], case.get("dtype", "float16"))
     split = _split(case, ("m", "n", "k"))
+    recorded = {k: int(v) for k, v in (case.get("temporal_tiles") or {}).items() if int(v) > 1}
+    if set(recorded) - {"m", "n", "k"}:
+        raise CaseError(f"temporal_tiles names {sorted(recorded)} are not dims of a matmul")
+    if recorded:
+        # the source's coarse tiling, as recorded (a loop over tiles of these dims)
+        d = PlanDecisions(planner="calibration")
+        d.ops["mm"] = OpPlan(core_split=dict(split), temporal_tiles=recorded)
+        return Built(_valid(pg, hw, d))
     notes = []
     tiles = 1
     while True:
@@ -89,9 +97,10 @@ def _matmul(case: dict, hw) -> Built:
 # -- bmm: x[B,M,K] @ w[K,N] (shared weight) or x[B,M,K] @ y[B,K,N] ------------------------------------
 def _batch_inside(program: Program, tensors: tuple[str, ...], hw) -> None:
     """torch-spyre's default device tile order for a batched operand: the batch dim just
-    inside the stick-row dims, not outermost."""
+    inside the stick-row dims, not outermost. (A restickified copy `w@...` of a listed
+    tensor takes the same order.)"""
     for td in program.tensors:
-        if td.id in tensors and len(td.shape) == 3:
+        if (td.id in tensors or td.id.split("@")[0] in tensors) and len(td.shape) == 3:
             st = td.layout.stick_dim
             order = [1, 0, 2] if st == 2 else [2, 0, 1]
             td.layout = make_layout(td.shape, td.dtype, st, hw.stick_bytes, order)
@@ -115,14 +124,24 @@ def _bmm(case: dict, hw) -> Built:
     pg = PrimGraph("bmm", t, [op], ["x", "w"], ["o"])
     d = PlanDecisions(planner="calibration")
     d.ops["bmm"] = OpPlan(core_split=_split(case, ("b", "m", "n", "k")))
-    layout = case.get("layout", "default")
-    fix = (lambda p: _batch_inside(p, ("x", "w", "o"), hw)) if layout == "default" else None
+    # `layouts`: each operand's order on its own (x, w, o: default | batch_outer); else
+    # `layout` for all of them
+    per = case.get("layouts") or {}
+    whole = case.get("layout", "default")
+    unknown = set(per) - {"x", "w", "o"} or {v for v in per.values()} - {"default", "batch_outer"}
+    if unknown:
+        raise CaseError(f"bmm layouts: unknown {sorted(unknown)}")
+    inside = tuple(t for t in ("x", "w", "o") if per.get(t, whole) == "default")
+    fix = (lambda p: _batch_inside(p, inside, hw)) if inside else None
     return Built(_valid(pg, hw, d, fix))
 
 
 # -- pointwise: y = f(x) over [rows, cols] ---------------------------------------------------------
 _FN = {"mul": lambda x: Call("mul", (x, Const(2.0))), "add": lambda x: Call("add", (x, Const(1.0))),
-       "exp": lambda x: Call("exp", (x,)), "relu": lambda x: Call("relu", (x,))}
+       "exp": lambda x: Call("exp", (x,)), "relu": lambda x: Call("relu", (x,)),
+       "neg": lambda x: Call("neg", (x,)), "gelu": lambda x: Call("gelu", (x,))}
+# two full-size inputs: a (op) b
+_FN2 = {"add2": "add", "mul2": "mul"}
 
 
 def _pointwise(case: dict, hw) -> Built:
@@ -145,14 +164,124 @@ def _pointwise(case: dict, hw) -> Built:
                       PointwiseBody(Call("add", (Call("mul", (In(0), Const(2.0))),
                                                  Call("mul", (In(0), Const(3.0)))))))]
         d.resident["xc"] = Residency(lx_address=0)
+    elif fn in _FN2:
+        t["x2"] = _t("x2", shape, dt, "user_input")
+        ops = [PrimOp("kernel", dims, (Access("x", (0, 1)), Access("x2", (0, 1))), Access("y", (0, 1)),
+                      PointwiseBody(Call(_FN2[fn], (In(0), In(1)))))]
     else:
         if fn not in _FN:
             raise CaseError(f"pointwise fn {fn!r} has no builder")
         ops = [PrimOp("kernel", dims, (Access("x", (0, 1)),), Access("y", (0, 1)), PointwiseBody(_FN[fn](In(0))))]
     for op in ops:
         d.ops[op.id] = OpPlan(core_split=dict(split))
-    pg = PrimGraph("pointwise", t, ops, ["x"], ["y"])
+    pg = PrimGraph("pointwise", t, ops, [n for n in ("x", "x2") if n in t], ["y"])
     return Built(_valid(pg, hw, d))
+
+
+def _rows_split(case: dict) -> dict[str, int]:
+    return {("r" if k in ("0", "r") else "c"): int(v) for k, v in (case.get("split") or {}).items() if int(v) > 1}
+
+
+def _shape2(case: dict) -> tuple[int, int]:
+    shape = case.get("shape")
+    if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(s, int) for s in shape)):
+        raise CaseError(f"{case.get('kind')} needs a 2-D integer shape")
+    return shape[0], shape[1]
+
+
+# -- broadcast: y = x (op) b, b one row [1,C] ("row") or one column [R,1] ("col") ----------------------
+def _broadcast(case: dict, hw) -> Built:
+    rows, cols = _shape2(case)
+    dt = case.get("dtype", "float16")
+    along = case.get("along", "row")
+    fn = str(case.get("fn", "add"))
+    if fn not in ("add", "mul") or along not in ("row", "col"):
+        raise CaseError(f"broadcast fn {fn!r} along {along!r} has no builder")
+    bshape, bacc = ((1, cols), (None, 1)) if along == "row" else ((rows, 1), (0, None))
+    t = {"x": _t("x", (rows, cols), dt, "user_input"), "b": _t("b", bshape, dt, "user_input"),
+         "y": _t("y", (rows, cols), dt)}
+    op = PrimOp("kernel", (IterDim("r", rows), IterDim("c", cols)), (Access("x", (0, 1)), Access("b", bacc)),
+                Access("y", (0, 1)), PointwiseBody(Call(fn, (In(0), In(1)))))
+    d = PlanDecisions(planner="calibration")
+    d.ops["kernel"] = OpPlan(core_split=_rows_split(case))
+    return Built(_valid(PrimGraph("broadcast", t, [op], ["x", "b"], ["y"]), hw, d))
+
+
+# -- reduce: sum / max / mean along each row (axis "row") or down each column ("col") -------------------
+def _reduce(case: dict, hw) -> Built:
+    rows, cols = _shape2(case)
+    dt = case.get("dtype", "float16")
+    fn, axis = str(case.get("fn", "sum")), case.get("axis", "row")
+    if fn not in ("sum", "max", "mean") or axis not in ("row", "col"):
+        raise CaseError(f"reduce {fn!r} along {axis!r} has no builder")
+    if axis == "row":
+        dims = (IterDim("r", rows), IterDim("c", cols, "reduction"))
+        oshape, oacc = (rows, 1), (0, None)
+    else:
+        dims = (IterDim("r", rows, "reduction"), IterDim("c", cols))
+        oshape, oacc = (1, cols), (None, 1)
+    t = {"x": _t("x", (rows, cols), dt, "user_input"), "y": _t("y", oshape, dt)}
+    # mean: the sum of x / n (one fold, one scale per element: what the SFP executes)
+    expr = Call("mul", (In(0), Const(1.0 / (cols if axis == "row" else rows)))) if fn == "mean" else In(0)
+    op = PrimOp("kernel", dims, (Access("x", (0, 1)),), Access("y", oacc),
+                ReduceBody("sum" if fn == "mean" else fn, expr))
+    d = PlanDecisions(planner="calibration")
+    d.ops["kernel"] = OpPlan(core_split=_rows_split(case))
+    return Built(_valid(PrimGraph("reduce", t, [op], ["x"], ["y"]), hw, d))
+
+
+# -- transpose: y[C,R] = x[R,C] made contiguous (the stick dim becomes a row dim) -----------------------
+def _transpose(case: dict, hw) -> Built:
+    rows, cols = _shape2(case)
+    dt = case.get("dtype", "float16")
+    t = {"x": _t("x", (rows, cols), dt, "user_input"), "y": _t("y", (cols, rows), dt)}
+    op = PrimOp("kernel", (IterDim("r", rows), IterDim("c", cols)), (Access("x", (0, 1)),), Access("y", (1, 0)),
+                PointwiseBody(In(0)))
+    d = PlanDecisions(planner="calibration")
+    d.ops["kernel"] = OpPlan(core_split=_rows_split(case))
+    return Built(_valid(PrimGraph("transpose", t, [op], ["x"], ["y"]), hw, d))
+
+
+# -- a sum of n tensors as a chain of two-input additions (or independent pairs) -----------------------
+def _add_chain(case: dict, hw) -> Built:
+    rows, cols = _shape2(case)
+    dt = case.get("dtype", "float16")
+    n = int(case.get("inputs", 3))
+    if n < 2:
+        raise CaseError("add_chain needs at least two inputs")
+    dims = (IterDim("r", rows), IterDim("c", cols))
+    full = (0, 1)
+    t = {f"a{i}": _t(f"a{i}", (rows, cols), dt, "user_input") for i in range(n)}
+    ops, outs = [], []
+    if case.get("independent"):
+        # (a0 + a1), (a2 + a3), ...: the same bytes as a chain, no dependency
+        for j in range(n // 2):
+            t[f"y{j}"] = _t(f"y{j}", (rows, cols), dt)
+            ops.append(PrimOp(f"add{j}", dims, (Access(f"a{2 * j}", full), Access(f"a{2 * j + 1}", full)),
+                              Access(f"y{j}", full), PointwiseBody(Call("add", (In(0), In(1))))))
+            outs.append(f"y{j}")
+    else:
+        prev = "a0"
+        for j in range(1, n):
+            out = "y" if j == n - 1 else f"t{j}"
+            t[out] = _t(out, (rows, cols), dt)
+            ops.append(PrimOp(f"add{j}", dims, (Access(prev, full), Access(f"a{j}", full)), Access(out, full),
+                              PointwiseBody(Call("add", (In(0), In(1))))))
+            prev = out
+        outs.append("y")
+    d = PlanDecisions(planner="calibration")
+    split = _rows_split(case)
+    for op in ops:
+        d.ops[op.id] = OpPlan(core_split=dict(split))
+    if case.get("intermediates") == "lx":
+        cores = 1
+        for f in split.values():
+            cores *= f
+        per_core = -(-rows // cores) * max(cols * hw.dtype_size(dt), hw.stick_bytes)
+        # a chain needs two intermediates live at once (the one read and the one written)
+        for j in range(1, n - 1):
+            d.resident[f"t{j}"] = Residency(lx_address=(j % 2) * per_core)
+    return Built(_valid(PrimGraph("add_chain", t, ops, [f"a{i}" for i in range(n)], outs), hw, d))
 
 
 # -- softmax over rows, decomposed (max, sub+exp, sum, div), one coarse-tiled kernel -----------------
@@ -255,6 +384,7 @@ def _sdpa(case: dict, hw) -> Built:
 
 BUILDERS: dict[str, Callable[[dict, object], Built]] = {
     "matmul": _matmul, "bmm": _bmm, "pointwise": _pointwise, "softmax": _softmax, "sdpa": _sdpa,
+    "broadcast": _broadcast, "reduce": _reduce, "transpose": _transpose, "add_chain": _add_chain,
 }
 
 

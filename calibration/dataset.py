@@ -1,5 +1,9 @@
 """The calibration dataset: one entry per public Spyre device measurement (format in
-docs/calibration.md). Versioned JSON in calibration/data/; this module is its only reader."""
+docs/calibration.md). Versioned JSON in calibration/data/; this module is its only reader.
+
+Format version 2 adds `source.build` (the compiler build or commit a measurement was taken
+on, where the source states it) and `point.reserved` (a point held out for validation:
+evaluated and reported apart, never fitted). Version-1 files load unchanged."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,11 +12,13 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-DEFAULT_DATASET = DATA_DIR / "spyre_v1.json"
+DEFAULT_DATASET = DATA_DIR / "spyre_v2.json"
 FORMAT = "sticksat.calibration"
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
 
-Family = Literal["matmul", "bmm", "pointwise", "reduction", "softmax", "restickify", "relayout", "chain"]
+Family = Literal["matmul", "bmm", "pointwise", "broadcast", "reduction", "softmax", "restickify", "relayout", "chain",
+                 "tiling"]
 
 
 class _Model(BaseModel):
@@ -24,6 +30,8 @@ class Source(_Model):
     url: Optional[str] = None
     date: Optional[str] = None
     quote: str = ""
+    # the compiler build / commit the measurement was taken on, where the source says (v2)
+    build: Optional[str] = None
 
 
 class Point(_Model):
@@ -42,10 +50,13 @@ class Point(_Model):
     unbuildable: Optional[str] = None
     # why this point is shown but neither fitted nor held to the error bound
     disputed: Optional[str] = None
+    # why this point is held out: evaluated and reported on its own, never fitted (v2)
+    reserved: Optional[str] = None
 
     @property
     def usable(self) -> bool:
-        return self.unbuildable is None and self.disputed is None
+        """Fitted and held to the bounds: neither unbuildable, disputed nor reserved."""
+        return self.unbuildable is None and self.disputed is None and self.reserved is None
 
     @property
     def source_key(self) -> str:
@@ -55,7 +66,7 @@ class Point(_Model):
 
 class Dataset(_Model):
     format: Literal["sticksat.calibration"]
-    version: Literal[1]
+    version: Literal[1, 2]
     target: str
     collected: str
     changes: str = ""
@@ -82,4 +93,8 @@ def load_dataset(path: Optional[str | Path] = None) -> Dataset:
                              f"or to be another point's ratio_to")
         if p.ratio_to is not None and p.ratio_to not in ids:
             raise ValueError(f"calibration point {p.id}: ratio_to {p.ratio_to!r} is not a point")
+        if ds.version < 2 and (p.reserved is not None or p.source.build is not None):
+            raise ValueError(f"calibration point {p.id}: 'reserved' and 'source.build' need format version 2")
+        if p.ratio_to is not None and (p.reserved is None) != (ids[p.ratio_to].reserved is None):
+            raise ValueError(f"calibration point {p.id}: a ratio cannot mix a reserved and a fitted point")
     return ds

@@ -28,7 +28,7 @@ class PointResult:
     ratio_to: Optional[str] = None
     measured_ratio: Optional[float] = None
     simulated_ratio: Optional[float] = None
-    status: str = "ok"                # ok | unbuildable | disputed | build_error
+    status: str = "ok"                # ok | unbuildable | disputed | reserved | build_error
     reason: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -82,6 +82,8 @@ def evaluate(dataset: Dataset, hw, programs: Optional[Programs] = None) -> list[
                 r.error = r.simulated_ratio / p.measured_ratio - 1.0
             if p.disputed is not None:
                 r.status, r.reason = "disputed", p.disputed
+            elif p.reserved is not None:
+                r.status, r.reason = "reserved", p.reserved
         out.append(r)
     return out
 
@@ -121,5 +123,51 @@ def summarize(results: list[PointResult]) -> dict:
         "absolute": {"points": len(absolute), "mean_abs_error": a_mae, "max_abs_error": a_max},
         "ratios": {"points": len(ratios), "mean_abs_error": r_mae, "max_abs_error": r_max},
         "sources": len({r.source for rs in fams.values() for r in rs}),
-        "not_fitted": {s: sum(r.status == s for r in results) for s in ("unbuildable", "disputed", "build_error")},
+        "not_fitted": {s: sum(r.status == s for r in results)
+                       for s in ("unbuildable", "disputed", "reserved", "build_error")},
+        "within_25pct": sum(abs(r.error) <= 0.25 for rs in fams.values() for r in rs),
+        "points": sum(len(rs) for rs in fams.values()),
+        "mean_abs_error": _mean([abs(r.error) for rs in fams.values() for r in rs]),
+        "worst": _worst([r for rs in fams.values() for r in rs]),
+    }
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _worst(rs: list[PointResult]) -> Optional[dict]:
+    if not rs:
+        return None
+    w = max(rs, key=lambda r: abs(r.error))
+    return {"id": w.id, "error": w.error}
+
+
+def reserved_summary(results: list[PointResult]) -> dict:
+    """The reserved (validation-only) points on their own: each absolute time, and for each
+    baseline/variant pair of one source row (ids that differ only in their last `-` part)
+    the ratio variant / baseline, measured and simulated."""
+    res = [r for r in results if r.status == "reserved" and r.error is not None]
+    pairs: dict[str, dict[str, PointResult]] = {}
+    for r in res:
+        stem, _, tag = r.id.rpartition("-")
+        pairs.setdefault(stem, {})[tag] = r
+    ratios = []
+    for stem, tags in sorted(pairs.items()):
+        if len(tags) != 2:
+            continue
+        base_tag = "baseline" if "baseline" in tags else sorted(tags)[0]
+        (other_tag,) = [t for t in tags if t != base_tag]
+        b, o = tags[base_tag], tags[other_tag]
+        meas = o.measured_us / b.measured_us
+        sim = o.simulated_us / b.simulated_us
+        ratios.append({"pair": stem, "measured_ratio": meas, "simulated_ratio": sim, "error": sim / meas - 1.0})
+    return {
+        "points": [{"id": r.id, "measured_us": r.measured_us, "simulated_us": r.simulated_us, "error": r.error}
+                   for r in res],
+        "ratios": ratios,
+        "absolute_mean_abs_error": _mean([abs(r.error) for r in res]),
+        "ratio_mean_abs_error": _mean([abs(x["error"]) for x in ratios]),
+        "within_20pct": sum(abs(r.error) <= 0.20 for r in res) + sum(abs(x["error"]) <= 0.20 for x in ratios),
+        "checks": len(res) + len(ratios),
     }

@@ -32,7 +32,16 @@ FIT_PARAMS: dict[str, tuple[float, float]] = {
     "shared_read_fanout_exponent": (0.05, 3.0),
     "untiled_overlap_chunks": (1.0, 64.0),
     "psum_spill_k_per_pass": (8.0, 4096.0),
-    "pt_default_layout_projection_mac_per_ns_per_core": (100.0, 1140.0),
+    # operand order (docs/simulator-timing.md "Compute")
+    "pt_batch_inside_input_ns_per_mac": (1e-5, 0.05),
+    "pt_batch_inside_output_ns_per_mac": (1e-6, 0.05),
+    "pt_projection_batch_inside_ns_per_mac": (1e-6, 0.05),
+    "bmm_layout_saturation_batch": (1.5, 64.0),
+    "projection_layout_saturation_batch": (1.5, 64.0),
+    # core count and read-after-write ("Shared bus")
+    "dram_core_read_gbps": (5.0, 150.0),
+    "dram_partial_machine_fraction": (0.2, 1.0),
+    "dram_raw_turnaround_ns_per_byte": (1e-6, 0.05),
     "host_call_overhead_us": (100.0, 10000.0),
 }
 
@@ -124,12 +133,13 @@ def fit(dataset: Dataset, doc: dict, programs: Programs, params: Optional[dict[s
                                               res(np.log([after[n] for n in names]))), it)
 
 
-def leave_one_source_out(dataset: Dataset, doc: dict, programs: Programs) -> dict[str, dict]:
-    """Per source: refit without its points, then the mean absolute error on them."""
+def leave_one_source_out(dataset: Dataset, doc: dict, programs: Programs, max_iter: int = 12) -> dict[str, dict]:
+    """Per source: refit without its points (starting from `doc`'s values), then the mean
+    absolute error on them."""
     sources = sorted({p.source_key for p in dataset.points if p.usable})
     out = {}
     for src in sources:
-        f = fit(dataset, doc, programs, skip_sources=[src], max_iter=20)
+        f = fit(dataset, doc, programs, skip_sources=[src], max_iter=max_iter)
         hw = hardware_with(doc, f.after)
         errs = [abs(r.error) for r in evaluate(dataset, hw, programs) if r.fitted and r.source == src]
         if errs:

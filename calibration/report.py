@@ -45,9 +45,12 @@ def text_table(results: list[PointResult]) -> str:
     return "\n".join(lines)
 
 
-def summary_text(summary: dict, loso: Optional[dict] = None) -> str:
+def summary_text(summary: dict, loso: Optional[dict] = None, reserved: Optional[dict] = None) -> str:
     a, r = summary["absolute"], summary["ratios"]
-    lines = [f"absolute times: {a['points']} points, mean |error| {_pct(a['mean_abs_error'])[1:]}, "
+    worst = summary.get("worst") or {}
+    lines = [f"fitted points:  {summary['points']}, mean |error| {_pct(summary['mean_abs_error'])[1:]}, "
+             f"{summary['within_25pct']} within +-25%, worst {worst.get('id', '-')} {_pct(worst.get('error'))}",
+             f"absolute times: {a['points']} points, mean |error| {_pct(a['mean_abs_error'])[1:]}, "
              f"max {_pct(a['max_abs_error'])[1:]}",
              f"plan ratios:    {r['points']} points, mean |error| {_pct(r['mean_abs_error'])[1:]}, "
              f"max {_pct(r['max_abs_error'])[1:]}",
@@ -63,15 +66,34 @@ def summary_text(summary: dict, loso: Optional[dict] = None) -> str:
         for src, v in loso.items():
             lines.append(f"  without {src[:70]:70s} {v['points']:3d} points  mean {_pct(v['mean_abs_error'])[1:]:>6s}"
                          f"  max {_pct(v['max_abs_error'])[1:]:>6s}")
+    if reserved and reserved["checks"]:
+        lines.append(reserved_text(reserved))
     return "\n".join(lines)
 
 
-def markdown(results: list[PointResult], summary: dict, loso: dict, dataset_label: str, when: str) -> str:
+def reserved_text(reserved: dict) -> str:
+    """The reserved (validation-only) points: never fitted, reported on their own."""
+    lines = [f"reserved (out of sample, never fitted): {len(reserved['points'])} times, mean |error| "
+             f"{_pct(reserved['absolute_mean_abs_error'])[1:]}; {len(reserved['ratios'])} pair ratios, mean |error| "
+             f"{_pct(reserved['ratio_mean_abs_error'])[1:]}; {reserved['within_20pct']} of {reserved['checks']} "
+             f"within +-20%"]
+    by_id = {p["id"]: p for p in reserved["points"]}
+    for x in reserved["ratios"]:
+        pair = [p for pid, p in by_id.items() if pid.startswith(x["pair"] + "-")]
+        times = "  ".join(f"{p['id'][len(x['pair']) + 1:]} {_us(p['measured_us'])}/{_us(p['simulated_us'])} us "
+                          f"{_pct(p['error'])}" for p in sorted(pair, key=lambda p: p["id"]))
+        lines.append(f"  {x['pair']:24s} ratio measured {x['measured_ratio']:.3f} simulated {x['simulated_ratio']:.3f} "
+                     f"{_pct(x['error']):>7s}   {times}")
+    return "\n".join(lines)
+
+
+def markdown(results: list[PointResult], summary: dict, loso: dict, dataset_label: str, when: str,
+             reserved: Optional[dict] = None) -> str:
     out = [f"Dataset {dataset_label}; run {when}.", "",
            "| point | family | timing | measured | simulated | error | status |", "|---|---|---|---|---|---:|---|"]
     for row in rows(results):
         out.append("| " + " | ".join(str(c).replace("|", "/") for c in row) + " |")
-    out += ["", "```", summary_text(summary, loso), "```"]
+    out += ["", "```", summary_text(summary, loso, reserved), "```"]
     return "\n".join(out)
 
 
@@ -86,6 +108,10 @@ def plot(results: list[PointResult], path: str) -> None:
         pts = [r for r in results if r.family == fam and r.measured_us is not None and r.simulated_us]
         ok = [r for r in pts if r.status == "ok"]
         bad = [r for r in pts if r.status == "disputed"]
+        held = [r for r in pts if r.status == "reserved"]
+        if held:
+            ax.scatter([r.measured_us for r in held], [r.simulated_us for r in held], marker="D", s=34,
+                       facecolors="none", edgecolors="k", label=f"{fam} (reserved, not fitted)")
         if ok:
             ax.scatter([r.measured_us for r in ok], [r.simulated_us for r in ok], label=fam, s=22)
         if bad:
@@ -94,10 +120,15 @@ def plot(results: list[PointResult], path: str) -> None:
         rat = [r for r in results if r.family == fam and r.simulated_ratio is not None]
         if rat:
             bx.scatter([r.measured_ratio for r in rat], [r.simulated_ratio for r in rat], label=fam, s=22)
+    from calibration.evaluate import reserved_summary
+
+    pairs = reserved_summary(results)["ratios"]
+    if pairs:
+        bx.scatter([x["measured_ratio"] for x in pairs], [x["simulated_ratio"] for x in pairs], marker="D", s=34,
+                   facecolors="none", edgecolors="k", label="reserved pairs (not fitted)")
     for a, title, unit in ((ax, "absolute times", "us"), (bx, "ratios between two plans of one shape", "ratio")):
-        lo, hi = a.get_xlim()
-        lo2, hi2 = a.get_ylim()
-        lo, hi = max(1e-3, min(lo, lo2)), max(hi, hi2)
+        vals = [v for c in a.collections for xy in c.get_offsets() for v in xy if v > 0]
+        lo, hi = (min(vals) / 1.5, max(vals) * 1.5) if vals else (1e-3, 1.0)
         xs = [lo, hi]
         a.plot(xs, xs, "k-", lw=0.8)
         a.plot(xs, [x * 1.2 for x in xs], "k:", lw=0.6)

@@ -231,47 +231,39 @@ def _matmul_batches(prim: PrimOp) -> tuple[list[int], list[int]]:
     return [i for i in other if i in x.dims and i in y.dims], [i for i in other if i in x.dims]
 
 
-def _matmul_layout_rate(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardware) -> tuple[str, int]:
-    """Which PT rate a matmul runs at, from its operands' device layouts.
+def matmul_layout_stall(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardware) -> tuple[float, list[str]]:
+    """Extra PT time per MAC per core from the operands' device orders, and which operands
+    cause it.
 
-    A bmm (batch iteration dims indexed by both x and y) with a batch extent of at least
-    `bmm_layout_min_batch` runs at the batch-outer rate when every batched operand keeps its
-    batch dims outermost in `dim_order`, else at the default-layout rate (batch dims inside
-    the other dims, as torch-spyre's default device tile order has them). A projection (x
-    batched, y a shared weight) whose x keeps that default order at such a batch runs at
-    the default-layout projection rate. A plain matmul or a small batch runs at the
-    sustained rate."""
+    A batched matmul (a bmm: batch iteration dims indexed by both x and y; or a projection:
+    a batched x against a weight every batch shares) feeds the array row by row. An operand
+    that carries batch dims but does not keep them outermost in its `dim_order` (the
+    compiler's default tile order puts the batch just inside the row dims) interleaves the
+    batches' rows, so each row fetch of the feed (x, y) or drain (the output) strides across
+    batches. Each such input stalls the feed, a batch-inside output stalls the drain, which
+    overlaps the feed stalls (`Hardware.pt_layout_stall_ns_per_mac`); the stall grows with
+    the batch extent up to `bmm_layout_saturation_batch` (`Hardware.batch_interleave`)."""
     assert isinstance(prim.body, MatmulBody)
-    x, y = prim.inputs[0], prim.inputs[1]
-    batch, x_batch = _matmul_batches(prim)
+    both, batch = _matmul_batches(prim)
+    batch = [i for i in batch if prim.iter_dims[i].size > 1]
+    shared_weight = not [i for i in both if prim.iter_dims[i].size > 1]
     if not batch:
-        # a projection: a batched x against a weight every batch shares. Its batch dim
-        # inside the stick-row dims (the compiler's default tile order) slows the PT feed
-        # once the batch is large enough, as it does for a bmm, though less.
-        x_extent = math.prod(prim.iter_dims[i].size for i in x_batch)
-        # (torch-spyre cost_model.py: a 3-D x shared 2-D bmm keeps its rate up to the
-        # minimum batch inclusive and slows above it)
-        if x_batch and x_extent > hw.bmm_layout_min_batch and not _batch_outermost(x, x_batch, tensors):
-            return "default_projection", x_extent
-        return "sustained", 1
+        return 0.0, []
     extent = math.prod(prim.iter_dims[i].size for i in batch)
-    if extent < hw.bmm_layout_min_batch:
-        return "sustained", extent
-    for acc in (x, y):
-        if not _batch_outermost(acc, batch, tensors):
-            return "default_bmm", extent
-    return "batch_outer", extent
+    inside = []
+    for name, acc in (("x", prim.inputs[0]), ("y", prim.inputs[1]), ("out", prim.output)):
+        mine = [i for i in batch if i in acc.dims]
+        if mine and not _batch_outermost(acc, mine, tensors):
+            inside.append(name)
+    n_in = sum(1 for n in inside if n != "out")
+    stall = hw.pt_layout_stall_ns_per_mac(n_in, "out" in inside, extent, shared_weight)
+    return stall, inside
 
 
 def best_matmul_rate_kind(prim: PrimOp, hw: Hardware, dtype: str) -> str:
-    """The fastest PT rate `_matmul_layout_rate` gives this matmul under any operand
-    layouts (lower bounds charge it): a bmm of at least `bmm_layout_min_batch` never runs
-    at the plain sustained rate, whatever its layouts; a projection's x can always keep
-    its batch outermost."""
-    batch, _ = _matmul_batches(prim)
-    if not batch or math.prod(prim.iter_dims[i].size for i in batch) < hw.bmm_layout_min_batch:
-        return "sustained"
-    return max(("batch_outer", "default_bmm"), key=lambda k: hw.pt_mac_per_ns(dtype, k))
+    """The fastest PT rate any operand layouts give this matmul (lower bounds charge it):
+    the sustained rate, every operand in feed order (no operand-order stall)."""
+    return "sustained"
 
 
 def _batch_outermost(acc, batch: list[int], tensors: dict[str, TensorDecl]) -> bool:
@@ -485,6 +477,7 @@ class OpTimer:
             acc_idx[id(operands[-1])] = idx
 
         # ---- bytes --------------------------------------------------------------------
+        read_unique: dict[int, float] = {}   # id(operand) -> its bytes over the bus (inputs read from device memory)
         r_shared = 0.0      # read bytes over the shared bus (aggregate)
         w_shared = 0.0
         delivery_ns = 0.0   # fan-out delivery of shared matmul operands beyond the free fan-out
@@ -544,6 +537,7 @@ class OpTimer:
                 delivery_ns += hw.shared_read_delivery_ns(unique, o.replication)
                 ot.effects.append(f"shared x{o.replication}: {tid}")
                 r_shared += unique
+                read_unique[id(o)] = unique
                 for ci in core_bytes:
                     core_bytes[ci] += o.per_core[ci] / o.replication
                 continue
@@ -555,8 +549,43 @@ class OpTimer:
             else:
                 unique = total_core
             r_shared += unique
+            read_unique[id(o)] = unique
             for ci in core_bytes:
                 core_bytes[ci] += o.per_core[ci] / max(1, o.replication)
+
+        # temporal tiles: an input the tiled dims do not index is the same box every tile,
+        # and it is read again each tile (the loop's body reloads its operands; only an LX
+        # resident escapes). Reading from device memory what a kernel of the program wrote
+        # there (an intermediate) pays the write drain (`dram_raw_turnaround_ns_per_byte`):
+        # on the device the dependent read follows its producer; the charge stays with the
+        # reading op so the planner's per-op cost model sees it too.
+        raw_bytes = 0.0
+        for o in operands:
+            unique = read_unique.get(id(o))
+            if unique is None:
+                continue
+            again = _tile_rereads(prim, op, acc_idx[id(o)])
+            if again > 1:
+                extra = unique * (again - 1)
+                r_shared += extra
+                ot.effects.append(f"re-read x{again}: {o.tensor.id}")
+                for ci in core_bytes:
+                    core_bytes[ci] += o.per_core[ci] / max(1, o.replication) * (again - 1)
+            if o.tensor.role not in _GRAPH_INPUT_ROLES:
+                raw_bytes += unique
+        # K tiles: the output is revisited every tile; its fp32 partial sums stay on chip
+        # when they fit in the LX the plan leaves free, else each further K tile reads and
+        # writes them through device memory
+        k_tiles = _reduction_tiles(prim, op)
+        if is_matmul and k_tiles > 1:
+            out = operands[-1]
+            out_core = max(out.per_core.values()) / hw.dtype_size(out.tensor.dtype)
+            psum_core = out_core * hw.psum_bytes_per_element
+            if psum_core > max(0, hw.lx_capacity_bytes - self.resident_live[k]):
+                traffic = psum_core * n_cores * (k_tiles - 1)
+                r_shared += traffic
+                w_shared += traffic
+                ot.effects.append(f"k-tile partial sums x{k_tiles - 1}: {psum_core / 2**20:.2f} MiB/core")
         ot.hbm_read_bytes += int(r_shared)
         ot.hbm_write_bytes = int(w_shared)
 
@@ -585,12 +614,20 @@ class OpTimer:
             else:
                 gbps = hw.cross_row_reduction_gbps
                 ot.effects.append("cross-row reduction")
-            mem_ns = self.dram_ns(r_shared, w_shared, n_cores, gbps)
+            mem_ns = self.hw.dram_ns(r_shared, w_shared, gbps=gbps, cores=n_cores, access="reduction")
         else:
             mem_ns = self.dram_ns(r_shared, w_shared, n_cores)
             if isinstance(body, PointwiseBody) and w_shared > 0 and _is_broadcast_op(prim, operands):
                 mem_ns = min(mem_ns, (r_shared + w_shared) / hw.broadcast_op_gbps)
                 ot.effects.append("broadcast-operand op")
+
+        # what limited the device-memory time on part of the machine (for the report)
+        if mem_ns > 0 and r_shared + w_shared > 0:
+            if r_shared / (n_cores * hw.dram_core_read_gbps) >= mem_ns * (1 - 1e-9):
+                ot.effects.append(f"core-read cap {hw.dram_core_read_gbps:.0f} GB/s x{n_cores}")
+            elif n_cores < hw.cores and "row reduction" not in " ".join(ot.effects) \
+                    and "cross-row reduction" not in ot.effects:
+                ot.effects.append(f"partial machine x{hw.dram_partial_machine_fraction:.2f}")
 
         # streamed-tile efficiency (non-matmul): small per-core tiles underfill the stream.
         # The tile is the largest operand's per-core box for one temporal tile: its rows are
@@ -613,13 +650,20 @@ class OpTimer:
                 ot.effects.append(f"underfill x{eff:.2f}")
 
         # working set per tile per core
-        ws_tile = sum(max(o.per_core.values()) for o in operands) / tiles
-        streamed_tile = sum(max(o.per_core.values()) for o in operands if not o.in_lx) / tiles
+        # (an input the tiled dims do not index is streamed whole each tile by the back end,
+        # like an untiled kernel's operand: it is not part of the tile's working set)
+        tile_share = {id(o): _tile_share(prim, op, acc_idx[id(o)], tiles) for o in operands}
+        ws_tile = sum(max(o.per_core.values()) * tile_share[id(o)] for o in operands)
+        streamed_tile = sum(max(o.per_core.values()) * tile_share[id(o)] for o in operands if not o.in_lx)
         if tiles > 1 and mem_ns > 0:
             derate = hw.spill_derate(ws_tile)
             if derate < 1.0:
                 mem_ns /= derate
                 ot.effects.append(f"spill x{derate:.3f}")
+
+        if raw_bytes > 0 and mem_ns > 0:
+            mem_ns += raw_bytes * hw.dram_raw_turnaround_ns_per_byte
+            ot.effects.append(f"read-after-write {raw_bytes / 2**20:.1f} MiB")
 
         repl_ns = delivery_ns
         # ---- compute time per class -------------------------------------------------------
@@ -627,10 +671,12 @@ class OpTimer:
         macs_total = 0
         dtype_in = self.dtypes[prim.inputs[0].tensor] if prim.inputs else self.dtypes[prim.output.tensor]
         if is_matmul:
-            rate_kind, _ = _matmul_layout_rate(prim, self.tensors, hw)
-            if rate_kind != "sustained":
-                ot.effects.append(f"bmm {rate_kind}")
-            rate = hw.pt_mac_per_ns(dtype_in, rate_kind)
+            stall, inside = matmul_layout_stall(prim, self.tensors, hw)
+            if stall > 0:
+                kind = " (projection)" if _matmul_batches(prim)[0] == [] or not [
+                    i for i in _matmul_batches(prim)[0] if prim.iter_dims[i].size > 1] else ""
+                ot.effects.append(f"batch-inside {'+'.join(inside)}{kind} +{stall * 1e3:.2f} ps/MAC")
+            rate = hw.pt_mac_per_ns(dtype_in, "sustained")
             stick = hw.elems_per_stick(dtype_in)
             for ci, cl in enumerate(classes):
                 # the array computes whole sticks: K and N run padded
@@ -639,7 +685,7 @@ class OpTimer:
                 macs = math.prod(ext)
                 macs_total += math.prod(cl.extents) * len(cl.cores)
                 eff = hw.pt_pass_efficiency(cl.extents[body.m])
-                comp_ns[ci] = macs / (rate * eff)
+                comp_ns[ci] = macs / (rate * eff) + macs * stall
             ot.macs = int(macs_total)
         elif body.kind in ("pointwise", "reduce") and op.kind == "compute":
             if isinstance(body, PointwiseBody):
@@ -811,6 +857,47 @@ def grouped_compute_ns(prim: PrimOp, classes: list, hw: Hardware, dtype: str) ->
         eff = hw.pt_pass_efficiency(max(1, int(math.ceil(rows / experts))))
         out[ci] = rows * n_pad * k_pad / (rate * eff)
     return out
+
+
+def _tile_rereads(prim: PrimOp, op: OpDecl, operand: int) -> int:
+    """How many times a tile loop reads input `operand`'s box: the product of the temporal
+    tiles of the dims it does not index (1 when every tiled dim indexes it)."""
+    if not op.temporal_tiles:
+        return 1
+    indexed = {prim.iter_dims[d].name for d in prim.inputs[operand].dims if d is not None}
+    n = 1
+    for name, t in op.temporal_tiles.items():
+        if int(t) > 1 and name not in indexed:
+            n *= int(t)
+    return n
+
+
+def _tile_share(prim: PrimOp, op: OpDecl, operand: int, tiles: int) -> float:
+    """The share of an operand's per-core box one temporal tile holds: 1 / the tiles of the
+    dims it indexes; 0 for an input re-streamed whole every tile (no tiled dim indexes it)."""
+    if tiles <= 1:
+        return 1.0
+    if operand >= 0:
+        again = _tile_rereads(prim, op, operand)
+        if again >= tiles:
+            return 0.0
+        return again / tiles
+    out_dims = {prim.iter_dims[d].name for d in prim.output.dims if d is not None}
+    own = 1
+    for name, t in op.temporal_tiles.items():
+        if name in out_dims:
+            own *= max(1, int(t))
+    return 1.0 / own
+
+
+def _reduction_tiles(prim: PrimOp, op: OpDecl) -> int:
+    """Temporal tiles over the op's reduction dims (K tiles of a matmul)."""
+    red = {d.name for d in prim.iter_dims if d.kind == "reduction"}
+    n = 1
+    for name, t in op.temporal_tiles.items():
+        if name in red:
+            n *= max(1, int(t))
+    return n
 
 
 def _bound_by(mem: float, repl: float, comp: float, ring: float, overhead: float) -> str:

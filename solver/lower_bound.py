@@ -2,9 +2,8 @@
 
 Per primitive op:
 - compute: a matmul's MACs at the best PT rate any operand layouts give it
-  (`simulator.timing.best_matmul_rate_kind`: the sustained rate, or for a bmm batched at
-  least `bmm_layout_min_batch` wide the batch-outer rate, which the simulator charges every
-  such bmm whatever its layouts; every core busy, no padding, no short-M derating); a pointwise/reduce op's iteration points in
+  (`simulator.timing.best_matmul_rate_kind`: the sustained rate; operand orders only add
+  stalls; every core busy, no padding, no short-M derating); a pointwise/reduce op's iteration points in
   whole sticks at one SFP stick per cycle per corelet (no transcendental surcharge) on every
   core; copies, gathers, fills and restickifies compute nothing;
 - compulsory device-memory bytes: every graph input (user inputs and weights) read by the

@@ -122,16 +122,21 @@ class Hardware:
     # PT (systolic array)
     pt_peak_mac_per_ns_per_core: float
     pt_sustained_mac_per_ns_per_core: float
-    pt_default_layout_bmm_mac_per_ns_per_core: float
-    pt_batch_outer_bmm_mac_per_ns_per_core: float
-    pt_default_layout_projection_mac_per_ns_per_core: float
+    # operand order: a batched matmul operand whose batch dims are not outermost in its
+    # device layout stalls the PT feed (ns per MAC per core, at full batch interleave)
+    pt_batch_inside_input_ns_per_mac: float
+    pt_batch_inside_output_ns_per_mac: float
+    # a projection (batched x against a weight all batches share) whose x or output keeps
+    # the batch inside: its rows interleave batches that share the weight (a smaller stall)
+    pt_projection_batch_inside_ns_per_mac: float
+    bmm_layout_saturation_batch: float
+    projection_layout_saturation_batch: float
     untiled_overlap_chunks: float
     psum_bytes_per_element: int
     psum_spill_k_per_pass: float
     pt_rows_per_pass: int
     pt_target_passes: int
     pt_dtype_rate_scale: Mapping[str, float]
-    bmm_layout_min_batch: int
     # SFP (vector unit)
     sfp_sticks_per_cycle_per_corelet: float
     sfp_transcendental_cycles: float
@@ -139,6 +144,12 @@ class Hardware:
     restickify_gbps: float
     lx_relayout_gbps_per_core: float
     dram_core_count_curve: "CoreCountCurve"
+    # what one core's DMA can issue (reads), and the bus share a kernel on part of the
+    # machine reaches (streaming ops; reductions follow dram_core_count_curve)
+    dram_core_read_gbps: float
+    dram_partial_machine_fraction: float
+    # reading what the previous kernel just wrote to device memory: its writes still drain
+    dram_raw_turnaround_ns_per_byte: float
     shared_read_free_fanout: float
     # host-side, not device time: what a compiled call costs from Python (calibration only)
     host_call_overhead_us: float
@@ -190,18 +201,39 @@ class Hardware:
         return self.sfp_sticks_per_cycle_per_corelet * self.corelets_per_core * self.clock_ghz
 
     def pt_mac_per_ns(self, dtype: str = "float16", layout: str = "sustained") -> float:
-        """Per-core PT rate. layout: "sustained" (matmul / well-laid-out bmm),
-        "default_bmm" (both rank-3 operands on the compiler-default tile order),
-        "batch_outer" (bmm with the batch dim outermost), "default_projection" (a batched x
-        on the default tile order against a shared weight), "peak" (datasheet)."""
+        """Per-core PT rate. layout: "sustained" (a matmul whose operands feed the array in
+        order; operand-order stalls are added on top, `pt_layout_stall_ns_per_mac`) or
+        "peak" (datasheet)."""
         base = {
             "sustained": self.pt_sustained_mac_per_ns_per_core,
-            "default_bmm": self.pt_default_layout_bmm_mac_per_ns_per_core,
-            "batch_outer": self.pt_batch_outer_bmm_mac_per_ns_per_core,
-            "default_projection": self.pt_default_layout_projection_mac_per_ns_per_core,
             "peak": self.pt_peak_mac_per_ns_per_core,
         }[layout]
         return base * self.pt_dtype_rate_scale.get(dtype, 1.0)
+
+    def batch_interleave(self, batch: float, saturation: float | None = None) -> float:
+        """How far a batch-inside operand's rows are interleaved across batches, 0..1: 0 for
+        one batch (nothing interleaved), rising linearly to 1 at `saturation` (default
+        `bmm_layout_saturation_batch`: the stride past which every row fetch of the PT feed
+        is a separate burst)."""
+        if batch <= 1:
+            return 0.0
+        sat = self.bmm_layout_saturation_batch if saturation is None else saturation
+        return min(1.0, (batch - 1.0) / max(1e-9, sat - 1.0))
+
+    def pt_layout_stall_ns_per_mac(self, inputs_inside: int, output_inside: bool, batch: float,
+                                   shared_weight: bool = False) -> float:
+        """Extra PT time per MAC per core of a batched matmul whose operands keep a batch dim
+        inside the row dims: each such input stalls the array's feed, and a batch-inside
+        output stalls its drain; the drain overlaps the feed stalls (the larger counts). A
+        projection (`shared_weight`: one weight for every batch) interleaves rows that share
+        the weight: one stall whichever of x and the output is batch-inside."""
+        if shared_weight:
+            inside = inputs_inside > 0 or output_inside
+            return (self.batch_interleave(batch, self.projection_layout_saturation_batch)
+                    * (self.pt_projection_batch_inside_ns_per_mac if inside else 0.0))
+        feed = inputs_inside * self.pt_batch_inside_input_ns_per_mac
+        drain = self.pt_batch_inside_output_ns_per_mac if output_inside else 0.0
+        return self.batch_interleave(batch) * max(feed, drain)
 
     def pt_pass_efficiency(self, rows_per_core: int) -> float:
         """PT efficiency when each core's M slice is short: the array streams M in passes
@@ -211,23 +243,32 @@ class Hardware:
         return min(1.0, math.sqrt(passes / self.pt_target_passes))
 
     def dram_ns(self, read_bytes: float, write_bytes: float, gbps: float | None = None,
-                cores: int | None = None) -> float:
-        """Shared-bus time of one kernel moving R read and W written bytes:
-        (R+W)/BW + turnaround*min(R, W), BW capped by what `cores` active cores can issue
-        (`dram_bus_gbps`), the turnaround paid when `cores` (None: many) interleave their
-        streams (at least `dram_turnaround_min_cores`)."""
+                cores: int | None = None, access: str = "stream") -> float:
+        """Device-memory time of one kernel moving R read and W written bytes: the longer of
+        the shared bus, (R+W)/BW + turnaround*min(R, W), and what its cores can issue,
+        R / (cores x `dram_core_read_gbps`). BW is capped by the bus share `cores` active
+        cores reach (`dram_bus_gbps`, by access kind); the turnaround is paid when `cores`
+        (None: many) interleave their streams (at least `dram_turnaround_min_cores`)."""
         bw = self.dram_oneway_gbps if gbps is None else gbps
         if cores is not None:
-            bw = min(bw, self.dram_bus_gbps(cores))
+            bw = min(bw, self.dram_bus_gbps(cores, access))
         t = (read_bytes + write_bytes) / bw
         if cores is None or cores >= self.dram_turnaround_min_cores:
             t += self.dram_turnaround_ns_per_byte * min(read_bytes, write_bytes)
+        if cores is not None:
+            t = max(t, read_bytes / (max(1, cores) * self.dram_core_read_gbps))
         return t
 
-    def dram_bus_gbps(self, cores: int) -> float:
-        """Device-memory rate a kernel on `cores` active cores reaches: few cores cannot
-        keep the shared bus busy (`dram_core_count_curve`)."""
-        return self.dram_oneway_gbps * self.dram_core_count_curve.at(max(1, cores))
+    def dram_bus_gbps(self, cores: int, access: str = "stream") -> float:
+        """Device-memory rate a kernel on `cores` active cores reaches. A streaming kernel
+        (pointwise, copy, matmul operands) on part of the machine reaches
+        `dram_partial_machine_fraction` of the bus, on all of it the whole bus; a reduction
+        ("reduction") follows the device-fitted `dram_core_count_curve` (its fold keeps few
+        cores from issuing)."""
+        n = max(1, cores)
+        if access == "reduction":
+            return self.dram_oneway_gbps * self.dram_core_count_curve.at(n)
+        return self.dram_oneway_gbps * (1.0 if n >= self.cores else self.dram_partial_machine_fraction)
 
     def shared_read_delivery_ns(self, unique_bytes: float, fanout: int) -> float:
         """Extra time to deliver a read that `fanout` cores share (a matmul operand the core

@@ -51,10 +51,20 @@ def _chain_graph(A=2, B=64, C=64, reshape=True) -> PrimGraph:
 def _wrong_stick_start(pg: PrimGraph):
     """The model, and a start with the elementwise chain (and its weight) on stick dim 1
     (B): each op's cheapest strategy there, the copy's cheapest data-moving one, no LX
-    residency."""
-    from solver.naive import plan_naive
+    residency. The model's hint is the naive plan with the chain moved onto B: the naive
+    plan's strategies (chain on C) are always in the space, so its mirror on B keeps the
+    two sticks' strategy sets alike (the naive plan's 2-core split is the cheapest on this
+    small chain, and the wide-split candidates alone would not offer it on B)."""
+    from dataclasses import replace
 
-    _, S, sm = build_model(pg, HW, plan_naive(pg, HW))
+    from solver.naive import plan_naive
+    from target.op_rules import StickChoice
+
+    naive = plan_naive(pg, HW)
+    on_b = StickChoice(stick_iter=1, inputs=(1,), output=1)
+    mirrored = replace(naive, input_sticks={**naive.input_sticks, "w": 1},
+                       ops={**naive.ops, **{o: replace(naive.ops[o], stick=on_b) for o in ("neg", "mul", "add")}})
+    _, S, sm = build_model(pg, HW, mirrored)
     price = ChainMoves(sm)._price
     picks = {}
     for op in pg.ops:

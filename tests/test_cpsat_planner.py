@@ -72,9 +72,9 @@ def test_warm_start_from_a_stored_fused_program_is_valid_and_no_worse_than_a_col
     which no untiled op fits in, so the warm start reads back the solve's view (no tiles, no
     tile buffers), and the default start competes with it: the search never falls back to
     the naive plan, and ends no slower than from a cold start."""
-    from tests.test_split_k_hold import gated_mlp
+    from tests.test_split_k_hold import MLP, gated_mlp
 
-    pg = gated_mlp(512, 2048, 8192)
+    pg = gated_mlp(*MLP)   # (tall enough for fused row-tiled kernels on the recalibrated judge)
     stored = plan(pg, HW, "cpsat", **FAST)
     assert any(getattr(t.memory, "per_tile", False) for t in stored.tensors)
     d = decisions_from_program(pg, stored)

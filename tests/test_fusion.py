@@ -103,10 +103,11 @@ def test_fused_member_rereads_an_input_its_cores_did_not_load():
 def test_a_lone_prefill_matmul_is_tiled_so_its_loads_overlap_its_compute():
     """An untiled kernel overlaps little of its weight stream with its PT time (the
     calibrated `untiled_overlap_chunks`); tiled, the loads of tile j+1 run under the compute
-    of tile j. A lone matmul is a run of its own."""
+    of tile j. A lone matmul is a run of its own. Each row tile reads the weight again, so
+    tiling pays where the rows outweigh it (16384 rows against a 2048x2048 weight)."""
     from calibration.cases import matmul_graph
 
-    pg = matmul_graph(512, 4096, 4096)
+    pg = matmul_graph(16384, 2048, 2048)
     d = plan_cpsat(pg, HW, **FAST)
     assert max(d.ops["mm"].temporal_tiles.values(), default=1) > 1
     program = plan(pg, HW, "cpsat", **FAST)
@@ -137,8 +138,9 @@ def test_adjacent_runs_with_the_same_tile_count_stay_separate_kernels():
     result across tiles (kernel_tile_order). Fusion cuts a bundle at each tiled run's head,
     so both matmuls get tiled in kernels of their own."""
     from solver.plan import OpPlan
-    pg = _two_matmuls()
-    split = {"m": 4, "n": 8}
+    # (tall enough that a row tile's re-read of the weight costs less than tiling gains)
+    pg = _two_matmuls(M=16384)
+    split = {"m": 8, "n": 4}
     d = PlanDecisions("test", ops={o.id: OpPlan(core_split=dict(split)) for o in pg.ops})
     res = fuse_tiled_groups(pg, HW, d, tile_counts=(16,))
     assert res is not None and not validate_program(res.program, HW)
@@ -200,7 +202,7 @@ def test_adjacent_runs_merge_into_one_kernel_where_that_is_faster(monkeypatch):
     them; one kernel loads x once and overlaps one weight stream with the other's compute."""
     from solver.spyre.fusion import merge
     from solver.plan import OpPlan
-    pg = _gated()
+    pg = _gated(M=16384)   # (row tiles re-read the weights: tall rows make tiling pay)
     d = PlanDecisions("test", ops={"mm1": OpPlan(core_split={"m": 8, "n": 4}),
                                    "mm2": OpPlan(core_split={"m": 4, "n": 8}),
                                    "mul": OpPlan(core_split={"m": 4, "n": 8})})
@@ -245,7 +247,8 @@ def test_sibling_matmuls_move_next_to_each_other_and_share_one_kernel():
     next to the first (op_order, dependencies kept), merges them into one kernel that loads
     x once, and the result is valid and faster than without."""
     from solver.plan import OpPlan
-    pg = _two_heads()
+    M, K, N = 16384, 1024, 1024   # (row tiles re-read the weights: tall rows make tiling pay)
+    pg = _two_heads(M, K, N)
     order = [op.id for op in pg.ops]
     assert abs(order.index("mm_q") - order.index("mm_k")) > 2  # apart before the search
     # the chains after the bias adds on 16 cores: no kernel of the plain search spans them
@@ -262,7 +265,10 @@ def test_sibling_matmuls_move_next_to_each_other_and_share_one_kernel():
     assert [o.id for o in together.program.ops if o.kind == "compute"] == new
     groups = {o.op_id: o.fused_group for o in together.report.ops}
     assert groups["mm_q"] is not None and groups["mm_q"] == groups["mm_k"] == groups["bias_q"] == groups["bias_k"]
-    assert together.report.op(second).hbm_read_bytes == 4096 * 1024 * 2  # its weight; x is on chip
+    # its weight, read again every row tile (no tiled dim indexes it); x is on chip
+    assert set(together.decisions.ops[second].temporal_tiles) == {"m"}
+    row_tiles = together.report.op(second).temporal_tiles
+    assert together.report.op(second).hbm_read_bytes == K * N * 2 * row_tiles
     assert any("x already on chip" in e for e in together.report.op(second).effects)
     assert apart.report.op("mm_q").fused_group != apart.report.op("mm_k").fused_group
     assert together.fused_us < apart.fused_us
@@ -298,7 +304,7 @@ def test_a_reduction_over_the_heads_split_dim_joins_its_kernel(monkeypatch):
     partial sums combined on the ring); in the kernel it reads the squares on chip."""
     from solver.spyre.fusion import hold, variants
     from solver.plan import OpPlan
-    pg = _projection_then_row_stats()
+    pg = _projection_then_row_stats(M=8192, K=1024, N=1024)   # (tall rows: tiling pays)
     d = PlanDecisions("test", ops={"mm": OpPlan(core_split={"m": 8, "n": 4}),
                                    "sq": OpPlan(core_split={"m": 8, "n": 4}),
                                    "sum": OpPlan(core_split={"m": 32})})
@@ -353,7 +359,7 @@ def test_a_result_handed_between_kernels_is_held_in_lx_with_its_reader_following
     assert hold.hold_in_lx(pg, HW, (d, prog, rep), None, 0.0)[1] is prog
 
 
-def _projection_plus_resident(M=512, K=4096, N=4096):
+def _projection_plus_resident(M=4096, K=1024, N=1024):
     """z = exp(r) + x @ w, exp(r) held in LX on its own split."""
     from target.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
                                      PrimOp, PrimTensor)
@@ -381,7 +387,7 @@ def test_a_matmul_takes_its_readers_split_so_its_result_stays_in_lx(monkeypatch)
     from solver.plan import OpPlan, Residency
     pg = _projection_plus_resident()
     d = PlanDecisions("test", ops={"a": OpPlan(core_split={"m": 8, "n": 4}),
-                                   "mm": OpPlan(core_split={"m": 4, "n": 8}, temporal_tiles={"m": 32}),
+                                   "mm": OpPlan(core_split={"m": 4, "n": 8}, temporal_tiles={"m": 8}),
                                    "add": OpPlan(core_split={"m": 8, "n": 4})},
                       resident={"a": Residency(lx_address=0)}, bundle_starts=["mm"])
     prog = emit_program(pg, HW, d)
@@ -407,8 +413,8 @@ def test_a_kernel_takes_the_split_its_member_reads_a_held_result_in(monkeypatch)
     from solver.plan import OpPlan
     pg = _projection_plus_resident()
     d = PlanDecisions("test", ops={"a": OpPlan(core_split={"m": 8, "n": 4}),
-                                   "mm": OpPlan(core_split={"m": 4, "n": 8}, temporal_tiles={"m": 16}),
-                                   "add": OpPlan(core_split={"m": 4, "n": 8}, temporal_tiles={"m": 16})},
+                                   "mm": OpPlan(core_split={"m": 4, "n": 8}, temporal_tiles={"m": 8}),
+                                   "add": OpPlan(core_split={"m": 4, "n": 8}, temporal_tiles={"m": 8})},
                       bundle_starts=["mm"])
     prog = emit_program(pg, HW, d)
     assert not validate_program(prog, HW)

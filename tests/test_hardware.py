@@ -106,8 +106,11 @@ def test_derived_rates():
     assert uf.efficiency(2, 2048) == pytest.approx((2 / 7.9) ** 0.5)
     assert 0 < uf.efficiency(0.01, 128) < uf.eff_floor
     assert hw.ring_gbps_per_direction == pytest.approx(128 * hw.clock_ghz)
-    assert hw.pt_mac_per_ns("float16", "default_bmm") < hw.pt_mac_per_ns("float16", "batch_outer") \
-        < hw.pt_mac_per_ns("float16") < hw.pt_mac_per_ns("float16", "peak")
+    assert hw.pt_mac_per_ns("float16") < hw.pt_mac_per_ns("float16", "peak")
+    # operand order: no stall for one batch, inputs add, the output drain overlaps them
+    assert hw.pt_layout_stall_ns_per_mac(2, True, 1) == 0.0
+    assert hw.pt_layout_stall_ns_per_mac(1, False, 8) < hw.pt_layout_stall_ns_per_mac(2, False, 8) \
+        == pytest.approx(hw.pt_layout_stall_ns_per_mac(2, True, 8))
     assert hw.pt_pass_efficiency(64) == 1.0
     assert hw.pt_pass_efficiency(8) == pytest.approx((1 / 8) ** 0.5)
 

@@ -218,16 +218,16 @@ def _bmm(B, M, K, N):
 
 @pytest.mark.parametrize("batch", [2, 32])
 def test_bmm_bound_charges_the_best_rate_any_layout_gives(batch):
-    """A bmm batched at least `bmm_layout_min_batch` wide runs at the batch-outer rate at best,
-    whatever its layouts (simulator.timing._matmul_layout_rate), so both bounds charge its
-    MACs at that rate; a narrower batch runs at the sustained rate. Every stick choice and
-    legal split of the bmm simulates at or above the bound, and the bound is not vacuous."""
+    """A bmm runs at the sustained rate at best: operand orders only add stalls
+    (simulator.timing.matmul_layout_stall), so both bounds charge its MACs at that rate.
+    Every stick choice and legal split of the bmm simulates at or above the bound, and the
+    bound is not vacuous."""
     from target.op_rules import ANY, legal_core_splits, split_granules, stick_options
     from simulator.validate import validate_program
     M, K, N = 256, 128, 256
     pg = _bmm(batch, M, K, N)
     lb = lower_bound(pg, HW)
-    kind = "batch_outer" if batch >= HW.bmm_layout_min_batch else "sustained"
+    kind = "sustained"
     compute_us = batch * M * K * N / (HW.pt_mac_per_ns("float16", kind) * HW.cores) / 1e3
     assert lb.compute_us == pytest.approx(compute_us)
     assert lb.split_bound_us >= lb.lower_bound_us >= compute_us - 1e-9

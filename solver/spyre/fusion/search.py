@@ -148,6 +148,7 @@ class _Search:
         self.whole: Optional[tuple] = None
         self.longest = 0.0
         self.out_of_time = False
+        self.matmul_headed: list[bool] = [False] * len(runs)   # per run: judged at the high count
 
     def trials(self, v: PlanDecisions, counts, vi_of_run) -> None:
         """One whole-program trial per tile count; each run keeps what is fastest for it."""
@@ -184,7 +185,8 @@ class _Search:
         at the middle count every variant of its run would lose to the plan as it was)."""
         t_mid, t_high = _middle_and_high(tile_counts)
         heads = {o.id: o.opfunc == "matmul" for o in base_prog.ops}
-        judge = (tuple(t_high if heads.get(r[0]) else t_mid for r in self.runs),)
+        self.matmul_headed = [bool(heads.get(r[0])) for r in self.runs]
+        judge = (tuple(t_high if mm else t_mid for mm in self.matmul_headed),)
         for vi, v in enumerate(variants):
             self.trials(v.decisions, judge, lambda i, vi=vi: vi)
 
@@ -193,10 +195,15 @@ class _Search:
         chosen = [max(0, vi) for _, vi, _ in self.best]
         mixed = _combine(d, variants, self.runs, [(0.0, vi, {}) for vi in chosen], self.hw,
                          keep_untouched=False)
-        t_mid = _middle_and_high(tile_counts)[0]
+        t_mid, t_high = _middle_and_high(tile_counts)
         # nearest counts first: when time runs out, the untried ones are the least likely to win
         rest = sorted((t for t in tile_counts if t != t_mid),
                       key=lambda t: abs(t.bit_length() - t_mid.bit_length()))
+        # a run a matmul heads was judged at the high count in stage 1, not the middle one:
+        # it tries the middle count first and skips the high one (same number of trials)
+        if any(self.matmul_headed) and t_high != t_mid:
+            rest_mm = [t_mid] + [t for t in rest if t != t_high]
+            rest = [tuple(m if is_mm else t for is_mm in self.matmul_headed) for t, m in zip(rest, rest_mm)]
         self.trials(mixed, rest, lambda i: chosen[i])
 
     def combination(self, d: PlanDecisions, variants: list[Variant], base_rep: TimingReport
