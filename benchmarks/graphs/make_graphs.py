@@ -409,36 +409,24 @@ def _bmm(b: int, m: int, k: int, n: int):
     return build
 
 
-class LastHiddenFromEmbeddings(torch.nn.Module):
+class LastHiddenFromEmbeddings(LastHidden):
     """A transformers base model from token embeddings to its last hidden state."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
 
     def forward(self, inputs_embeds):
         return self.model(inputs_embeds=inputs_embeds).last_hidden_state
 
 
-class EncoderDecoderLastHidden(torch.nn.Module):
+class EncoderDecoderLastHidden(LastHidden):
     """An encoder-decoder base model (source ids, target ids) -> the decoder's last hidden state."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
 
     def forward(self, input_ids, decoder_input_ids):
         return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids,
                           use_cache=False).last_hidden_state
 
 
-class ImageToTextLogitsFree(torch.nn.Module):
+class ImageToText(LastHidden):
     """A vision encoder-decoder (pixels, text ids) -> the decoder's last hidden state: the
     ViT encoder's output feeds every decoder layer's cross-attention."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
 
     def forward(self, pixel_values, decoder_input_ids):
         enc = self.model.encoder(pixel_values=pixel_values).last_hidden_state
@@ -481,7 +469,7 @@ def _vit_gpt2(image: int, patch: int, tgt: int, **cfg_kw):
             c._attn_implementation = "sdpa"
         with no_init_weights():   # ViT's truncated-normal init reads values, which fake tensors lack
             model = VisionEncoderDecoderModel(cfg)
-        return ImageToTextLogitsFree(model).eval(), (_input(1, 3, image, image), _ids_input(tgt))
+        return ImageToText(model).eval(), (_input(1, 3, image, image), _ids_input(tgt))
     return build
 
 
