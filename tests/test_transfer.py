@@ -91,7 +91,7 @@ def test_the_cpsat_planner_takes_a_plan_of_another_size_as_its_start_and_skips_t
     a plan of another graph is no help and the planner solves as without a hint."""
     from solver.spyre.transfer import SizedPlan
 
-    src, _ = primgraphs.softmax(M=256, N=1024)
+    src, _ = primgraphs.softmax(M=512, N=1024)
     dst, _ = primgraphs.softmax(M=1024, N=1024)
     source = SizedPlan(src, plan(src, HW, "cpsat", **FAST))
     moved = plan(dst, HW, "cpsat", hint=source, **FAST)
@@ -100,6 +100,19 @@ def test_the_cpsat_planner_takes_a_plan_of_another_size_as_its_start_and_skips_t
     assert res.valid and res.max_rel_err < 2e-2
     other = plan(primgraphs.mlp()[0], HW, "cpsat", hint=source, **FAST)
     assert other.stats.solver_status in ("OPTIMAL", "FEASIBLE")
+
+
+def test_a_transfer_that_stands_worse_against_the_baseline_than_its_source_is_solved_instead(monkeypatch):
+    """The guard: with no growth allowed, even a good transfer is solved from (its plan the
+    hint) instead of returned."""
+    from solver.spyre import budget
+    from solver.spyre.transfer import SizedPlan
+
+    monkeypatch.setattr(budget, "TRANSFER_RATIO_GROWTH", 0.0)
+    src, _ = primgraphs.softmax(M=512, N=1024)
+    dst, _ = primgraphs.softmax(M=1024, N=1024)
+    solved = plan(dst, HW, "cpsat", hint=SizedPlan(src, plan(src, HW, "cpsat", **FAST)), **FAST)
+    assert solved.stats.solver_status in ("OPTIMAL", "FEASIBLE")
 
 
 def _mlp_document(rows: int) -> dict:

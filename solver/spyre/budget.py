@@ -89,10 +89,11 @@ START_CHAIN_MOVES = True
 EMIT_RESERVE_FACTOR = 2.5
 FINISH_RESERVE_SHARE = 0.03
 # A plan transferred from another size of the graph (solver.spyre.transfer) is kept when it
-# is about as close to its lower bound as its source was to its own: simulated / bound at most
-# TRANSFER_BOUND_RATIO_GROWTH times the source's; a worse one is solved instead (from the
+# stands against the heuristic baseline's plan of its size about as well as its source did
+# against the baseline's plan of the source's size: simulated / baseline at most
+# TRANSFER_RATIO_GROWTH times the source's; a worse one is solved instead (from the
 # transferred plan as hint).
-TRANSFER_BOUND_RATIO_GROWTH = 1.05
+TRANSFER_RATIO_GROWTH = 1.05
 # The fusion search after the solve (solver.spyre.fusion): one trial per split variant and per
 # further tile count, the final one and the resplit after it, each about FUSION_TRIAL_EMITS
 # times an emit + validation (two emits, a validation or two for the tile buffers, a
@@ -213,9 +214,9 @@ class Knob:
 
 
 TABLE: tuple[Knob, ...] = (
-    Knob("TRANSFER_BOUND_RATIO_GROWTH", "cpsat_planner._transferred",
-         "how much worse than its source, against the lower bound, a transferred plan may be before "
-         "the planner solves instead: compile time of a new shape against its plan's quality"),
+    Knob("TRANSFER_RATIO_GROWTH", "cpsat_planner._transferred",
+         "how much worse than its source, against the baseline heuristic's plan, a transferred plan may be "
+         "before the planner solves instead: compile time of a new shape against its plan's quality"),
     Knob("DEFAULT_TIME_LIMIT_S", "budget.default_budget_s",
          "the cap when the caller gives no limit: plan quality of large graphs against compile latency"),
     Knob("BUDGET_BASE_S", "budget.default_budget_s",

@@ -20,13 +20,14 @@ from target.superdsc import Program
 from solver.events import EventSink
 from simulator.timing import time_program
 from solver.lower_bound import lower_bound
+from solver.oracle import simulated_us
 from solver.plan import PlanDecisions
 from solver.planners import register
 from solver.spyre import budget as budget_table
 from solver.spyre.depth import plan_whole
 from solver.spyre.progress import phase
 from solver.spyre.single import plan_graph
-from solver.spyre.start import Hint, decisions_from_program
+from solver.spyre.start import Hint, decisions_from_program, default_hint
 from solver.spyre.transfer import NotTransferable, SizedPlan, program_decisions, transfer_decisions
 
 
@@ -65,25 +66,32 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
 
 def _transferred(source: SizedPlan, pg: PrimGraph, hw) -> tuple[Optional[PlanDecisions], bool]:
     """The source plan carried to `pg` (None when it does not transfer), and whether it is
-    kept as the plan: its simulated time over `pg`'s lower bound at most
-    `TRANSFER_BOUND_RATIO_GROWTH` times the source's over its own bound."""
+    kept as the plan: measured against the baseline heuristic's plan of each size (a
+    yardstick that follows the shape), its time at most `TRANSFER_RATIO_GROWTH` times the
+    source's relative time (the lower bound when the heuristic has no valid plan)."""
     try:
         moved = transfer_decisions(source.pg, program_decisions(source.pg, source.program), pg, hw)
     except NotTransferable:
         return None, False
     if moved is None:
         return None, False
-    src_ratio = time_program(source.program, hw).total_us / max(1e-9, lower_bound(source.pg, hw).lower_bound_us)
-    ratio = time_program(moved.program, hw).total_us / max(1e-9, lower_bound(pg, hw).lower_bound_us)
+    src_ratio = time_program(source.program, hw).total_us / _yardstick_us(source.pg, hw)
+    ratio = time_program(moved.program, hw).total_us / _yardstick_us(pg, hw)
     d = moved.decisions
     d.planner = "cpsat"
     d.stats["notes"] += [f"transfer: {r}" for r in moved.repairs[:8]]
-    d.stats["notes"].append(f"transfer: {ratio:.3f}x the lower bound, the source {src_ratio:.3f}x")
-    if ratio > budget_table.TRANSFER_BOUND_RATIO_GROWTH * src_ratio:
+    d.stats["notes"].append(f"transfer: {ratio:.3f}x the yardstick, the source {src_ratio:.3f}x")
+    if ratio > budget_table.TRANSFER_RATIO_GROWTH * src_ratio:
         return d, False
     d.stats["predicted_us"] = None
     d.stats["solver_status"] = "TRANSFERRED"
     return d, True
+
+
+def _yardstick_us(pg: PrimGraph, hw) -> float:
+    """The simulated time of the heuristic baseline's plan of `pg`, else `pg`'s lower bound."""
+    us = simulated_us(pg, hw, default_hint(pg, hw)[0])
+    return us if us is not None else max(1e-9, lower_bound(pg, hw).lower_bound_us)
 
 
 register("cpsat", plan_cpsat)
