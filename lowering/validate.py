@@ -8,8 +8,9 @@ Two layers:
   resolve, a graph that is a DAG in definition order, static sizes, structurally
   consistent metadata, and (optionally) that every op can be lowered, with its arguments
   matching the op's schema: no more positional arguments than it takes, no keyword it
-  does not have, none given twice, none required left out (`op_schemas.json`, generated
-  from torch's operator registry by scripts/gen_op_schemas.py; the service has no torch).
+  does not have, none given twice, none required left out (`op_schemas.json`, which
+  scripts/gen_op_schemas.py generates offline out of the pinned operator registry; the
+  service reads only that file).
 
 Shape/dtype errors that need shape inference (e.g. matmul inner sizes) are raised by the
 lowering with the same codes (`shape_mismatch`, `dtype_mismatch`).
