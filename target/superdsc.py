@@ -169,6 +169,16 @@ class OpDecl(_Model):
     bundle: int = 0
 
 
+def resolve_alias(tmap: dict[str, "TensorDecl"], t: str) -> str:
+    """The tensor whose bytes `t` views: an alias's chain of `alias_of` followed to its root
+    (at most 64 steps: a malformed cycle stops there, the validator reports it)."""
+    seen = 0
+    while t in tmap and isinstance(tmap[t].memory, HbmMemory) and tmap[t].memory.alias_of and seen < 64:
+        t = tmap[t].memory.alias_of
+        seen += 1
+    return t
+
+
 def tile_count(op: OpDecl) -> int:
     """Temporal tiles each core of `op` loops over (the product over tiled dims)."""
     n = 1

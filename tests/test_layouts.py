@@ -442,3 +442,20 @@ def test_a_programs_dim_orders_read_back_as_decisions():
     prog = emit_program(pg, HW, d)
     assert program_dim_orders(prog) == d.dim_orders
     assert program_dim_orders(emit_program(pg, HW, plan_naive(pg, HW))) == {}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in FIXTURES.glob("*.json")))
+def test_a_v1_program_times_on_todays_model_as_its_v2_form_does(name):
+    """Whatever the timing model of the day: a stored v1 program and the same program
+    written out in format v2 and read back are judged alike and time to the same numbers,
+    op by op (the re-expression of its layouts changes nothing the simulator sees)."""
+    text = json.dumps(json.loads((FIXTURES / f"{name}.json").read_text())["program"])
+    v1 = Program.from_json(text)
+    v2 = Program.from_json(v1.to_json())
+    assert json.loads(v2.to_json())["version"] == PROGRAM_VERSION
+    # stamped for the hardware file of its day: on today's the digest is the only complaint
+    issues = validate_program(v1, HW)
+    assert issues == validate_program(v2, HW) and {i.code for i in issues} <= {"hardware_mismatch"}
+    a, b = time_program(v1, HW), time_program(v2, HW)
+    assert a.total_us == b.total_us
+    assert [(o.op_id, o.end_us) for o in a.ops] == [(o.op_id, o.end_us) for o in b.ops]

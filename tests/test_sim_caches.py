@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import simulator.validate as validate_mod
+import simulator.lx_checks as lx_checks
 import solver.emit as emit_mod
 from benchmarks.bench_simulator import canonical, record_calls, sim_functions
 from lowering import lower_document
@@ -399,7 +399,7 @@ def test_threads_share_the_caches(hw, fused_program):
 
 
 def test_vectorized_tile_order_matches_the_reference():
-    """`validate._tile_order_problem` (all cores at once) says what the per-core reference
+    """`lx_checks.tile_order_problem` (all cores at once) says what the per-core reference
     says, message included, on random producer / reader tile boxes."""
     import numpy as np
     rng = np.random.default_rng(7)
@@ -425,8 +425,8 @@ def test_vectorized_tile_order_matches_the_reference():
                     i = min(tp - 1, max(0, j - int(rng.integers(-1, 2))))
                     rlo[ci, j], rhi[ci, j] = plo[row, i], phi[row, i]
         pbox, rbox = (pcores, plo, phi), (rcores, rlo, rhi)
-        want = validate_mod._tile_order_problem_ref(pbox, rbox)
-        assert validate_mod._tile_order_problem(pbox, rbox) == want
+        want = lx_checks.tile_order_problem_ref(pbox, rbox)
+        assert lx_checks.tile_order_problem(pbox, rbox) == want
         seen.add(None if want is None else want.split(" ")[2])
     assert seen == {None, "reads", "needs"}  # every verdict met
 
