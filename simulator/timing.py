@@ -39,8 +39,8 @@ slowest core is done):
   core reads inside the box that core wrote reads nothing from device memory; a result
   stored in device memory is still written there), and it pays the loop overhead once.
 - a split reduction dim combines partial sums over the ring.
-- grouped (mixture-of-experts) matmuls are priced by their own terms (section "grouped
-  matmul" below) on the matmul PT rate: only routed rows are computed, only the experts a
+- grouped (mixture-of-experts) matmuls are priced by their own terms
+  (simulator/timing_terms.py, "grouped matmul") on the matmul PT rate: only routed rows are computed, only the experts a
   core's rows reach are loaded, a split over experts writes disjoint rows (no ring).
 """
 from __future__ import annotations
@@ -53,6 +53,9 @@ from target.primitives import (Const, In, MatmulBody, PointwiseBody, PrimOp, Red
 from target.geometry import (LRU, box_contains, box_lx_bytes, caches_enabled, core_ranges, dim_chunk,
                                 flat_key, op_granules, operand_box, parsed_prim, prim_key, put_dict, put_layout, put_slices,
                                 put_tensor)
+from simulator.timing_terms import (grouped_compute_ns, grouped_operand_bytes, grouped_rows, grouped_weight_floor,
+                                    matmul_batch_dims, matmul_layout_stall, reduction_tiles, tile_rereads,
+                                    tile_share)
 from target.hardware import Hardware, load_target
 from target.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, lx_live_spans, tile_count
 
@@ -220,67 +223,6 @@ def _box(prim: PrimOp, operand: int, extents: tuple[int, ...], shape: list[int])
         else:
             box.append((0, min(extents[d], shape[j])))
     return tuple(box)
-
-
-def _matmul_batches(prim: PrimOp) -> tuple[list[int], list[int]]:
-    """A matmul's batch iteration dims: those both operands index (a bmm's), and those x
-    indexes (a projection's batched x against a weight every batch shares)."""
-    body = prim.body
-    x, y = prim.inputs[0], prim.inputs[1]
-    other = [i for i in range(len(prim.iter_dims)) if i not in (body.m, body.n, body.k)]
-    return [i for i in other if i in x.dims and i in y.dims], [i for i in other if i in x.dims]
-
-
-def matmul_layout_stall(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardware) -> tuple[float, list[str]]:
-    """Extra PT time per MAC per core from the operands' device orders, and which operands
-    cause it.
-
-    A batched matmul (a bmm: batch iteration dims indexed by both x and y; or a projection:
-    a batched x against a weight every batch shares) feeds the array row by row. An operand
-    that carries batch dims but does not keep them outermost in its `dim_order` (the
-    compiler's default tile order puts the batch just inside the row dims) interleaves the
-    batches' rows, so each row fetch of the feed (x, y) or drain (the output) strides across
-    batches. Each such input stalls the feed, a batch-inside output stalls the drain, which
-    overlaps the feed stalls (`Hardware.pt_layout_stall_ns_per_mac`); the stall grows with
-    the batch extent up to `bmm_layout_saturation_batch` (`Hardware.batch_interleave`)."""
-    assert isinstance(prim.body, MatmulBody)
-    both, batch = _matmul_batches(prim)
-    batch = [i for i in batch if prim.iter_dims[i].size > 1]
-    shared_weight = not [i for i in both if prim.iter_dims[i].size > 1]
-    if not batch:
-        return 0.0, []
-    extent = math.prod(prim.iter_dims[i].size for i in batch)
-    inside = []
-    for name, acc in (("x", prim.inputs[0]), ("y", prim.inputs[1]), ("out", prim.output)):
-        mine = [i for i in batch if i in acc.dims]
-        if mine and not _batch_outermost(acc, mine, tensors):
-            inside.append(name)
-    n_in = sum(1 for n in inside if n != "out")
-    stall = hw.pt_layout_stall_ns_per_mac(n_in, "out" in inside, extent, shared_weight)
-    return stall, inside
-
-
-def best_matmul_rate_kind(prim: PrimOp, hw: Hardware, dtype: str) -> str:
-    """The fastest PT rate any operand layouts give this matmul (lower bounds charge it):
-    the sustained rate, every operand in feed order (no operand-order stall)."""
-    return "sustained"
-
-
-def _batch_outermost(acc, batch: list[int], tensors: dict[str, TensorDecl]) -> bool:
-    """Every batch dim of the operand comes before every other dim with extent in its
-    device `dim_order` (size-1 dims hold no data and may sit anywhere)."""
-    td = tensors[acc.tensor]
-    batch_tdims = {j for j, d in enumerate(acc.dims) if d in batch}
-    seen_other = False
-    for j in td.layout.dim_order:
-        if td.shape[j] <= 1:
-            continue
-        if j in batch_tdims:
-            if seen_other:
-                return False
-        else:
-            seen_other = True
-    return True
 
 
 class OpTimer:
@@ -564,7 +506,7 @@ class OpTimer:
             unique = read_unique.get(id(o))
             if unique is None:
                 continue
-            again = _tile_rereads(prim, op, acc_idx[id(o)])
+            again = tile_rereads(prim, op, acc_idx[id(o)])
             if again > 1:
                 extra = unique * (again - 1)
                 r_shared += extra
@@ -576,7 +518,7 @@ class OpTimer:
         # K tiles: the output is revisited every tile; its fp32 partial sums stay on chip
         # when they fit in the LX the plan leaves free, else each further K tile reads and
         # writes them through device memory
-        k_tiles = _reduction_tiles(prim, op)
+        k_tiles = reduction_tiles(prim, op)
         if is_matmul and k_tiles > 1:
             out = operands[-1]
             out_core = max(out.per_core.values()) / hw.dtype_size(out.tensor.dtype)
@@ -652,9 +594,9 @@ class OpTimer:
         # working set per tile per core
         # (an input the tiled dims do not index is streamed whole each tile by the back end,
         # like an untiled kernel's operand: it is not part of the tile's working set)
-        tile_share = {id(o): _tile_share(prim, op, acc_idx[id(o)], tiles) for o in operands}
-        ws_tile = sum(max(o.per_core.values()) * tile_share[id(o)] for o in operands)
-        streamed_tile = sum(max(o.per_core.values()) * tile_share[id(o)] for o in operands if not o.in_lx)
+        share_of = {id(o): tile_share(prim, op, acc_idx[id(o)], tiles) for o in operands}
+        ws_tile = sum(max(o.per_core.values()) * share_of[id(o)] for o in operands)
+        streamed_tile = sum(max(o.per_core.values()) * share_of[id(o)] for o in operands if not o.in_lx)
         if tiles > 1 and mem_ns > 0:
             derate = hw.spill_derate(ws_tile)
             if derate < 1.0:
@@ -673,8 +615,8 @@ class OpTimer:
         if is_matmul:
             stall, inside = matmul_layout_stall(prim, self.tensors, hw)
             if stall > 0:
-                kind = " (projection)" if _matmul_batches(prim)[0] == [] or not [
-                    i for i in _matmul_batches(prim)[0] if prim.iter_dims[i].size > 1] else ""
+                kind = " (projection)" if matmul_batch_dims(prim)[0] == [] or not [
+                    i for i in matmul_batch_dims(prim)[0] if prim.iter_dims[i].size > 1] else ""
                 ot.effects.append(f"batch-inside {'+'.join(inside)}{kind} +{stall * 1e3:.2f} ps/MAC")
             rate = hw.pt_mac_per_ns(dtype_in, "sustained")
             stick = hw.elems_per_stick(dtype_in)
@@ -788,116 +730,6 @@ class OpTimer:
         ot._body_ns = worst_ns  # type: ignore[attr-defined]
         ot.bound_by = _bound_by(worst_mem - repl_ns, repl_ns, worst_comp, ring_ns, overhead_ns)
         return ot
-
-
-# -- grouped matmul (mixture of experts) ------------------------------------------------------
-# The rows of a grouped matmul are (token, slot) pairs sorted by expert; which expert each
-# row takes is data. Static pricing assumes uniform routing: each of the M rows goes to
-# one of the G experts with equal probability. Rates are the matmul ones (sustained PT
-# rate, pass efficiency, whole-stick K and N); no new hardware number is involved.
-def grouped_experts_hit(rows: float, groups: int) -> float:
-    """Expected distinct experts among `rows` uniformly routed rows (G (1 - (1 - 1/G)^rows))."""
-    if groups <= 1:
-        return float(groups)
-    return groups * (1.0 - (1.0 - 1.0 / groups) ** rows)
-
-
-def grouped_rows(prim: PrimOp, extents: tuple[int, ...]) -> float:
-    """Rows one core computes: its M slice times the share of experts it holds."""
-    b = prim.body
-    G = prim.iter_dims[b.g].size
-    return extents[b.m] * extents[b.g] / max(1, G)
-
-
-def grouped_core_experts(prim: PrimOp, extents: tuple[int, ...]) -> float:
-    """Experts whose weights one core loads (an expectation: a fraction when the core's
-    experts may get no row): those its rows reach. The core's rows are a contiguous block
-    of the expert-sorted rows restricted to its experts, so they span at most their share
-    of the experts hit plus one boundary. Per-core imbalance of real routing (a decode
-    token's two experts on two cores, the others idle) is not modelled."""
-    b = prim.body
-    G, M = prim.iter_dims[b.g].size, prim.iter_dims[b.m].size
-    g_core, m_core = extents[b.g], extents[b.m]
-    hit = grouped_experts_hit(M, G)
-    span = hit * m_core / max(1, M) + (1.0 if m_core < M else 0.0)
-    return min(g_core * hit / max(1, G), span, float(g_core))
-
-
-def grouped_operand_bytes(prim: PrimOp, operand: int, extents: tuple[int, ...], box_bytes: float) -> float:
-    """Device bytes one core moves for x (operand 0: only the rows routed to its experts)
-    or the expert weights (operand 1: only the experts its rows reach)."""
-    b = prim.body
-    G = prim.iter_dims[b.g].size
-    if operand == 0:
-        return box_bytes * extents[b.g] / max(1, G)
-    return box_bytes * grouped_core_experts(prim, extents) / max(1, extents[b.g])
-
-
-def grouped_weight_floor(prim: PrimOp, td: TensorDecl) -> float:
-    """Bytes of the expert weights that cross the bus at least: the experts the op's rows
-    reach (cores split over rows read different experts, not one shared box)."""
-    b = prim.body
-    G = prim.iter_dims[b.g].size
-    whole = box_lx_bytes(tuple((0, s) for s in td.shape), td.layout, td.dtype)
-    return whole * grouped_experts_hit(prim.iter_dims[b.m].size, G) / max(1, G)
-
-
-def grouped_compute_ns(prim: PrimOp, classes: list, hw: Hardware, dtype: str) -> dict[int, float]:
-    """PT time per tile class: the routed rows times the core's N and K slices (padded to
-    whole sticks), at the sustained rate derated by the rows of one expert's pass."""
-    b = prim.body
-    rate = hw.pt_mac_per_ns(dtype, "sustained")
-    stick = hw.elems_per_stick(dtype)
-    out = {}
-    for ci, cl in enumerate(classes):
-        rows = grouped_rows(prim, cl.extents)
-        n_pad = -(-cl.extents[b.n] // stick) * stick
-        k_pad = -(-cl.extents[b.k] // stick) * stick
-        experts = max(1.0, grouped_core_experts(prim, cl.extents))
-        eff = hw.pt_pass_efficiency(max(1, int(math.ceil(rows / experts))))
-        out[ci] = rows * n_pad * k_pad / (rate * eff)
-    return out
-
-
-def _tile_rereads(prim: PrimOp, op: OpDecl, operand: int) -> int:
-    """How many times a tile loop reads input `operand`'s box: the product of the temporal
-    tiles of the dims it does not index (1 when every tiled dim indexes it)."""
-    if not op.temporal_tiles:
-        return 1
-    indexed = {prim.iter_dims[d].name for d in prim.inputs[operand].dims if d is not None}
-    n = 1
-    for name, t in op.temporal_tiles.items():
-        if int(t) > 1 and name not in indexed:
-            n *= int(t)
-    return n
-
-
-def _tile_share(prim: PrimOp, op: OpDecl, operand: int, tiles: int) -> float:
-    """The share of an operand's per-core box one temporal tile holds: 1 / the tiles of the
-    dims it indexes; 0 for an input re-streamed whole every tile (no tiled dim indexes it)."""
-    if tiles <= 1:
-        return 1.0
-    if operand >= 0:
-        again = _tile_rereads(prim, op, operand)
-        if again >= tiles:
-            return 0.0
-        return again / tiles
-    out_dims = {prim.iter_dims[d].name for d in prim.output.dims if d is not None}
-    own = 1
-    for name, t in op.temporal_tiles.items():
-        if name in out_dims:
-            own *= max(1, int(t))
-    return 1.0 / own
-
-
-def _reduction_tiles(prim: PrimOp, op: OpDecl) -> int:
-    """Temporal tiles over the op's reduction dims (K tiles of a matmul)."""
-    red = {d.name for d in prim.iter_dims if d.kind == "reduction"}
-    n = 1
-    for name, t in op.temporal_tiles.items():
-        if name in red:
-            n *= max(1, int(t))
-    return n
 
 
 def _bound_by(mem: float, repl: float, comp: float, ring: float, overhead: float) -> str:

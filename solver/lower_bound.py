@@ -2,7 +2,7 @@
 
 Per primitive op:
 - compute: a matmul's MACs at the best PT rate any operand layouts give it
-  (`simulator.timing.best_matmul_rate_kind`: the sustained rate; operand orders only add
+  (`simulator.timing_terms.best_matmul_rate_kind`: the sustained rate; operand orders only add
   stalls; every core busy, no padding, no short-M derating); a pointwise/reduce op's iteration points in
   whole sticks at one SFP stick per cycle per corelet (no transcendental surcharge) on every
   core; copies, gathers, fills and restickifies compute nothing;
@@ -53,7 +53,7 @@ from typing import Optional
 from target.op_rules import ANY, legal_core_splits, split_granules, stick_elems, stick_options
 from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
 from target.geometry import core_ranges, default_core_slices, operand_box
-from simulator.timing import best_matmul_rate_kind, grouped_experts_hit
+from simulator.timing_terms import best_matmul_rate_kind, grouped_experts_hit
 
 _LAMBDAS = tuple(i / 20 for i in range(21))
 

@@ -219,7 +219,7 @@ def _bmm(B, M, K, N):
 @pytest.mark.parametrize("batch", [2, 32])
 def test_bmm_bound_charges_the_best_rate_any_layout_gives(batch):
     """A bmm runs at the sustained rate at best: operand orders only add stalls
-    (simulator.timing.matmul_layout_stall), so both bounds charge its MACs at that rate.
+    (simulator.timing_terms.matmul_layout_stall), so both bounds charge its MACs at that rate.
     Every stick choice and legal split of the bmm simulates at or above the bound, and the
     bound is not vacuous."""
     from target.op_rules import ANY, legal_core_splits, split_granules, stick_options
