@@ -27,7 +27,8 @@ read-modify-write runs in one transaction that excludes other writers (SQLite `B
 IMMEDIATE`, a PostgreSQL advisory lock on the row's key), so two processes sharing a
 store never interleave a replacement decision.
 
-The store checks itself (docs/reliability.md, "The store"):
+The store checks itself (docs/reliability.md, "The store"; its failure types, reports,
+acknowledgement journal and row checksum are in service/store_integrity.py):
 - every program row carries the CRC-32 of its program text, written with it; a row whose
   checksum, stats or options do not hold up when read is moved to `quarantine`, reported,
   and treated as absent, so the key is compiled again instead of answering 500 or a body
@@ -45,7 +46,6 @@ The store checks itself (docs/reliability.md, "The store"):
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -53,11 +53,14 @@ import os
 import sqlite3
 import threading
 import time
-import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, TypeVar
+
+from service.store_integrity import (
+    Ack, AckJournal, BackupResult, StoreCheck, StoreDamaged, StoreError, StoreFull, StoreHealth, classify_failure, json_object_problem, row_checksum,
+)
 
 T = TypeVar("T")
 
@@ -261,165 +264,6 @@ _REOPT_COLUMNS = ("program_key, compiler_version, hardware_digest, budget_s, gra
                   "before_us, after_us, solver_status, seconds, error, finished_at")
 
 
-# -- the store's own failures --------------------------------------------------------------
-
-class StoreError(RuntimeError):
-    """The store cannot do what was asked for a reason that is the store's, not the
-    request's. `code` is the problem code the service answers with (service/problems.py
-    maps it to its HTTP status)."""
-
-    code = "store_error"
-
-
-class StoreDamaged(StoreError):
-    """The database file is damaged (SQLite: a malformed page; PostgreSQL: data
-    corruption): reads of the damaged part fail until the store is restored."""
-
-    code = "store_damaged"
-
-
-class StoreFull(StoreError):
-    """A write failed because the disk (or the database's quota) is full."""
-
-    code = "store_full"
-
-
-def _sqlite_error_name(exc: BaseException) -> str:
-    return str(getattr(exc, "sqlite_errorname", "") or "")
-
-
-def _classify(exc: BaseException) -> Optional[type[StoreError]]:
-    """StoreDamaged / StoreFull for a database exception that means one, else None."""
-    if isinstance(exc, sqlite3.DatabaseError):
-        name, text = _sqlite_error_name(exc), str(exc).lower()
-        if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in text or "not a database" in text:
-            return StoreDamaged
-        if name.startswith("SQLITE_FULL") or "disk is full" in text:
-            return StoreFull
-        return None
-    kind = type(exc).__name__
-    if kind == "DiskFull":  # psycopg.errors, SQLSTATE 53100
-        return StoreFull
-    if kind in ("DataCorrupted", "IndexCorrupted"):  # psycopg.errors, SQLSTATE XX001 / XX002
-        return StoreDamaged
-    return None
-
-
-@dataclass
-class StoreHealth:
-    """What /readyz reports about the store: `ok` is False while the store cannot answer
-    (a damaged page found by the quick check or by a read, a full disk on the last write)."""
-
-    ok: bool
-    problems: list[str] = field(default_factory=list)
-    lost_writes: int = 0       # acknowledged writes found missing when the store was opened
-    quarantined: int = 0       # rows moved to quarantine by this process
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "problems": list(self.problems), "lost_writes": self.lost_writes,
-                "quarantined": self.quarantined}
-
-
-@dataclass
-class StoreCheck:
-    """The result of `ProgramStore.check()` (`sticksat store check`)."""
-
-    backend: str
-    integrity: list[str]                 # SQLite's integrity check findings ([] when "ok")
-    programs: int = 0
-    graphs: int = 0
-    quarantined: list[dict[str, Any]] = field(default_factory=list)   # rows moved aside by this check
-    bad_graphs: list[str] = field(default_factory=list)               # graph documents that do not parse
-    orphans: int = 0                     # programs whose graph is missing
-    lost_writes: list[dict[str, Any]] = field(default_factory=list)   # recorded lost-write events
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not (self.integrity or self.quarantined or self.bad_graphs or self.orphans or self.lost_writes)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "backend": self.backend, "integrity": self.integrity, "programs": self.programs,
-                "graphs": self.graphs, "quarantined": self.quarantined, "bad_graphs": self.bad_graphs,
-                "orphans": self.orphans, "lost_writes": self.lost_writes, "seconds": round(self.seconds, 3)}
-
-
-@dataclass(frozen=True)
-class BackupResult:
-    path: str
-    bytes: int
-    graphs: int
-    programs: int
-    seconds: float
-
-
-# -- the acknowledgement journal (SQLite) ---------------------------------------------------
-
-@dataclass(frozen=True)
-class Ack:
-    seq: int
-    kind: str   # "graph" | "program"
-    ident: str  # graph hash or program key
-
-
-class AckJournal:
-    """`<store>.acks`: one line `seq kind id` per acknowledged write transaction, appended
-    after its COMMIT returned. It lives outside the WAL, so when SQLite's recovery drops a
-    damaged WAL tail (and every transaction after it) the journal still names them.
-    Appends and compaction hold an exclusive flock, so a compaction never drops a line
-    another process is appending. Lines past a torn last write are ignored."""
-
-    HEADER = "sticksat.acks v1\n"
-    # Compact (after a checkpoint) once the journal passes this size.
-    COMPACT_BYTES = 4 * 1024 * 1024
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    @contextmanager
-    def _locked(self, mode: int = os.O_RDWR) -> Iterator[int]:
-        fd = os.open(self.path, mode | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield fd
-        finally:
-            os.close(fd)  # releases the lock
-
-    def append(self, acks: list[Ack]) -> int:
-        """Append; returns the journal's size afterwards."""
-        text = "".join(f"{a.seq} {a.kind} {a.ident}\n" for a in acks)
-        with self._locked(os.O_WRONLY | os.O_APPEND) as fd:
-            if os.fstat(fd).st_size == 0:
-                text = self.HEADER + text
-            os.write(fd, text.encode())
-            return os.fstat(fd).st_size
-
-    def read(self) -> list[Ack]:
-        try:
-            return self._parse(self.path.read_text(errors="replace"))
-        except FileNotFoundError:
-            return []
-
-    def keep_after(self, seq: int) -> None:
-        """Drop the entries up to `seq` (the caller made sure they are in the main file)."""
-        with self._locked() as fd:
-            with open(fd, "rb", closefd=False) as f:
-                data = f.read()
-            keep = [a for a in self._parse(data.decode(errors="replace")) if a.seq > seq]
-            os.ftruncate(fd, 0)
-            os.lseek(fd, 0, os.SEEK_SET)
-            if keep:
-                os.write(fd, (self.HEADER + "".join(f"{a.seq} {a.kind} {a.ident}\n" for a in keep)).encode())
-
-    def _parse(self, text: str) -> list[Ack]:
-        out = []
-        for line in text.splitlines()[1:] if text.startswith(self.HEADER) else []:
-            parts = line.split(" ")
-            if len(parts) == 3 and parts[0].isdigit() and parts[1] in ("graph", "program"):
-                out.append(Ack(int(parts[0]), parts[1], parts[2]))
-        return out
-
-
 class ProgramStore:
     """Thread-safe access to one store (a SQLite file or a PostgreSQL database)."""
 
@@ -488,7 +332,7 @@ class ProgramStore:
         except StoreError:
             raise
         except Exception as exc:  # noqa: BLE001 - only database errors are classified
-            kind = _classify(exc)
+            kind = classify_failure(exc)
             if kind is None:
                 raise
             detail = f"{describe_location(self.location)}: {type(exc).__name__}: {exc}"
@@ -711,15 +555,15 @@ class ProgramStore:
         if not isinstance(program, str):
             return None, "program is not text"
         if sha is not None:
-            if _checksum(program) != sha:
+            if row_checksum(program) != sha:
                 return None, "program does not match its checksum"
         else:
-            why = _json_object_problem(program, "program")
+            why = json_object_problem(program, "program")
             if why:
                 return None, why
         parsed = {}
         for name, text in (("options", options), ("stats", stats)):
-            why = _json_object_problem(text, name)
+            why = json_object_problem(text, name)
             if why:
                 return None, why
             parsed[name] = json.loads(text)
@@ -741,7 +585,7 @@ class ProgramStore:
     def _backfill_checksum(self, key: str, program: str) -> None:
         with self._transaction(key):
             self._execute("UPDATE programs SET program_crc32 = ? WHERE key = ? AND program_crc32 IS NULL "
-                          "AND program = ?", (_checksum(program), key, program))
+                          "AND program = ?", (row_checksum(program), key, program))
 
     def get_program(self, key: str) -> Optional[ProgramRecord]:
         """The row under `key`; None when there is none, or when the row is unsound (then
@@ -784,7 +628,7 @@ class ProgramStore:
                 for k, g, v, r, t in rows]
 
     def _write_program(self, record: ProgramRecord, created_at: float) -> None:
-        why = _json_object_problem(record.program, "program")
+        why = json_object_problem(record.program, "program")
         if why:  # a bug upstream: never store what could not be served
             raise ValueError(f"refusing to store program {record.key}: {why}")
         self._execute(
@@ -798,7 +642,7 @@ class ProgramStore:
             (record.key, record.graph_hash, record.compiler_version, record.options_hash,
              json.dumps(record.options, sort_keys=True), record.hardware, record.hardware_digest,
              record.program, json.dumps(record.stats, sort_keys=True), record.solution,
-             int(record.complete), created_at, record.updated_at, _checksum(record.program)),
+             int(record.complete), created_at, record.updated_at, row_checksum(record.program)),
         )
         self._acknowledge("program", record.key)
 
@@ -865,7 +709,7 @@ class ProgramStore:
             if record is not None:
                 row = self._execute("SELECT complete, stats, created_at FROM programs WHERE key = ?",
                                     (record.key,)).fetchone()
-                if row is not None and _json_object_problem(row[1], "stats"):
+                if row is not None and json_object_problem(row[1], "stats"):
                     row = None  # unsound stats: no competitor
                 if row is None:
                     replaced = _simulated(record.stats) < float("inf")
@@ -921,7 +765,7 @@ class ProgramStore:
                 result.programs += 1
             for graph_hash, document in self._fetch("SELECT graph_hash, document FROM graphs"):
                 result.graphs += 1
-                if _json_object_problem(document, "document"):
+                if json_object_problem(document, "document"):
                     result.bad_graphs.append(str(graph_hash))
             result.orphans = int(self._fetch("SELECT COUNT(*) FROM programs p WHERE NOT EXISTS "
                                              "(SELECT 1 FROM graphs g WHERE g.graph_hash = p.graph_hash)",
@@ -1007,27 +851,6 @@ class ProgramStore:
         out.close()
         os.replace(partial, target)
         return BackupResult(str(target), target.stat().st_size, graphs, programs, time.time() - started)
-
-
-def _checksum(text: str) -> str:
-    """CRC-32 of the program text (8 hex digits). It guards against accidental damage (a
-    bad sector, a torn or garbled write, a tool editing the file), not against someone who
-    can write the database, who could rewrite the checksum too; and it is cheap on every
-    hit: 4 ms for a 5 MB program here (SHA-256: 12 ms)."""
-    return f"{zlib.crc32(text.encode('utf-8', 'surrogatepass')):08x}"
-
-
-def _json_object_problem(text: Any, what: str) -> Optional[str]:
-    """Why `text` is not a JSON object (None when it is)."""
-    if not isinstance(text, str):
-        return f"{what} is not text"
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        return f"{what} does not parse: {str(exc)[:200]}"
-    if not isinstance(value, dict):
-        return f"{what} is a JSON {type(value).__name__}, not an object"
-    return None
 
 
 def _log(event: str, level: int, **fields: Any) -> None:

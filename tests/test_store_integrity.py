@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
-from service.store import ProgramRecord, ProgramStore, StoreDamaged, StoreError
+from service.store import ProgramRecord, ProgramStore
+from service.store_integrity import StoreDamaged, StoreError
 from test_store_backends import store_url  # noqa: F401 - the fixture
 
 REPO = Path(__file__).resolve().parent.parent
@@ -307,7 +308,7 @@ def test_a_full_disk_is_store_full_until_a_write_succeeds(tmp_path):
     """SQLite's SQLITE_FULL (here from max_page_count, what a full disk returns too) is
     StoreFull (the service's 507 store_full), and health() says so until a write works."""
     from service.problems import store_problem
-    from service.store import StoreFull
+    from service.store_integrity import StoreFull
 
     store = ProgramStore(tmp_path / "store.sqlite3")
     store.put_program(_record("k0"))

@@ -105,7 +105,8 @@ def run_check(args) -> int:
     """Exit 0 when the store is sound, 1 when the check found something (it is printed),
     2 when the store cannot be opened."""
     from service.batch.common import printable as p
-    from service.store import StoreError, describe_location
+    from service.store import describe_location
+    from service.store_integrity import StoreError
 
     try:
         store = open_store(args.store)
@@ -145,7 +146,7 @@ def run_check(args) -> int:
 
 def run_backup(args) -> int:
     from service.batch.common import printable as p
-    from service.store import StoreError
+    from service.store_integrity import StoreError
 
     store = open_store(args.store)
     try:
