@@ -182,6 +182,26 @@ def test_every_planner_runs_a_paged_decode_step(planner):
     assert compare(run_program(prog, b.values, hw), ref)[1] < 1e-3
 
 
+# The paged decode step both FMS tests run: batch 2 at KV lengths 21 and 10 (the second
+# left-padded by 2), blocks of 16 in an 8-block cache per layer, one new token each.
+STEP_BATCH, STEP_BLOCK, STEP_BLOCKS = 2, 16, 8
+
+
+def _paged_decode_step(layers: int, head_dim: int, dtype, seed: int, attn_name: str):
+    """(caches, token ids, the model's keyword arguments) of one paged decode step."""
+    g = _gen(seed)
+    caches = [(torch.randn(STEP_BLOCKS, STEP_BLOCK, 2, head_dim, generator=g).to(dtype),
+               torch.randn(STEP_BLOCKS, STEP_BLOCK, 2, head_dim, generator=g).to(dtype)) for _ in range(layers)]
+    table = torch.tensor([[3, 5], [1, 6]])
+    tkv, start = torch.tensor([21, 10]), torch.tensor([0, 2])
+    last = [t - 1 for t in tkv.tolist()]   # the new token's position in each sequence
+    slots = torch.stack([table[i, p // STEP_BLOCK] * STEP_BLOCK + p % STEP_BLOCK for i, p in enumerate(last)])[:, None]
+    ids = torch.randint(0, 256, (STEP_BATCH, 1), generator=g)
+    kwargs = dict(position_ids=(tkv - 1)[:, None], use_cache=True, attn_name=attn_name, slot_mapping=slots,
+                  block_table=table, current_tkv_mask=tkv, left_padded_prompt_mask=start, mask=None)
+    return caches, ids, kwargs
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
 def test_fms_llama_paged_decode_step_compiles_strict(dtype):
     """A tiny FMS LLaMA decode step with attn_name="spyre_paged_attn" (the graphs vLLM's
@@ -196,16 +216,7 @@ def test_fms_llama_paged_decode_step_compiles_strict(dtype):
     model = LLaMA(cfg).eval()
     model.reset_parameters()
     model = model.to(dtype)
-    B, BS, NB, D = 2, 16, 8, 16
-    g = _gen(11)
-    caches = [(torch.randn(NB, BS, 2, D, generator=g).to(dtype), torch.randn(NB, BS, 2, D, generator=g).to(dtype))
-              for _ in range(cfg.nlayers)]
-    table = torch.tensor([[3, 5], [1, 6]])
-    tkv, start = torch.tensor([21, 10]), torch.tensor([0, 2])
-    slots = torch.stack([table[i, (t - 1) // BS] * BS + (t - 1) % BS for i, t in enumerate(tkv.tolist())])[:, None]
-    ids = torch.randint(0, 256, (B, 1), generator=g)
-    kwargs = dict(position_ids=(tkv - 1)[:, None], use_cache=True, attn_name="spyre_paged_attn", slot_mapping=slots,
-                  block_table=table, current_tkv_mask=tkv, left_padded_prompt_mask=start, mask=None)
+    caches, ids, kwargs = _paged_decode_step(cfg.nlayers, 16, dtype, 11, "spyre_paged_attn")
     with torch.no_grad():
         want_logits, want_caches = model(ids, past_key_value_states=[(k.clone(), v.clone()) for k, v in caches],
                                          **kwargs)
@@ -220,7 +231,7 @@ def test_fms_llama_paged_decode_step_compiles_strict(dtype):
         assert_close(to_numpy(gk), to_numpy(wk), dtype, "key cache")
         assert_close(to_numpy(gv), to_numpy(wv), dtype, "value cache")
         untouched = (to_numpy(wk) == to_numpy(ok)).all(axis=(2, 3))
-        assert untouched.sum() == NB * BS - B
+        assert untouched.sum() == STEP_BLOCKS * STEP_BLOCK - STEP_BATCH
         np.testing.assert_array_equal(to_numpy(gk)[untouched], to_numpy(ok)[untouched])
 
 
@@ -241,16 +252,7 @@ def test_fms_gpt_oss_paged_sinks_decode_step_compiles_strict(dtype):
         for p in model.parameters():   # FMS leaves some parameters uninitialized under random init
             p.normal_(0, 0.1)
     model = model.to(dtype)
-    B, BS, NB, D = 2, 16, 8, 16
-    g = _gen(1)
-    caches = [(torch.randn(NB, BS, 2, D, generator=g).to(dtype), torch.randn(NB, BS, 2, D, generator=g).to(dtype))
-              for _ in range(cfg.nlayers)]
-    table = torch.tensor([[3, 5], [1, 6]])
-    tkv, start = torch.tensor([21, 10]), torch.tensor([0, 2])
-    slots = torch.stack([table[i, (t - 1) // BS] * BS + (t - 1) % BS for i, t in enumerate(tkv.tolist())])[:, None]
-    ids = torch.randint(0, 256, (B, 1), generator=g)
-    kwargs = dict(position_ids=(tkv - 1)[:, None], use_cache=True, attn_name="spyre_paged_attn_with_sinks",
-                  slot_mapping=slots, block_table=table, current_tkv_mask=tkv, left_padded_prompt_mask=start, mask=None)
+    caches, ids, kwargs = _paged_decode_step(cfg.nlayers, 16, dtype, 1, "spyre_paged_attn_with_sinks")
     with torch.no_grad():
         want = model(ids, past_key_value_states=[(k.clone(), v.clone()) for k, v in caches], **kwargs)[0]
         compiled = torch.compile(model, backend="sticksat", dynamic=False,
