@@ -240,7 +240,7 @@ def test_healthz_answers_while_a_large_body_is_parsed(server):
     thread.join()
     assert result["resp"].status_code == 422 and result["resp"].json()["code"] == "schema", result["resp"].text
     assert "20000" in result["resp"].json()["detail"]
-    assert probes >= 3 and result["seconds"] > 1.0
+    assert probes >= 3 and result["seconds"] > 0.5  # the parse lasted long enough to be probed
     # Parsed on the event loop, one probe would wait out the whole parse (seconds).
     assert worst < min(1.5, result["seconds"] / 2), (worst, result["seconds"])
 
