@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 GRAPHS = ROOT / "benchmarks" / "graphs" / "depth"
+IRREGULAR = ROOT / "benchmarks" / "graphs" / "irregular"
 LADDER = tuple(f"llama31_8b_x{n}_prefill512" for n in (1, 2, 4, 8, 16, 32))
 OTHERS = ("llama31_8b_x32_decode2048", "gpt2_small_x12_seq512", "bert_base_x12_seq512")
 
@@ -44,9 +45,8 @@ def _load(name: str):
     from lowering import lower_document
     from lowering.graph_format import GraphDocument
 
-    path = GRAPHS / f"{name}.json"
-    if not path.exists():
-        path = GRAPHS / f"{name}.json.gz"
+    path = next((d / f"{name}{ext}" for d in (GRAPHS, IRREGULAR) for ext in (".json", ".json.gz")
+                 if (d / f"{name}{ext}").exists()), GRAPHS / f"{name}.json")
     return lower_document(GraphDocument.from_json(read_document_text(path)))
 
 
@@ -55,11 +55,16 @@ def _peak_mb() -> float:
 
 
 def child_point(name: str, planner: str, time_limit_s: float, deterministic: bool,
-                windows_only: bool = False) -> dict:
+                windows_only: bool = False, old_path: bool = False) -> dict:
     """One cold compile (the child's whole life): load, lower, plan, simulate.
     `windows_only`: no repeated-block detection (every graph is irregular to the planner):
-    the windows path on the same graphs."""
+    the windows path on the same graphs. `old_path`: the large-graph path before the core's
+    search (windows + LNS, `core_search.USE_CORE_SEARCH` off), to compare side by side."""
     t0 = time.perf_counter()
+    if old_path:
+        from solver.spyre.depth import core_search
+
+        core_search.USE_CORE_SEARCH = False
     if windows_only:
         from solver.spyre import budget
 
@@ -88,7 +93,7 @@ def child_point(name: str, planner: str, time_limit_s: float, deterministic: boo
     breakdown = _breakdown(pg, report)
     breakdown.update(program_ops=len(program.ops), validate_s=round(validate_s, 3), simulate_s=round(simulate_s, 3))
     repeats = next((n for n in st.notes if n.startswith("repeats:")), None)
-    return dict(graph=name, planner=planner + (" windows" if windows_only else ""), time_limit_s=time_limit_s,
+    return dict(graph=name, planner=planner + (" windows" if windows_only else "") + (" old-path" if old_path else ""), time_limit_s=time_limit_s,
                 deterministic=deterministic,
                 ops=len(pg.ops), wall_s=round(wall, 3), plan_s=round(plan_s, 3), sim_us=round(sim_us, 2),
                 predicted_us=st.predicted_us, status=st.solver_status, peak_mb=round(_peak_mb(), 1),
@@ -281,6 +286,11 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", action="store_true", help="emit / validate / simulate timings only")
     ap.add_argument("--windows-only", action="store_true",
                     help="plan without repeated-block detection (the windows path for graphs over 300 ops)")
+    ap.add_argument("--large-path", choices=("core", "old", "both"), default="core",
+                    help="the large-graph path: the core's search (default), the windows heuristic before "
+                         "it (old), or both side by side")
+    ap.add_argument("--old-path", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--irregular", action="store_true", help="the irregular suite's graphs too")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", type=Path, help="write the ladder plot (wall, peak memory, ms per layer)")
@@ -296,14 +306,17 @@ def main(argv=None) -> int:
         return 0
     if args.child:
         g, p, lim, det = args.child
-        print(json.dumps(child_point(g, p, float(lim), det == "1", windows_only=args.windows_only)))
+        print(json.dumps(child_point(g, p, float(lim), det == "1", windows_only=args.windows_only,
+                                     old_path=args.old_path)))
         return 0
     if args.child_passes:
         print(json.dumps(child_passes(args.child_passes[0], int(args.child_passes[1]))))
         return 0
-    graphs = list(LADDER) + (list(OTHERS) if args.all else [])
+    irregular = tuple(sorted(p.name.split(".json")[0] for p in IRREGULAR.glob("*.json*")))
+    graphs = list(LADDER) + (list(OTHERS) if args.all else []) + (list(irregular) if args.irregular else [])
     if args.only:
-        graphs = [g for g in LADDER + OTHERS if any(s in g for s in args.only)]
+        graphs = [g for g in LADDER + OTHERS + irregular if any(s in g for s in args.only)]
+    paths = {"core": [False], "old": [True], "both": [True, False]}[args.large_path]
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = []
     if args.passes:
@@ -316,11 +329,11 @@ def main(argv=None) -> int:
             print(f"\n{started}, {machine()}\n" + passes_table(rows))
         return 0
     for g in graphs:
-        for p in args.planner or ["cpsat"]:
+        for p, old in [(p, old) for p in args.planner or ["cpsat"] for old in (paths if p == "cpsat" else [False])]:
             r = _run_child(["--child", g, p, str(args.time_limit), "1" if args.deterministic else "0"]
-                           + (["--windows-only"] if args.windows_only else []))
+                           + (["--windows-only"] if args.windows_only else []) + (["--old-path"] if old else []))
             r.setdefault("graph", g)
-            r.setdefault("planner", p)
+            r.setdefault("planner", p + (" old-path" if old else ""))
             rows.append(r)
             if args.save:
                 with open(args.save, "a") as fh:

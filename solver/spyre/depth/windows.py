@@ -200,6 +200,12 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
     reserve = reserve_s(n, None if deterministic else post_s)
     avail = max(0.0, limit - reserve - (0.0 if deterministic else time.perf_counter() - t0))
     deadline = None if deterministic else t0 + limit - reserve
+    from solver.spyre.depth.core_search import plan_piece, uses_core_search
+
+    if uses_core_search(deterministic):
+        d, us, note = plan_piece(pg, list(range(n)), hw, time_limit_s=avail, hint_d=hint_d, name="whole graph")
+        notes = [f"core search: {n} ops, no repeated block, planned whole as a strategy problem", note]
+        return _finished(pg, hw, d, us, hint_d, hint_us, notes, t0)
     notes = [f"windows: {n} ops, no repeated block; windows of at most {budget.WINDOW_OPS} ops"]
     first_s = budget.WINDOWED_FIRST_SHARE * avail
     parts, window_notes = plan_windows(
@@ -218,20 +224,27 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
         d = replace(d, resident={}, restick_ops={})
         us = evaluate(d)
         notes.append("windowed plan invalid with its LX residencies: dropped")
-    us = float("inf") if us is None else us
-    if us < float("inf"):
+    if us is not None:
         d, us, lns_note = improve_windows(pg, hw, d, evaluate, us, deadline=deadline, deterministic=deterministic,
                                           rounds_budget_s=budget.WINDOWED_LNS_SHARE * avail)
         notes.append(lns_note)
+    return _finished(pg, hw, d, us, hint_d, hint_us, notes, t0)
+
+
+def _finished(pg: PrimGraph, hw, d: PlanDecisions, us: Optional[float], hint_d: PlanDecisions, hint_us: float,
+              notes: list[str], t0: float) -> PlanDecisions:
+    """The large graph's plan, or the whole graph's hint (validated) when it simulates
+    faster, with the stats the planner reports."""
+    us = float("inf") if us is None else us
     status = "FEASIBLE"
     if us > hint_us:
         hint_d, hint_us, hint_note = checked_hint(pg, hw, hint_d, hint_us)
         notes += [hint_note] if hint_note else []
     if us > hint_us:
-        notes.append(f"windowed plan simulated {us:.1f} us > hint {hint_us:.1f} us: returning the hint")
+        notes.append(f"large-graph plan simulated {us:.1f} us > hint {hint_us:.1f} us: returning the hint")
         d, us, status = replace(hint_d, planner="cpsat", stats={}, op_order=[]), hint_us, "HINT"
     else:
-        notes.append(f"windowed plan simulated {us:.1f} us (hint {hint_us:.1f} us)")
+        notes.append(f"large-graph plan simulated {us:.1f} us (hint {hint_us:.1f} us)")
     d.stats = dict(predicted_us=us, solver_status=status, solve_seconds=time.perf_counter() - t0, notes=notes)
     return d
 

@@ -1,0 +1,572 @@
+"""The core's search over the Spyre strategy problem: one search for both front ends (issue 30).
+
+A large graph (one without a repeated block, or what lies around the repeated block of one)
+is planned whole as an instance of the generic strategy problem (`solver.core`, the
+IOPDDL shape) and searched by the core's anytime search (`solver.core.search.optimize`:
+node merging, min-sum message passing, kicks, CP-SAT and min-sum windows), instead of
+window by window with a CP-SAT model each:
+
+- a node per op; its states are its strategies (`solver.spyre.strategies.op_strategies`,
+  aligned for residency as the single-graph model's are), each twice when its output may
+  stay LX-resident: (strategy, in device memory) and (strategy, resident). A node per
+  weight whose layout is chosen (`GraphContext.free_inputs`): its states are its stick dims;
+- node cost: the op's priced time (`Strategy.parts`, the timing model's own per-op
+  analysis, in the single-graph model's units) with its inputs in device memory and its
+  output where the state puts it, + 1 ns per idle core (the model's tie-break), + the
+  restickify of a fixed-layout input it reads in another layout;
+- edge cost, producer state x reader state: the restickify the reader needs when the
+  producer's tensor is in device memory in another layout; when the producer keeps it
+  resident, the reader's time saved by reading it from LX, and forbidden unless the reader
+  reads each core's slice from the one that core wrote (`compatible_residency`; no
+  restickify of a resident tensor) and any-layout operands never see a stick they forbid;
+- memory: a resident state uses its per-core LX sticks over the tensor's live window
+  [producer, last reader], the limit is the LX capacity: the IOPDDL memory rule is the
+  model's capacity rule (addresses are placed after the search, first-fit; what does not
+  fit goes to device memory);
+- the bundle rule (the bundle holding a group of overlapping resident windows stays within
+  `bundle_tensor_limit` by the target's counting rule) is not pairwise: it is repaired after
+  the search against the emitted program, by dropping in each offending bundle the longest
+  residency that meets it, until the program validates (`validated`).
+Where the pairwise form approximates the model: a restickify shared by several readers is
+paid by each (the model pays it once), and an op reading several resident operands saves
+the sum of their single savings. The plan read back is emitted, validated and simulated
+(that, not the search's objective, decides what is kept), then the post-solve steps
+(fused kernels, LX relayouts) run on it as they do after a single-graph solve.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Optional
+
+import numpy as np
+
+from target.op_rules import default_choice
+from target.primitives import PrimGraph
+from simulator.timing import time_program
+from solver.core.problem import FORBIDDEN_COST, StrategyProblem, evaluate
+from solver.core.search import optimize
+from solver.naive import plan_naive
+from solver.oracle import checked_program, issue_text
+from solver.plan import OpPlan, PlanDecisions, Residency
+from solver.spyre import steps
+from solver.spyre.cost_model import to_units
+from solver.spyre.depth.segments import keep_part, out_stick, reader_index, subgraph
+from solver.spyre.model import SpyreModel
+from solver.spyre.start import default_hint, valid_or_naive
+from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
+
+# The large-graph path: the core's search (True) or the windows heuristic before it
+# (`windows.plan_windows` + `improve_windows`; kept to measure against, and for deterministic
+# mode: the core's search runs on the wall clock).
+USE_CORE_SEARCH = True
+
+# Below this many seconds for a piece, its heuristic plan stands (building the problem and
+# the search's first phases take about that on a few hundred ops).
+MIN_CORE_S = 1.0
+# Of a piece's seconds, the share the core's search gets; the rest is for reading the plan
+# back, validating it and the post-solve steps (fused kernels), which run on the whole piece.
+SEARCH_SHARE = 0.55
+# The post-solve steps run in windows of about this many ops (each a whole number of bundles):
+# their trials emit and simulate the window, not the whole graph.
+FUSION_WINDOW_OPS = 80
+
+
+@dataclass
+class SpyreStrategyProblem:
+    """A graph's Spyre strategy problem in the core's form and how to read a choice back.
+    `nodes[n]`: ("op", op id) or ("input", tensor); `states[n]`: per core strategy,
+    (strategy index, resident) for an op, the stick dim for a weight."""
+
+    pg: PrimGraph
+    ctx: GraphContext
+    strategies: dict[str, list[Strategy]]
+    problem: StrategyProblem
+    nodes: list[tuple[str, str]]
+    states: list[list]
+    window: dict[str, tuple[int, int]]        # residency candidate -> [producer, last reader] positions
+    saving: dict[str, int]                    # residency candidate -> largest single-read saving (units)
+    pos: dict[str, int]                       # op id -> position in pg.ops
+
+
+def _restick_units(ctx: GraphContext, hw, t: str, stick) -> int:
+    # the single-graph model's price of a restickify through device memory (it needs only
+    # the context and the target)
+    return SpyreModel._restick_cost(SimpleNamespace(hw=hw, ctx=ctx), t, stick)
+
+
+def spyre_strategies(pg: PrimGraph, hw, hint_d: PlanDecisions, ctx: GraphContext,
+                     align: bool = True) -> dict[str, list[Strategy]]:
+    """Each op's strategies as the single-graph model has them (the hint's and the naive
+    plan's always among them; aligned for residency when `align`)."""
+    naive_d = plan_naive(pg, hw, input_sticks={t: s for t, s in ctx.input_sticks.items() if t in pg.inputs})
+    out = {}
+    for op in pg.ops:
+        req = []
+        for src in (hint_d, naive_d):
+            p = src.ops.get(op.id, OpPlan())
+            req.append((p.stick or default_choice(op), {k: v for k, v in p.core_split.items() if v > 1},
+                        {}, p.alias))
+        out[op.id] = op_strategies(op, ctx, required=req)
+    return align_strategies(pg, ctx, out) if align else out
+
+
+def build_problem(pg: PrimGraph, hw, ctx: GraphContext, strategies: dict[str, list[Strategy]]) -> SpyreStrategyProblem:
+    """The Spyre strategy problem of `pg` (module docstring) in the core's form."""
+    pos = {op.id: i for i, op in enumerate(pg.ops)}
+    producer = {op.output.tensor: op for op in pg.ops}
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for op in pg.ops:
+        for i, a in enumerate(op.inputs):
+            readers.setdefault(a.tensor, []).append((op.id, i))
+    outputs = set(pg.outputs)
+    cap = hw.lx_capacity_bytes
+    stick_bytes = hw.stick_bytes
+    restick: dict = {}
+
+    def restick_cost(t, stick) -> int:
+        key = (t, stick)
+        if key not in restick:
+            restick[key] = _restick_units(ctx, hw, t, stick)
+        return restick[key]
+
+    # residency candidates, as the single-graph model allows them
+    may_reside: dict[str, list[int]] = {}
+    window: dict[str, tuple[int, int]] = {}
+    for t, rs in readers.items():
+        p = producer.get(t)
+        if p is None or t in outputs:
+            continue
+        ok = [k for k, s in enumerate(strategies[p.id]) if not s.reduction_split and not s.alias
+              and s.out_lx_bytes <= cap]
+        if not ok or any(all(s.alias for s in strategies[o]) for o, _ in rs):
+            continue
+        may_reside[t] = ok
+        window[t] = (pos[p.id], max(pos[o] for o, _ in rs))
+
+    nodes: list[tuple[str, str]] = []
+    states: list[list] = []
+    node_of: dict[str, int] = {}           # op id or free input tensor -> node
+    node_costs, usages, intervals = [], [], []
+    for op in pg.ops:
+        t = op.output.tensor
+        S = strategies[op.id]
+        st = [(k, False) for k in range(len(S))] + [(k, True) for k in may_reside.get(t, ())]
+        node_of[op.id] = len(nodes)
+        nodes.append(("op", op.id))
+        states.append(st)
+        idle = [max(0, hw.cores - math.prod(s.core_split.values())) for s in S]
+        n_in = len(op.inputs)
+        cost = []
+        for k, r in st:
+            s = S[k]
+            c = to_units(s.parts.cost((False,) * n_in, r).body_ns) + to_units(s.parts.base.extra_ns) + idle[k]
+            for i, a in enumerate(op.inputs):
+                if a.tensor in producer or a.tensor in ctx.free_inputs:
+                    continue
+                have = ctx.input_sticks.get(a.tensor)
+                if have in s.any_forbidden.get(i, ()):
+                    c = FORBIDDEN_COST
+                    break
+                want = s.input_sticks[i]
+                if want is not None and want != have:
+                    c += restick_cost(a.tensor, want)
+            cost.append(min(c, FORBIDDEN_COST))
+        node_costs.append(cost)
+        lx = [S[k].out_lx_bytes // stick_bytes if r else 0 for k, r in st]
+        usages.append(lx)
+        a, b = window.get(t, (pos[op.id], pos[op.id]))
+        intervals.append((a, b + 1))
+    for t in sorted(ctx.free_inputs):
+        if t not in readers:
+            continue
+        node_of[t] = len(nodes)
+        nodes.append(("input", t))
+        states.append(list(ctx.possible_sticks[t]))
+        node_costs.append([0] * len(ctx.possible_sticks[t]))
+        usages.append([0] * len(ctx.possible_sticks[t]))
+        intervals.append((0, 0))
+
+    edges, tables = [], []
+    saving: dict[str, int] = {}
+    for op in pg.ops:
+        S_o = strategies[op.id]
+        st_o = states[node_of[op.id]]
+        n_in = len(op.inputs)
+        slots: dict[str, list[int]] = {}
+        for i, a in enumerate(op.inputs):
+            slots.setdefault(a.tensor, []).append(i)
+        for t, sl in slots.items():
+            src = producer[t].id if t in producer else (t if t in ctx.free_inputs else None)
+            if src is None:
+                continue
+            u = node_of[src]
+            st_p = states[u]
+            # device-memory reads: a row per distinct layout the producer writes
+            by_stick: dict = {}
+            for j, sp in enumerate(st_p):
+                stick = sp if nodes[u][0] == "input" else strategies[src][sp[0]].out_stick
+                if stick not in by_stick:
+                    row = np.zeros(len(st_o), dtype=np.int64)
+                    for c, (k, _) in enumerate(st_o):
+                        s = S_o[k]
+                        need = set()
+                        for i in sl:
+                            if stick in s.any_forbidden.get(i, ()):
+                                row[c] = FORBIDDEN_COST
+                                break
+                            want = s.input_sticks[i]
+                            if want is not None and want != stick:
+                                need.add(want)
+                        else:
+                            row[c] = sum(restick_cost(t, w) for w in need)
+                    by_stick[stick] = row
+            table = np.stack([by_stick[sp if nodes[u][0] == "input" else strategies[src][sp[0]].out_stick]
+                              for sp in st_p])
+            if nodes[u][0] == "op" and t in may_reside:
+                # resident reads: the reader's time saved, where it can read LX slices
+                S_p = strategies[src]
+                gain = np.zeros(len(st_o), dtype=np.int64)
+                lx_in = tuple(i in sl for i in range(n_in))
+                for c, (k, r) in enumerate(st_o):
+                    parts = S_o[k].parts
+                    gain[c] = to_units(parts.cost((False,) * n_in, r).body_ns) - to_units(parts.cost(lx_in, r).body_ns)
+                saving[t] = max(saving.get(t, 0), int(gain.max(initial=0)))
+                compat: dict = {}
+                for j, (kp, rp) in enumerate(st_p):
+                    if not rp:
+                        continue
+                    if kp not in compat:
+                        compat[kp] = np.array([all(compatible_residency(S_p[kp], S_o[k], i) for i in sl)
+                                               for k, _ in st_o])
+                    table[j] = np.where(compat[kp], -gain, FORBIDDEN_COST)
+            finite = table < FORBIDDEN_COST
+            if finite.any():
+                table = np.where(finite, table - table[finite].min(), FORBIDDEN_COST)
+            if not table.any():
+                continue
+            edges.append((u, node_of[op.id]))
+            tables.append(table)
+    problem = StrategyProblem(node_costs, usages, intervals, edges, tables,
+                              usage_limit=cap // stick_bytes, name=pg.name)
+    return SpyreStrategyProblem(pg, ctx, strategies, problem, nodes, states, window, saving, pos)
+
+
+def choice_of(sp: SpyreStrategyProblem, d: PlanDecisions) -> list[int]:
+    """A plan as a choice of states (the start of the search): each op's strategy, its
+    output resident when the plan keeps it so and may; 0 where the plan's is not listed."""
+    out = []
+    for (kind, key), st in zip(sp.nodes, sp.states):
+        if kind == "input":
+            have = d.input_sticks.get(key, sp.ctx.input_sticks.get(key))
+            out.append(st.index(have) if have in st else 0)
+            continue
+        op = sp.pg.ops[sp.pos[key]]
+        plan = d.ops.get(key, OpPlan())
+        ch = plan.stick or default_choice(op)
+        split = {k: v for k, v in plan.core_split.items() if v > 1}
+        k = next((k for k, s in enumerate(sp.strategies[key])
+                  if s.stick == ch and s.core_split == split and s.alias == plan.alias), 0)
+        r = op.output.tensor in d.resident
+        out.append(st.index((k, r)) if (k, r) in st else st.index((k, False)))
+    return out
+
+
+def decisions_of(sp: SpyreStrategyProblem, choice, hw, pack_s: float = 1.0) -> tuple[PlanDecisions, list[str]]:
+    """A choice read back as a plan: op strategies, chosen weight layouts, LX residencies
+    packed at LX addresses (`pack`) (module docstring), bundle starts."""
+    pg, S = sp.pg, sp.strategies
+    d = PlanDecisions(planner="cpsat", input_sticks={t: s for t, s in sp.ctx.input_sticks.items() if t in pg.inputs})
+    resident: dict[str, int] = {}
+    for (kind, key), st, c in zip(sp.nodes, sp.states, choice):
+        if kind == "input":
+            d.input_sticks[key] = st[c]
+            continue
+        k, r = st[c]
+        s = S[key][k]
+        d.ops[key] = OpPlan(stick=s.stick, core_split=dict(s.core_split), temporal_tiles=dict(s.temporal_tiles),
+                            alias=s.alias)
+        if r:
+            resident[sp.pg.ops[sp.pos[key]].output.tensor] = s.out_lx_bytes
+    notes = []
+    placed = pack(sp, resident, hw, pack_s)
+    if len(placed) < len(resident):
+        notes.append(f"LX addresses: {len(resident) - len(placed)} of {len(resident)} residencies did not pack")
+    d.resident = placed
+    d.bundle_starts = [pg.ops[a].id for a, _ in _groups(sp, set(placed))]
+    d.op_order = [op.id for op in pg.ops]
+    return d, notes
+
+
+def _groups(sp: SpyreStrategyProblem, resident: set) -> list[tuple[int, int]]:
+    """Spans of the groups of overlapping resident windows (each is one bundle)."""
+    out: list[list[int]] = []
+    for a, b in sorted(sp.window[t] for t in resident):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def validated(sp: SpyreStrategyProblem, d: PlanDecisions, hw, max_steps: int = 8,
+              deadline: Optional[float] = None) -> tuple[PlanDecisions, Optional[object], list[str]]:
+    """Emit and validate `d`; while the only problems are bundles (over the external-tensor
+    limit, or an LX residency crossing one), drop in each offending bundle the residency
+    with the longest window that meets it, and again (the emitter's bundles are the rule's
+    own). Last, without any residency. Returns (plan, program or None, notes)."""
+    from solver.emit import emit_program
+    from solver.spyre.bundle_repair import BUNDLE_CODES
+
+    pg = sp.pg
+    dropped = 0
+    notes: list[str] = []
+    for _ in range(max_steps):
+        prog, issues = checked_program(pg, hw, d)
+        if prog is not None:
+            break
+        codes = {getattr(i, "code", "") for i in issues}
+        if not codes <= BUNDLE_CODES or not d.resident or (deadline is not None and time.perf_counter() > deadline):
+            break
+        program = emit_program(pg, hw, d)
+        bad_ops = {i.op for i in issues if getattr(i, "code", "") == "lx_cross_bundle" and getattr(i, "op", None)}
+        drop = set()
+        for b in program.bundles:
+            if len(b.external_tensors) > hw.bundle_tensor_limit or bad_ops & set(b.ops):
+                at = [sp.pos[o] for o in b.ops if o in sp.pos]
+                if not at:
+                    continue
+                lo, hi = min(at), max(at)
+                meet = [t for t in d.resident if sp.window[t][0] <= hi and lo <= sp.window[t][1]]
+                if meet:
+                    drop.add(max(meet, key=lambda t: (sp.window[t][1] - sp.window[t][0], t)))
+        if not drop:
+            break
+        dropped += len(drop)
+        resident = {t: r for t, r in d.resident.items() if t not in drop}
+        d = replace(d, resident=resident, bundle_starts=[pg.ops[a].id for a, _ in _groups(sp, set(resident))])
+    else:
+        prog, issues = checked_program(pg, hw, d)
+    if dropped:
+        notes.append(f"bundle rule: {dropped} residencies dropped")
+    if prog is None and d.resident:
+        notes.append(f"read back invalid ({issue_text(issues, 2)}): LX residencies dropped")
+        d = replace(d, resident={}, bundle_starts=[])
+        prog, issues = checked_program(pg, hw, d)
+    if prog is None:
+        notes.append(f"read back invalid ({issue_text(issues, 2)})")
+    return d, prog, notes
+
+
+def _first_fit(sp: SpyreStrategyProblem, sizes: dict[str, int], cap: int) -> dict[str, Residency]:
+    """LX addresses first-fit in window order (the single-graph model's canonical packing);
+    a tensor that does not fit stays in device memory."""
+    placed: list[tuple[int, int, int, int]] = []
+    out: dict[str, Residency] = {}
+    for t in sorted(sizes, key=lambda t: (sp.window[t], t)):
+        a, b = sp.window[t]
+        size = sizes[t]
+        addr = 0
+        for s0, e0, ad, sz in sorted(placed, key=lambda x: x[2]):
+            if s0 <= b and a <= e0 and addr < ad + sz and ad < addr + size:
+                addr = ad + sz
+        if addr + size > cap:
+            continue
+        placed.append((a, b, addr, size))
+        out[t] = Residency(addr, size)
+    return out
+
+
+def pack(sp: SpyreStrategyProblem, sizes: dict[str, int], hw, time_limit_s: float = 1.0) -> dict[str, Residency]:
+    """LX addresses for the residencies the search chose: the search keeps the per-core
+    sticks live at each op within the capacity, which does not make them pack (the model's
+    rule is a 2-D no-overlap of windows x address ranges). First-fit in window order when
+    everything fits so; else a small CP-SAT packing with the windows fixed that keeps the
+    most single-read saving, hinted with first-fit."""
+    from ortools.sat.python import cp_model
+
+    cap = hw.lx_capacity_bytes
+    first = _first_fit(sp, sizes, cap)
+    if len(first) == len(sizes) or time_limit_s <= 0:
+        return first
+    unit = hw.stick_bytes
+    m = cp_model.CpModel()
+    keep, addr, xs, ys = {}, {}, [], []
+    cap_u = cap // unit
+    for t in sorted(sizes):
+        a, b = sp.window[t]
+        size = sizes[t] // unit
+        keep[t] = m.NewBoolVar(f"keep[{t}]")
+        addr[t] = m.NewIntVar(0, max(0, cap_u - size), f"addr[{t}]")
+        xs.append(m.NewOptionalFixedSizeIntervalVar(a, b - a + 1, keep[t], f"x[{t}]"))
+        ys.append(m.NewOptionalFixedSizeIntervalVar(addr[t], size, keep[t], f"y[{t}]"))
+        m.AddHint(keep[t], t in first)
+        m.AddHint(addr[t], first[t].lx_address // unit if t in first else 0)
+    m.AddNoOverlap2D(xs, ys)
+    m.Maximize(sum((sp.saving.get(t, 0) + 1) * v for t, v in keep.items()))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 2
+    if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return first
+    got = {t: Residency(solver.Value(addr[t]) * unit, sizes[t]) for t in sorted(sizes) if solver.BooleanValue(keep[t])}
+    score = lambda r: sum(sp.saving.get(t, 0) + 1 for t in r)
+    return got if score(got) >= score(first) else first
+
+
+def fusion_cuts(sp: SpyreStrategyProblem, resident: set, crossing: list[int], window: int) -> list[int]:
+    """Where the post-solve steps' windows end: about every `window` ops, at a position no
+    resident window spans (a bundle boundary, so no residency is cut), with the fewest
+    tensors crossing within a quarter window of the nominal end."""
+    n = len(sp.pg.ops)
+    inside = np.zeros(n + 1, dtype=bool)
+    for a, b in _groups(sp, resident):
+        inside[a + 1:b + 1] = True         # cutting before position a+1..b splits the group
+    cuts, start = [], 0
+    while n - start > window + window // 4:
+        nominal = start + window
+        lo, hi = max(start + 1, nominal - window // 4), min(n - 1, nominal + window // 4)
+        free = [i for i in range(lo, hi + 1) if not inside[i]]
+        if not free:
+            free = [i for i in range(lo, n) if not inside[i]][:1]
+            if not free:
+                break
+        cut = min(free, key=lambda i: (crossing[i], abs(i - nominal)))
+        cuts.append(cut)
+        start = cut
+    return cuts
+
+
+def fuse_pieces(sp: SpyreStrategyProblem, d: PlanDecisions, hw, *, deadline: float,
+                window: int) -> tuple[PlanDecisions, list[str]]:
+    """The post-solve steps (fused kernels, LX relayouts: `steps.post_solve`) on `d`,
+    window by window (`fusion_cuts`: whole bundles each; a window's boundary inputs in the
+    layouts `d` writes them), each window's result kept only when it is valid and simulates
+    faster (the steps' own rule); one plan from the windows (`segments.merge`)."""
+    from solver.spyre.depth.segments import merge
+    from solver.spyre.depth.windows import crossings
+
+    pg = sp.pg
+    n = len(pg.ops)
+    readers = reader_index(pg)
+    cuts = fusion_cuts(sp, set(d.resident), crossings(pg, list(range(n))), window)
+    bounds = [0] + cuts + [n]
+    parts, notes, gained = [], [], 0.0
+    sticks = {op.output.tensor: out_stick(op, d.ops.get(op.id)) for op in pg.ops}
+    sticks.update(d.input_sticks)
+    for k in range(len(bounds) - 1):
+        idx = list(range(bounds[k], bounds[k + 1]))
+        part = keep_part(pg, d, idx, readers)
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            parts.append((part, part.op_order))
+            continue
+        win_deadline = time.perf_counter() + left * len(idx) / (n - bounds[k])
+        sub = subgraph(pg, idx, f"{pg.name}#fusion {k}") if len(bounds) > 2 else pg
+        local = replace(part, input_sticks={t: sticks[t] for t in sub.inputs if t in sticks}, op_order=[])
+        t_e = time.perf_counter()
+        prog, _ = checked_program(sub, hw, local)
+        trial_s = time.perf_counter() - t_e
+        if prog is None:
+            parts.append((part, part.op_order))
+            notes.append(f"fusion window {k}: its part does not validate alone, kept as is")
+            continue
+        after = steps.post_solve(sub, hw, local, deadline=win_deadline,
+                                 strategies={op.id: sp.strategies[op.id] for op in sub.ops}, fuse=True,
+                                 trial_s=trial_s)
+        got = after.decisions
+        gained += after.gain_ns()
+        got = replace(got, input_sticks=dict(d.input_sticks))
+        if not got.op_order:
+            got.op_order = part.op_order
+        parts.append((got, got.op_order))
+    out = merge(parts)
+    out.input_sticks = {t: s for t, s in d.input_sticks.items() if t in pg.inputs}
+    notes.insert(0, f"post-solve steps in {len(bounds) - 1} windows: simulated gain {gained / 1000:.1f} us")
+    return out, notes
+
+
+def plan_piece(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, input_sticks: Optional[dict] = None,
+               hint_d: Optional[PlanDecisions] = None, name: str = "piece", seed: int = 1,
+               fuse: bool = True) -> tuple[PlanDecisions, Optional[float], str]:
+    """The ops `idx` of `pg` planned as one Spyre strategy problem by the core's search
+    (module docstring) within `time_limit_s` of wall clock, then read back, validated and
+    fused window by window (`fuse_pieces`). `input_sticks`: layouts of the tensors produced
+    before `idx` (fixed); `hint_d`: the start (the piece's heuristic plan around those
+    layouts when None). Returns the piece's plan (keys are `pg`'s ids; its op order is the
+    piece's), its simulated time (None when nothing validated) and a note. Never slower
+    (simulated) than the start when the start validates."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    whole = len(idx) == len(pg.ops) and list(idx) == list(range(len(pg.ops)))
+    sub = pg if whole else subgraph(pg, idx, f"{pg.name}#{name}")
+    fixed = {t: s for t, s in (input_sticks or {}).items() if t in sub.tensors and t in sub.inputs}
+    if hint_d is None:
+        hint_d, _ = default_hint(sub, hw, fixed)
+    hint_d, hint_prog, _ = valid_or_naive(sub, hw, replace(hint_d, op_order=[]), fixed or None)
+    hint_us = time_program(hint_prog, hw).total_us if hint_prog is not None else float("inf")
+    start = replace(hint_d, planner="cpsat", op_order=[op.id for op in sub.ops])
+    if time_limit_s < MIN_CORE_S:
+        return start, hint_us if hint_prog is not None else None, \
+            f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)"
+    ctx = GraphContext.build(sub, hw, {**hint_d.input_sticks, **fixed})
+    S = spyre_strategies(sub, hw, hint_d, ctx)
+    sp = build_problem(sub, hw, ctx, S)
+    t_built = time.perf_counter()
+    first = choice_of(sp, hint_d)
+    search_s = max(0.0, SEARCH_SHARE * time_limit_s - (t_built - t0))
+    res = optimize(sp.problem, time_limit_s=search_s, workers=2, seed=seed, start=first)
+    t_search = time.perf_counter()
+    choice = res.choice if res.choice is not None else first
+    d, notes = decisions_of(sp, choice, hw, pack_s=min(1.0, 0.1 * max(0.0, deadline - t_search)))
+    d, prog, more = validated(sp, d, hw, deadline=deadline)
+    notes += more
+    us = time_program(prog, hw).total_us if prog is not None else float("inf")
+    t_read = time.perf_counter()
+    if us < float("inf") and fuse and time.perf_counter() < deadline:
+        fused, fnotes = fuse_pieces(sp, d, hw, deadline=deadline, window=FUSION_WINDOW_OPS)
+        fprog, fissues = checked_program(sub, hw, fused)
+        fus = time_program(fprog, hw).total_us if fprog is not None else float("inf")
+        notes += fnotes
+        if fus < us:
+            notes.append(f"fused: {us:.1f} -> {fus:.1f} us")
+            d, us = fused, fus
+        else:
+            notes.append(f"fused plan {'invalid: ' + issue_text(fissues, 2) if fprog is None else f'{fus:.1f} us'}"
+                         ": not kept")
+    src = "core search"
+    if us > hint_us:
+        notes.append(f"core plan {us:.1f} us > start {hint_us:.1f} us: the start kept")
+        d, us, src = start, hint_us, "start"
+    ev = evaluate(sp.problem, choice)
+    p = sp.problem
+    note = (f"{name}: {len(idx)} ops, {src}: {p.num_nodes} nodes, {sum(len(c) for c in p.node_costs)} states, "
+            f"{len(p.edges)} edges; objective {ev.cost if ev.feasible else 'infeasible'} "
+            f"(start {evaluate(p, first).cost}); build {t_built - t0:.1f} s, search {t_search - t_built:.1f} s, "
+            f"read back {t_read - t_search:.1f} s, fusion {time.perf_counter() - t_read:.1f} s; "
+            f"simulated {us:.1f} us (start {hint_us:.1f} us)" + ("; " + "; ".join(notes) if notes else ""))
+    d.op_order = d.op_order or [op.id for op in sub.ops]
+    return d, (us if us < float("inf") else None), note
+
+
+def plan_pieces(pg: PrimGraph, idx: list[int], hw, *, deadline: Optional[float], budget_s: float,
+                deterministic: bool, input_sticks: Optional[dict] = None, name: str = "piece",
+                readers: Optional[dict] = None, **_) -> tuple[list[tuple[PlanDecisions, list[str]]], list[str]]:
+    """`plan_piece` with `windows.plan_windows`'s signature (the ops of a repeated stack's
+    prologue or epilogue): one part for `idx`, within `budget_s` (never past `deadline`)."""
+    readers = readers if readers is not None else reader_index(pg)
+    share = budget_s
+    if deadline is not None and not deterministic:
+        share = min(share, max(0.0, deadline - time.perf_counter()))
+    d, _, note = plan_piece(pg, idx, hw, time_limit_s=share, input_sticks=input_sticks, name=name)
+    part = keep_part(pg, d, idx, readers)
+    return [(part, part.op_order)], [note]
+
+
+def uses_core_search(deterministic: bool) -> bool:
+    """Whether a large graph (or what lies around a repeated block) is planned by the
+    core's search: always in wall-clock mode unless `USE_CORE_SEARCH` is off; never in
+    deterministic mode (the core's search stops on the wall clock, not on counts)."""
+    return USE_CORE_SEARCH and not deterministic
