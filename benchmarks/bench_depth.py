@@ -100,6 +100,56 @@ def child_point(name: str, planner: str, time_limit_s: float, deterministic: boo
                 repeats=repeats, notes=list(st.notes), **breakdown)
 
 
+def split_point(pg) -> int:
+    """Where a model made of two parts divides (an encoder before a repeated decoder stack,
+    or the other way): before the first copy of the repeated block and the ops before it
+    that repeat its end; 0 when the graph has no repeated block."""
+    from solver.spyre.budget import MIN_COPIES
+    from solver.spyre.depth.repeats import find_repeats, partial_edges
+
+    rep = find_repeats(pg, min_copies=MIN_COPIES)
+    if rep is None:
+        return 0
+    before, _ = partial_edges(pg, rep)
+    return rep.start - before
+
+
+def child_part(name: str, part: str, time_limit_s: float) -> dict:
+    """One part of a two-part model planned alone (`split_point`; `part`: head, tail),
+    cold, as a graph of its own (boundary tensors arrive as inputs), by the CP-SAT planner."""
+    from target.hardware import load_target
+    from simulator.timing import time_program
+    from solver.planners import plan
+    from solver.spyre.depth.segments import subgraph
+    from solver.spyre.schedule import chain_order
+
+    t0 = time.perf_counter()
+    hw = load_target()
+    pg = chain_order(_load(name))
+    cut = split_point(pg)
+    idx = list(range(0, cut)) if part == "head" else list(range(cut, len(pg.ops)))
+    sub = subgraph(pg, idx, f"{name}#{part}")
+    program = plan(sub, hw, "cpsat", fallback=False, time_limit_s=time_limit_s)
+    return dict(graph=name, part=part, ops=len(idx), sim_us=round(time_program(program, hw).total_us, 2),
+                wall_s=round(time.perf_counter() - t0, 3), status=program.stats.solver_status)
+
+
+def parts_table(rows: list[dict]) -> str:
+    out = ["| graph | ops (head + tail) | whole sim ms (wall s) | head alone ms | tail alone ms | "
+           "sum of parts ms | whole / sum |", "|---|---|---:|---:|---:|---:|---:|"]
+    for g in sorted({r["graph"] for r in rows}):
+        by = {r.get("part", "whole"): r for r in rows if r["graph"] == g}
+        w, h, t = by.get("whole"), by.get("head"), by.get("tail")
+        if not (w and h and t) or any("sim_us" not in r for r in (w, h, t)):
+            out.append(f"| {g} | incomplete: {[r.get('error', '')[-200:] for r in (w, h, t) if r]} |")
+            continue
+        total = h["sim_us"] + t["sim_us"]
+        out.append(f"| {g} | {h['ops']} + {t['ops']} | {w['sim_us'] / 1000:.2f} ({w['wall_s']:.1f}) | "
+                   f"{h['sim_us'] / 1000:.2f} | {t['sim_us'] / 1000:.2f} | {total / 1000:.2f} | "
+                   f"{w['sim_us'] / total:.3f} |")
+    return "\n".join(out)
+
+
 def _breakdown(pg, report) -> dict:
     """Where the simulated time goes, by the planner's own block detection: each copy's op
     times (sums of op durations; ops run one after another), the rest, and restickifies at
@@ -291,6 +341,9 @@ def main(argv=None) -> int:
                          "it (old), or both side by side")
     ap.add_argument("--old-path", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--irregular", action="store_true", help="the irregular suite's graphs too")
+    ap.add_argument("--parts", action="store_true",
+                    help="whole graph against its two parts (`split_point`) planned alone, each cold at the limit")
+    ap.add_argument("--child-part", nargs=3, metavar=("GRAPH", "PART", "LIMIT"), help=argparse.SUPPRESS)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", type=Path, help="write the ladder plot (wall, peak memory, ms per layer)")
@@ -309,6 +362,10 @@ def main(argv=None) -> int:
         print(json.dumps(child_point(g, p, float(lim), det == "1", windows_only=args.windows_only,
                                      old_path=args.old_path)))
         return 0
+    if args.child_part:
+        g, part, lim = args.child_part
+        print(json.dumps(child_part(g, part, float(lim))))
+        return 0
     if args.child_passes:
         print(json.dumps(child_passes(args.child_passes[0], int(args.child_passes[1]))))
         return 0
@@ -319,6 +376,20 @@ def main(argv=None) -> int:
     paths = {"core": [False], "old": [True], "both": [True, False]}[args.large_path]
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = []
+    if args.parts:
+        for g in graphs:
+            for part in ("whole", "head", "tail"):
+                r = (_run_child(["--child", g, "cpsat", str(args.time_limit), "0"]) if part == "whole" else
+                     _run_child(["--child-part", g, part, str(args.time_limit)]))
+                r.setdefault("graph", g)
+                r["part"] = part
+                rows.append(r)
+                if args.save:
+                    with open(args.save, "a") as fh:
+                        fh.write(json.dumps(r) + "\n")
+                print(json.dumps({k: v for k, v in r.items() if k != "notes"}), flush=True)
+        print(f"\n{started}, {machine()}\n" + parts_table(rows))
+        return 0
     if args.passes:
         for g in graphs:
             r = _run_child(["--child-passes", g, str(args.repeat)])

@@ -14,8 +14,12 @@ window by window with a CP-SAT model each:
   analysis, in the single-graph model's units) with its inputs in device memory and its
   output where the state puts it, + 1 ns per idle core (the model's tie-break), + the
   restickify of a fixed-layout input it reads in another layout;
-- edge cost, producer state x reader state: the restickify the reader needs when the
-  producer's tensor is in device memory in another layout; when the producer keeps it
+- a copy node per tensor read by several ops (its states: the layout written x the one
+  restickified copy its readers share, or none; the copy's price is the node's cost), as
+  the model's one restickify per (tensor, layout): the T5 position bias read by 24 layers
+  in another layout is copied once;
+- edge cost, producer (or copy node) state x reader state: the restickify the reader needs
+  when the tensor is in device memory in another layout; when the producer keeps it
   resident, the reader's time saved by reading it from LX, and forbidden unless the reader
   reads each core's slice from the one that core wrote (`compatible_residency`; no
   restickify of a resident tensor) and any-layout operands never see a stick they forbid;
@@ -27,9 +31,9 @@ window by window with a CP-SAT model each:
   `bundle_tensor_limit` by the target's counting rule) is not pairwise: it is repaired after
   the search against the emitted program, by dropping in each offending bundle the longest
   residency that meets it, until the program validates (`validated`).
-Where the pairwise form approximates the model: a restickify shared by several readers is
-paid by each (the model pays it once), and an op reading several resident operands saves
-the sum of their single savings. The plan read back is emitted, validated and simulated
+Where the pairwise form approximates the model: a reader wanting a second other layout
+pays a private restickify, and an op reading several resident operands saves the sum of
+their single savings. The plan read back is emitted, validated and simulated
 (that, not the search's objective, decides what is kept), then the post-solve steps
 (fused kernels, LX relayouts) run on it as they do after a single-graph solve.
 """
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Optional
 
@@ -66,6 +70,11 @@ USE_CORE_SEARCH = True
 # Below this many seconds for a piece, its heuristic plan stands (building the problem and
 # the search's first phases take about that on a few hundred ops).
 MIN_CORE_S = 1.0
+# Strategies are aligned for residency (`align_strategies`, 3-4 s on 500-800 ops) only when
+# the piece has at least this many seconds per op.
+ALIGN_S_PER_OP = 0.02
+# The search is skipped (the start is read back) when less than this is left for it.
+MIN_SEARCH_S = 0.3
 # Of a piece's seconds, the share the core's search gets; the rest is for reading the plan
 # back, validating it and the post-solve steps (fused kernels), which run on the whole piece.
 SEARCH_SHARE = 0.55
@@ -77,8 +86,9 @@ FUSION_WINDOW_OPS = 80
 @dataclass
 class SpyreStrategyProblem:
     """A graph's Spyre strategy problem in the core's form and how to read a choice back.
-    `nodes[n]`: ("op", op id) or ("input", tensor); `states[n]`: per core strategy,
-    (strategy index, resident) for an op, the stick dim for a weight."""
+    `nodes[n]`: ("op", op id), ("input", tensor) or ("copy", tensor); `states[n]`: per
+    core strategy, (strategy index, resident) for an op, the stick dim for a weight, (the
+    layout written, the restickified copy's layout or None) for a copy node."""
 
     pg: PrimGraph
     ctx: GraphContext
@@ -89,6 +99,7 @@ class SpyreStrategyProblem:
     window: dict[str, tuple[int, int]]        # residency candidate -> [producer, last reader] positions
     saving: dict[str, int]                    # residency candidate -> largest single-read saving (units)
     pos: dict[str, int]                       # op id -> position in pg.ops
+    producer: dict = field(default_factory=dict)  # tensor -> the op that writes it
 
 
 def _restick_units(ctx: GraphContext, hw, t: str, stick) -> int:
@@ -146,6 +157,15 @@ def build_problem(pg: PrimGraph, hw, ctx: GraphContext, strategies: dict[str, li
         may_reside[t] = ok
         window[t] = (pos[p.id], max(pos[o] for o, _ in rs))
 
+    n_readers: dict[str, int] = {}
+    for op in pg.ops:
+        for t in {a.tensor for a in op.inputs}:
+            n_readers[t] = n_readers.get(t, 0) + 1
+
+    def shared_fixed(t: str) -> bool:
+        # a fixed input read by several ops: its restickifies are its copy node's (below)
+        return n_readers.get(t, 0) >= 2
+
     nodes: list[tuple[str, str]] = []
     states: list[list] = []
     node_of: dict[str, int] = {}           # op id or free input tensor -> node
@@ -171,7 +191,7 @@ def build_problem(pg: PrimGraph, hw, ctx: GraphContext, strategies: dict[str, li
                     c = FORBIDDEN_COST
                     break
                 want = s.input_sticks[i]
-                if want is not None and want != have:
+                if want is not None and want != have and not shared_fixed(a.tensor):
                     c += restick_cost(a.tensor, want)
             cost.append(min(c, FORBIDDEN_COST))
         node_costs.append(cost)
@@ -191,40 +211,105 @@ def build_problem(pg: PrimGraph, hw, ctx: GraphContext, strategies: dict[str, li
 
     edges, tables = [], []
     saving: dict[str, int] = {}
-    for op in pg.ops:
+
+    def source_sticks(t: str) -> list:
+        """The layout t has in device memory, per state of its source node (one entry
+        for a fixed input, which has no node)."""
+        if t in producer:
+            return [strategies[producer[t].id][k].out_stick for k, _ in states[node_of[producer[t].id]]]
+        if t in node_of:
+            return list(states[node_of[t]])
+        return [ctx.input_sticks.get(t)]
+
+    def add_edge(u: int, v: int, table: np.ndarray) -> None:
+        finite = table < FORBIDDEN_COST
+        if finite.any():
+            table = np.where(finite, table - table[finite].min(), FORBIDDEN_COST)
+        if table.any():
+            edges.append((u, v))
+            tables.append(table)
+
+    def read_row(t: str, op, sl: list[int], have: set, st_o: list) -> np.ndarray:
+        """Per reader state: the restickifies it needs when t is in device memory in the
+        layouts `have` (forbidden when an any-layout operand would see one it forbids)."""
         S_o = strategies[op.id]
-        st_o = states[node_of[op.id]]
-        n_in = len(op.inputs)
+        row = np.zeros(len(st_o), dtype=np.int64)
+        first = next(iter(have))
+        for c, (k, _) in enumerate(st_o):
+            s = S_o[k]
+            need = set()
+            for i in sl:
+                if first in s.any_forbidden.get(i, ()):
+                    row[c] = FORBIDDEN_COST
+                    break
+                want = s.input_sticks[i]
+                if want is not None and want not in have:
+                    need.add(want)
+            else:
+                row[c] = sum(restick_cost(t, w) for w in need)
+        return row
+
+    # a tensor read by several ops gets a copy node: (its device-memory layout, the one
+    # restickified copy shared by its readers or none), as the model's one restickify per
+    # (tensor, layout); its readers pay only for a second other layout
+    reader_slots: dict[str, list[tuple]] = {}
+    for op in pg.ops:
         slots: dict[str, list[int]] = {}
         for i, a in enumerate(op.inputs):
             slots.setdefault(a.tensor, []).append(i)
         for t, sl in slots.items():
+            reader_slots.setdefault(t, []).append((op, sl))
+    copy_node: dict[str, int] = {}
+    for t, rs in reader_slots.items():
+        if len(rs) < 2 or (t not in producer and t not in node_of and t not in ctx.input_sticks):
+            continue
+        have = list(dict.fromkeys(source_sticks(t)))
+        wanted = {strategies[op.id][k].input_sticks[i] for op, sl in rs for k in range(len(strategies[op.id]))
+                  for i in sl} - {None}
+        if not wanted - set(have):
+            continue
+        st = [(p, w) for p in have for w in [None] + sorted(wanted - {p})]
+        copy_node[t] = len(nodes)
+        nodes.append(("copy", t))
+        states.append(st)
+        node_costs.append([restick_cost(t, w) if w is not None else 0 for _, w in st])
+        usages.append([0] * len(st))
+        intervals.append((0, 0))
+        src = producer[t].id if t in producer else (t if t in node_of else None)
+        if src is not None:
+            u = node_of[src]
+            resident = [r for _, r in states[u]] if t in producer else [False] * len(states[u])
+            table = np.array([[0 if p == sj and not (rj and w is not None) else FORBIDDEN_COST for p, w in st]
+                              for sj, rj in zip(source_sticks(t), resident)], dtype=np.int64)
+            edges.append((u, copy_node[t]))
+            tables.append(table)
+    for op in pg.ops:
+        S_o = strategies[op.id]
+        st_o = states[node_of[op.id]]
+        n_in = len(op.inputs)
+        slots = {}
+        for i, a in enumerate(op.inputs):
+            slots.setdefault(a.tensor, []).append(i)
+        for t, sl in slots.items():
+            if t in copy_node:
+                m = copy_node[t]
+                add_edge(m, node_of[op.id], np.stack([read_row(t, op, sl, {p} | ({w} if w is not None else set()), st_o)
+                                                       for p, w in states[m]]))
             src = producer[t].id if t in producer else (t if t in ctx.free_inputs else None)
             if src is None:
                 continue
             u = node_of[src]
             st_p = states[u]
-            # device-memory reads: a row per distinct layout the producer writes
-            by_stick: dict = {}
-            for j, sp in enumerate(st_p):
-                stick = sp if nodes[u][0] == "input" else strategies[src][sp[0]].out_stick
-                if stick not in by_stick:
-                    row = np.zeros(len(st_o), dtype=np.int64)
-                    for c, (k, _) in enumerate(st_o):
-                        s = S_o[k]
-                        need = set()
-                        for i in sl:
-                            if stick in s.any_forbidden.get(i, ()):
-                                row[c] = FORBIDDEN_COST
-                                break
-                            want = s.input_sticks[i]
-                            if want is not None and want != stick:
-                                need.add(want)
-                        else:
-                            row[c] = sum(restick_cost(t, w) for w in need)
-                    by_stick[stick] = row
-            table = np.stack([by_stick[sp if nodes[u][0] == "input" else strategies[src][sp[0]].out_stick]
-                              for sp in st_p])
+            if t in copy_node:
+                table = np.zeros((len(st_p), len(st_o)), dtype=np.int64)
+            else:
+                # device-memory reads: a row per distinct layout the producer writes
+                by_stick: dict = {}
+                sticks = source_sticks(t)
+                for stick in sticks:
+                    if stick not in by_stick:
+                        by_stick[stick] = read_row(t, op, sl, {stick}, st_o)
+                table = np.stack([by_stick[stick] for stick in sticks])
             if nodes[u][0] == "op" and t in may_reside:
                 # resident reads: the reader's time saved, where it can read LX slices
                 S_p = strategies[src]
@@ -242,36 +327,76 @@ def build_problem(pg: PrimGraph, hw, ctx: GraphContext, strategies: dict[str, li
                         compat[kp] = np.array([all(compatible_residency(S_p[kp], S_o[k], i) for i in sl)
                                                for k, _ in st_o])
                     table[j] = np.where(compat[kp], -gain, FORBIDDEN_COST)
-            finite = table < FORBIDDEN_COST
-            if finite.any():
-                table = np.where(finite, table - table[finite].min(), FORBIDDEN_COST)
-            if not table.any():
-                continue
-            edges.append((u, node_of[op.id]))
-            tables.append(table)
+            add_edge(u, node_of[op.id], table)
     problem = StrategyProblem(node_costs, usages, intervals, edges, tables,
                               usage_limit=cap // stick_bytes, name=pg.name)
-    return SpyreStrategyProblem(pg, ctx, strategies, problem, nodes, states, window, saving, pos)
+    return SpyreStrategyProblem(pg, ctx, strategies, problem, nodes, states, window, saving, pos, producer)
 
 
 def choice_of(sp: SpyreStrategyProblem, d: PlanDecisions) -> list[int]:
     """A plan as a choice of states (the start of the search): each op's strategy, its
-    output resident when the plan keeps it so and may; 0 where the plan's is not listed."""
-    out = []
+    output resident when the plan keeps it so and may (0 where the plan's is not listed);
+    each copy node the layout its readers most want besides the one written."""
+    out: list[int] = []
     for (kind, key), st in zip(sp.nodes, sp.states):
         if kind == "input":
             have = d.input_sticks.get(key, sp.ctx.input_sticks.get(key))
             out.append(st.index(have) if have in st else 0)
+        elif kind == "op":
+            op = sp.pg.ops[sp.pos[key]]
+            plan = d.ops.get(key, OpPlan())
+            ch = plan.stick or default_choice(op)
+            split = {k: v for k, v in plan.core_split.items() if v > 1}
+            k = next((k for k, s in enumerate(sp.strategies[key])
+                      if s.stick == ch and s.core_split == split and s.alias == plan.alias), 0)
+            r = op.output.tensor in d.resident
+            out.append(st.index((k, r)) if (k, r) in st else st.index((k, False)))
+        else:
+            out.append(0)
+    node = {key: n for n, (kind, key) in enumerate(sp.nodes) if kind != "copy"}
+    for n, ((kind, t), st) in enumerate(zip(sp.nodes, sp.states)):
+        if kind != "copy":
             continue
-        op = sp.pg.ops[sp.pos[key]]
-        plan = d.ops.get(key, OpPlan())
-        ch = plan.stick or default_choice(op)
-        split = {k: v for k, v in plan.core_split.items() if v > 1}
-        k = next((k for k, s in enumerate(sp.strategies[key])
-                  if s.stick == ch and s.core_split == split and s.alias == plan.alias), 0)
-        r = op.output.tensor in d.resident
-        out.append(st.index((k, r)) if (k, r) in st else st.index((k, False)))
-    return out
+        if t in node and sp.nodes[node[t]][0] == "input":
+            have, resident = sp.states[node[t]][out[node[t]]], False
+        elif t in sp.producer:
+            p = sp.producer[t]
+            k, resident = sp.states[node[p.id]][out[node[p.id]]]
+            have = sp.strategies[p.id][k].out_stick
+        else:
+            have, resident = sp.ctx.input_sticks.get(t), False
+        wants: dict = {}
+        for op in sp.pg.ops:
+            k = sp.states[node[op.id]][out[node[op.id]]][0]
+            for i, a in enumerate(op.inputs):
+                w = sp.strategies[op.id][k].input_sticks[i]
+                if a.tensor == t and w is not None and w != have:
+                    wants[w] = wants.get(w, 0) + 1
+        w = max(wants, key=wants.get) if wants and not resident else None
+        out[n] = st.index((have, w)) if (have, w) in st else st.index((have, None))
+    return _feasible_start(sp, out)
+
+
+def _feasible_start(sp: SpyreStrategyProblem, choice: list[int]) -> list[int]:
+    """The start made feasible where its residencies break the problem's rules (the
+    heuristic keeps some tensors in LX that `compatible_residency` does not allow, or more
+    than the capacity the search counts): such outputs go to device memory."""
+    p = sp.problem
+
+    def to_memory(n: int) -> bool:
+        if sp.nodes[n][0] != "op":
+            return False
+        k, r = sp.states[n][choice[n]]
+        if r:
+            choice[n] = sp.states[n].index((k, False))
+        return r
+    for (u, v), table in zip(p.edges, p.edge_costs):
+        if table[choice[u], choice[v]] >= FORBIDDEN_COST:
+            to_memory(u)
+    if not evaluate(p, choice).feasible:
+        for n in range(p.num_nodes):
+            to_memory(n)
+    return choice
 
 
 def decisions_of(sp: SpyreStrategyProblem, choice, hw, pack_s: float = 1.0) -> tuple[PlanDecisions, list[str]]:
@@ -281,6 +406,8 @@ def decisions_of(sp: SpyreStrategyProblem, choice, hw, pack_s: float = 1.0) -> t
     d = PlanDecisions(planner="cpsat", input_sticks={t: s for t, s in sp.ctx.input_sticks.items() if t in pg.inputs})
     resident: dict[str, int] = {}
     for (kind, key), st, c in zip(sp.nodes, sp.states, choice):
+        if kind == "copy":      # the emitter inserts the restickifies the layouts need
+            continue
         if kind == "input":
             d.input_sticks[key] = st[c]
             continue
@@ -512,15 +639,23 @@ def plan_piece(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, input_
         return start, hint_us if hint_prog is not None else None, \
             f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)"
     ctx = GraphContext.build(sub, hw, {**hint_d.input_sticks, **fixed})
-    S = spyre_strategies(sub, hw, hint_d, ctx)
+    # aligned strategies (residency chains) cost seconds on hundreds of ops: only when the
+    # piece's time leaves the search its share after them
+    align = time_limit_s >= ALIGN_S_PER_OP * len(sub.ops)
+    S = spyre_strategies(sub, hw, hint_d, ctx, align=align)
     sp = build_problem(sub, hw, ctx, S)
     t_built = time.perf_counter()
     first = choice_of(sp, hint_d)
-    search_s = max(0.0, SEARCH_SHARE * time_limit_s - (t_built - t0))
-    res = optimize(sp.problem, time_limit_s=search_s, workers=2, seed=seed, start=first)
+    search_s = SEARCH_SHARE * time_limit_s - (t_built - t0)
+    choice, notes_pre = first, []
+    if search_s >= MIN_SEARCH_S:
+        res = optimize(sp.problem, time_limit_s=search_s, workers=2, seed=seed, start=first)
+        choice = res.choice if res.choice is not None else first
+    else:
+        notes_pre = [f"no time left to search ({search_s:.2f} s)"]
     t_search = time.perf_counter()
-    choice = res.choice if res.choice is not None else first
     d, notes = decisions_of(sp, choice, hw, pack_s=min(1.0, 0.1 * max(0.0, deadline - t_search)))
+    notes = notes_pre + notes
     d, prog, more = validated(sp, d, hw, deadline=deadline)
     notes += more
     us = time_program(prog, hw).total_us if prog is not None else float("inf")
@@ -542,7 +677,7 @@ def plan_piece(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, input_
         d, us, src = start, hint_us, "start"
     ev = evaluate(sp.problem, choice)
     p = sp.problem
-    note = (f"{name}: {len(idx)} ops, {src}: {p.num_nodes} nodes, {sum(len(c) for c in p.node_costs)} states, "
+    note = (f"{name}: {len(idx)} ops, {src}: {p.num_nodes} nodes{'' if align else ' (strategies not aligned)'}, {sum(len(c) for c in p.node_costs)} states, "
             f"{len(p.edges)} edges; objective {ev.cost if ev.feasible else 'infeasible'} "
             f"(start {evaluate(p, first).cost}); build {t_built - t0:.1f} s, search {t_search - t_built:.1f} s, "
             f"read back {t_read - t_search:.1f} s, fusion {time.perf_counter() - t_read:.1f} s; "
