@@ -632,12 +632,16 @@ def plan_piece(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, input_
     fixed = {t: s for t, s in (input_sticks or {}).items() if t in sub.tensors and t in sub.inputs}
     if hint_d is None:
         hint_d, _ = default_hint(sub, hw, fixed)
+    if time_limit_s < MIN_CORE_S:
+        # no time for a search: the start as the windows path kept it (checked only when
+        # boundary layouts are fixed; the whole program is validated once composed)
+        if fixed:
+            hint_d, _, _ = valid_or_naive(sub, hw, hint_d, fixed)
+        return replace(hint_d, planner="cpsat", op_order=[op.id for op in sub.ops]), None, \
+            f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)"
     hint_d, hint_prog, _ = valid_or_naive(sub, hw, replace(hint_d, op_order=[]), fixed or None)
     hint_us = time_program(hint_prog, hw).total_us if hint_prog is not None else float("inf")
     start = replace(hint_d, planner="cpsat", op_order=[op.id for op in sub.ops])
-    if time_limit_s < MIN_CORE_S:
-        return start, hint_us if hint_prog is not None else None, \
-            f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)"
     ctx = GraphContext.build(sub, hw, {**hint_d.input_sticks, **fixed})
     # aligned strategies (residency chains) cost seconds on hundreds of ops: only when the
     # piece's time leaves the search its share after them
