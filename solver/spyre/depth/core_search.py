@@ -70,6 +70,10 @@ USE_CORE_SEARCH = True
 # Below this many seconds for a piece, its heuristic plan stands (building the problem and
 # the search's first phases take about that on a few hundred ops).
 MIN_CORE_S = 1.0
+# Building the problem takes about 4 ms per op on this machine idle (strategies, pricing),
+# twice that loaded: a piece with less than MIN_CORE_S + CORE_S_PER_OP per op keeps its
+# heuristic plan rather than overrun its time.
+CORE_S_PER_OP = 0.008
 # Strategies are aligned for residency (`align_strategies`, 3-4 s on 500-800 ops) only when
 # the piece has at least this many seconds per op.
 ALIGN_S_PER_OP = 0.02
@@ -138,10 +142,22 @@ def build_problem(pg: PrimGraph, hw, ctx: GraphContext, strategies: dict[str, li
     restick: dict = {}
 
     def restick_cost(t, stick) -> int:
-        key = (t, stick)
+        # priced by what the price depends on (shape, dtype, layout from and to): the
+        # layers of a stack share their prices
+        key = (ctx.shapes[t], ctx.dtypes[t], ctx.possible_sticks[t][0], stick)
         if key not in restick:
             restick[key] = _restick_units(ctx, hw, t, stick)
         return restick[key]
+
+    compat_cache: dict = {}
+
+    def compatible(sp_: Strategy, sc: Strategy, slot: int) -> bool:
+        # strategies are shared by ops of one structure (`op_strategies`' cache)
+        key = (id(sp_), id(sc), slot)
+        got = compat_cache.get(key)
+        if got is None:
+            got = compat_cache[key] = compatible_residency(sp_, sc, slot)
+        return got
 
     # residency candidates, as the single-graph model allows them
     may_reside: dict[str, list[int]] = {}
@@ -324,7 +340,7 @@ def build_problem(pg: PrimGraph, hw, ctx: GraphContext, strategies: dict[str, li
                     if not rp:
                         continue
                     if kp not in compat:
-                        compat[kp] = np.array([all(compatible_residency(S_p[kp], S_o[k], i) for i in sl)
+                        compat[kp] = np.array([all(compatible(S_p[kp], S_o[k], i) for i in sl)
                                                for k, _ in st_o])
                     table[j] = np.where(compat[kp], -gain, FORBIDDEN_COST)
             add_edge(u, node_of[op.id], table)
@@ -632,7 +648,7 @@ def plan_piece(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, input_
     fixed = {t: s for t, s in (input_sticks or {}).items() if t in sub.tensors and t in sub.inputs}
     if hint_d is None:
         hint_d, _ = default_hint(sub, hw, fixed)
-    if time_limit_s < MIN_CORE_S:
+    if time_limit_s < MIN_CORE_S + CORE_S_PER_OP * len(idx):
         # no time for a search: the start as the windows path kept it (checked only when
         # boundary layouts are fixed; the whole program is validated once composed)
         if fixed:
