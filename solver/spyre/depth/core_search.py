@@ -79,9 +79,9 @@ CORE_S_PER_OP = 0.008
 ALIGN_S_PER_OP = 0.02
 # The search is skipped (the start is read back) when less than this is left for it.
 MIN_SEARCH_S = 0.3
-# Of a piece's seconds, the share the core's search gets; the rest is for reading the plan
-# back, validating it and the post-solve steps (fused kernels), which run on the whole piece.
-SEARCH_SHARE = 0.55
+# Of a piece's seconds left once its problem is built, the share the core's search gets; the
+# rest is for reading the plan back, validating it and the post-solve steps (fused kernels).
+SEARCH_SHARE = 0.6
 # The post-solve steps run in windows of about this many ops (each a whole number of bundles):
 # their trials emit and simulate the window, not the whole graph.
 FUSION_WINDOW_OPS = 80
@@ -666,7 +666,7 @@ def plan_piece(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, input_
     sp = build_problem(sub, hw, ctx, S)
     t_built = time.perf_counter()
     first = choice_of(sp, hint_d)
-    search_s = SEARCH_SHARE * time_limit_s - (t_built - t0)
+    search_s = SEARCH_SHARE * (deadline - t_built)
     choice, notes_pre = first, []
     if search_s >= MIN_SEARCH_S:
         res = optimize(sp.problem, time_limit_s=search_s, workers=2, seed=seed, start=first)
