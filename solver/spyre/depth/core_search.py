@@ -85,6 +85,9 @@ SEARCH_SHARE = 0.6
 # The post-solve steps run in windows of about this many ops (each a whole number of bundles):
 # their trials emit and simulate the window, not the whole graph.
 FUSION_WINDOW_OPS = 80
+# The post-solve steps stop this many read-back checks (emit, validate, simulate the piece)
+# before the piece's deadline: the fused plan is checked once more after them.
+FUSION_CHECK_FACTOR = 2.0
 
 
 @dataclass
@@ -455,11 +458,12 @@ def _groups(sp: SpyreStrategyProblem, resident: set) -> list[tuple[int, int]]:
 
 
 def validated(sp: SpyreStrategyProblem, d: PlanDecisions, hw, max_steps: int = 8,
-              deadline: Optional[float] = None) -> tuple[PlanDecisions, Optional[object], list[str]]:
+              deadline: Optional[float] = None) -> tuple[PlanDecisions, Optional[object], list[str], float]:
     """Emit and validate `d`; while the only problems are bundles (over the external-tensor
     limit, or an LX residency crossing one), drop in each offending bundle the residency
     with the longest window that meets it, and again (the emitter's bundles are the rule's
-    own). Last, without any residency. Returns (plan, program or None, notes)."""
+    own). Last, without any residency. Returns (plan, program or None, notes,
+    seconds of one check)."""
     from solver.emit import emit_program
     from solver.spyre.bundle_repair import BUNDLE_CODES
 
@@ -467,7 +471,9 @@ def validated(sp: SpyreStrategyProblem, d: PlanDecisions, hw, max_steps: int = 8
     dropped = 0
     notes: list[str] = []
     for _ in range(max_steps):
+        t_check = time.perf_counter()
         prog, issues = checked_program(pg, hw, d)
+        check_s = time.perf_counter() - t_check
         if prog is not None:
             break
         codes = {getattr(i, "code", "") for i in issues}
@@ -500,7 +506,7 @@ def validated(sp: SpyreStrategyProblem, d: PlanDecisions, hw, max_steps: int = 8
         prog, issues = checked_program(pg, hw, d)
     if prog is None:
         notes.append(f"read back invalid ({issue_text(issues, 2)})")
-    return d, prog, notes
+    return d, prog, notes, check_s
 
 
 def _first_fit(sp: SpyreStrategyProblem, sizes: dict[str, int], cap: int) -> dict[str, Residency]:
@@ -676,12 +682,16 @@ def plan_piece(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, input_
     t_search = time.perf_counter()
     d, notes = decisions_of(sp, choice, hw, pack_s=min(1.0, 0.1 * max(0.0, deadline - t_search)))
     notes = notes_pre + notes
-    d, prog, more = validated(sp, d, hw, deadline=deadline)
+    d, prog, more, check_s = validated(sp, d, hw, deadline=deadline)
     notes += more
+    t_sim = time.perf_counter()
     us = time_program(prog, hw).total_us if prog is not None else float("inf")
     t_read = time.perf_counter()
-    if us < float("inf") and fuse and time.perf_counter() < deadline:
-        fused, fnotes = fuse_pieces(sp, d, hw, deadline=deadline, window=FUSION_WINDOW_OPS)
+    check_s += t_read - t_sim
+    # the fused plan is checked and simulated whole after the steps: time for that is kept
+    fuse_deadline = deadline - FUSION_CHECK_FACTOR * check_s
+    if us < float("inf") and fuse and time.perf_counter() < fuse_deadline:
+        fused, fnotes = fuse_pieces(sp, d, hw, deadline=fuse_deadline, window=FUSION_WINDOW_OPS)
         fprog, fissues = checked_program(sub, hw, fused)
         fus = time_program(fprog, hw).total_us if fprog is not None else float("inf")
         notes += fnotes
