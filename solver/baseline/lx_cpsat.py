@@ -16,10 +16,13 @@ The placement-only model of upstream's `scratchpad/ilp_solver_ortools.py`, on ou
   overlapping) and the post-solve `_justify` squeeze (addresses only; the residency set
   is what the timing sees).
 
-Search: one worker, seed 0, a deterministic-time limit (`PLACEMENT_DETERMINISTIC_LIMIT`), so
-the same buffers give the same placement on any machine and load. The greedy first-fit
-placement is the hint; when the solve ends without a better solution the greedy placement
-is kept, so the result is never worse than greedy's on this objective.
+Search: the buffers fall apart into groups of overlapping lifetimes (between two groups
+nothing is live, so their placements are independent). A group greedy first fit places
+whole is optimal as it is; each other group is one CP-SAT model: one worker, seed 0, a
+deterministic-time limit (`PLACEMENT_DETERMINISTIC_LIMIT`), so the same buffers give the same
+placement on any machine and load. The greedy placement is the hint; when the solve ends
+without a better solution the greedy placement is kept, so the result is never worse than
+greedy's on this objective.
 """
 from __future__ import annotations
 
@@ -44,18 +47,51 @@ def placement_value(buffers: list[LxBuffer]) -> int:
     return sum(spill_cost(b) for b in buffers if b.address is not None)
 
 
+def lifetime_groups(buffers: list[LxBuffer]) -> list[list[LxBuffer]]:
+    """The buffers in groups of overlapping lifetimes, in time order: no buffer of one group
+    is live while one of another is."""
+    groups: list[list[LxBuffer]] = []
+    end = None
+    for b in sorted(buffers, key=lambda b: (b.start, b.end)):
+        if end is None or b.start >= end:
+            groups.append([])
+            end = b.end
+        groups[-1].append(b)
+        end = max(end, b.end)
+    return groups
+
+
 def cpsat_place(buffers: list[LxBuffer], capacity: int, alignment: int,
                 deterministic_limit: float = PLACEMENT_DETERMINISTIC_LIMIT) -> dict:
-    """Assign `address` (or None) to every buffer; returns the solve's stats (status,
-    objective, greedy's objective, whether the greedy placement was kept)."""
+    """Assign `address` (or None) to every buffer; returns the placement's stats (status:
+    the worst group's, objective, greedy's objective, whether greedy's placement was kept
+    everywhere, groups solved)."""
+    greedy_place(buffers, capacity, alignment)
+    greedy_value = placement_value(buffers)
+    stats = {"status": "OPTIMAL", "greedy_objective": greedy_value, "kept_greedy": True, "solved_groups": 0}
+    for group in lifetime_groups(buffers):
+        if all(b.address is not None for b in group):
+            continue   # first fit placed every buffer: nothing to gain
+        stats["solved_groups"] += 1
+        status, kept = _solve_group(group, capacity, alignment, deterministic_limit)
+        if status != "OPTIMAL":
+            stats["status"] = status
+        stats["kept_greedy"] = stats["kept_greedy"] and kept
+    stats["objective"] = placement_value(buffers)
+    return stats
+
+
+def _solve_group(buffers: list[LxBuffer], capacity: int, alignment: int, deterministic_limit: float
+                 ) -> tuple[str, bool]:
+    """CP-SAT placement of one lifetime group, from greedy's (the buffers' current
+    addresses): (solver status, whether greedy's placement was kept)."""
     from ortools.sat.python import cp_model
 
-    greedy_place(buffers, capacity, alignment)
     greedy = {b.name: b.address for b in buffers}
     greedy_value = placement_value(buffers)
     fits = [b for b in buffers if b.size <= capacity]
     if not fits:
-        return {"status": "trivial", "objective": 0, "greedy_objective": 0, "kept_greedy": True}
+        return "OPTIMAL", True
     slots = capacity // alignment
 
     model = cp_model.CpModel()
@@ -82,17 +118,15 @@ def cpsat_place(buffers: list[LxBuffer], capacity: int, alignment: int,
     solver.parameters.random_seed = 0
     solver.parameters.max_deterministic_time = deterministic_limit
     status = solver.Solve(model)
-    stats = {"status": solver.StatusName(status), "greedy_objective": greedy_value, "kept_greedy": True}
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        for b in buffers:
-            b.address = (solver.Value(offset[b.name]) * alignment
-                         if b.name in resident and solver.Value(resident[b.name]) else None)
-        if placement_value(buffers) >= greedy_value:
-            stats["kept_greedy"] = False
-        else:
-            _restore(buffers, greedy)
-    stats["objective"] = placement_value(buffers)
-    return stats
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return solver.StatusName(status), True
+    for b in buffers:
+        b.address = (solver.Value(offset[b.name]) * alignment
+                     if b.name in resident and solver.Value(resident[b.name]) else None)
+    if placement_value(buffers) >= greedy_value:
+        return solver.StatusName(status), False
+    _restore(buffers, greedy)
+    return solver.StatusName(status), True
 
 
 def _restore(buffers: list[LxBuffer], addresses: dict[str, Optional[int]]) -> None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 from target.geometry import first_slice_spans
-from target.layout import default_dim_order, make_layout, spyre_default_dim_order
+from target.layout import default_dim_order, layout_nbytes, make_layout, spyre_default_dim_order
 from target.op_rules import ANY, stick_elems
 from target.primitives import PrimGraph
 
@@ -153,9 +153,11 @@ def _over_span_limit(steps, orders: dict, sticks: dict, shapes: dict, dtypes: di
     """Tensors (in a non-row-major order) some op's core slice would reach past the
     per-core span limit in."""
     layouts = {t: make_layout(shapes[t], dtypes[t], sticks[t], hw.stick_bytes, orders[t]) for t in orders}
+    # a tensor no larger than the limit cannot be spanned past it: only the large ones matter
+    large = {t for t, lay in layouts.items() if layout_nbytes(lay, dtypes[t]) > hw.per_core_span_bytes}
     over: set[str] = set()
     for st in steps:
-        if st.alias or not st.split:
+        if st.alias or not st.split or not large.intersection(a.tensor for a in st.prim.inputs + (st.prim.output,)):
             continue
         spans = first_slice_spans(st.prim, st.split, st.granules, layouts, shapes, dtypes)
         accs = list(st.prim.inputs) + [st.prim.output]

@@ -158,8 +158,9 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
         buffers = _lx_buffers(pg, steps, stick_of, shapes, dtypes, hw, lx_planner_relayout)
         if lx_solver == "cpsat":
             solve = cpsat_place(buffers, hw.lx_capacity_bytes, stick_bytes)
-            how = (f"placed by CP-SAT ({solve['status']}, objective {solve['objective']} vs greedy "
-                   f"{solve['greedy_objective']}{', greedy kept' if solve['kept_greedy'] else ''})")
+            how = (f"placed by CP-SAT ({solve['solved_groups']} lifetime groups solved, {solve['status']}, "
+                   f"objective {solve['objective']} vs greedy {solve['greedy_objective']}"
+                   f"{', greedy kept' if solve['kept_greedy'] else ''})")
         else:
             greedy_place(buffers, hw.lx_capacity_bytes, stick_bytes)
             how = "placed first-fit"
