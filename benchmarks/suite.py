@@ -112,6 +112,7 @@ class BenchReport:
 def _row_dict(r: BenchRow) -> dict:
     d = asdict(r)
     d["torch-spyre-coopt_us"] = d.pop("coopt_us")
+    d["heuristic-2026-06_us"] = d.pop("heuristic_2026_06_us")
     d["torch-spyre-coopt_solve_s"] = d.pop("coopt_solve_s")
     d["speedup_vs_heuristic"] = r.speedup_vs_heuristic
     d["coopt/cpsat"] = r.speedup_vs_coopt
@@ -256,7 +257,7 @@ def run_suite(suite: str, time_limit_s: float = 10.0, deterministic: bool = Fals
 COLUMNS = ("graph", "naive_us", "heuristic_us", "heuristic_2026_06_us", "coopt_us", "cpsat_us", "lower_bound_us", "cpsat_gap", "solve_s", "valid")
 
 
-_HEAD = {"coopt_us": "torch-spyre-coopt_us"}
+_HEAD = {"coopt_us": "torch-spyre-coopt_us", "heuristic_2026_06_us": "heuristic-2026-06_us"}
 
 
 def _fmt(v) -> str:

@@ -112,8 +112,12 @@ def test_cpsat_placement_beats_first_fit_where_first_fit_blocks():
     assert stats["objective"] == placement_value(bufs) and not stats["kept_greedy"]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_cpsat_placement_respects_capacity_and_never_loses_to_greedy(seed):
+@pytest.mark.parametrize("seed,window", [(s, w) for s in range(6) for w in (128, 4)])
+def test_cpsat_placement_respects_capacity_and_never_loses_to_greedy(seed, window, monkeypatch):
+    """Whole groups and (window 4) a group placed window by window around the earlier ones."""
+    import solver.baseline.lx_cpsat as lx_cpsat
+
+    monkeypatch.setattr(lx_cpsat, "WINDOW_BUFFERS", window)
     rng = random.Random(seed)
     cap = 64 * 128
     bufs = []
