@@ -40,6 +40,40 @@ def _bmm_graph(B: int, M: int, K: int, N: int) -> PrimGraph:
     return PrimGraph("bmm_pass", {t.id: t for t in ts}, ops, ["x", "w"], ["o"])
 
 
+# -- beam search: liveness merge -------------------------------------------------------------------
+def _merge_graph() -> PrimGraph:
+    """a = x + yᵀ (a on n restickifies y: 8192 elements; on m restickifies x: 6400), then
+    e = w1 + w2ᵀ (6400 or 8192 the same way), an output nobody reads, then c = a * z with z on
+    n (a on m pays 6400 more). Width 2 keeps the two cheapest states after e, both with a on
+    m: 19200 in all. The states differ only in e's stick, which no later op reads: merging them
+    keeps a on n alive, 14592."""
+    M, N = 100, 64
+
+    def pw(op_id, ins, out):
+        return PrimOp(op_id, (IterDim("m", M), IterDim("n", N)), ins, Access(out, (0, 1)),
+                      PointwiseBody(Call("add", tuple(In(i) for i in range(len(ins))))))
+
+    ts = [PrimTensor("x", (M, N), F16, "user_input"), PrimTensor("y", (N, M), F16, "user_input"),
+          PrimTensor("w1", (M, N), F16, "user_input"), PrimTensor("w2", (N, M), F16, "user_input"),
+          PrimTensor("z", (M, N), F16, "user_input"), PrimTensor("a", (M, N), F16),
+          PrimTensor("e", (M, N), F16), PrimTensor("c", (M, N), F16)]
+    ops = [pw("add", (Access("x", (0, 1)), Access("y", (1, 0))), "a"),
+           pw("noise", (Access("w1", (0, 1)), Access("w2", (1, 0))), "e"),
+           pw("mul", (Access("a", (0, 1)), Access("z", (0, 1))), "c")]
+    return PrimGraph("merge", {t.id: t for t in ts}, ops, ["x", "y", "w1", "w2", "z"], ["e", "c"])
+
+
+def test_liveness_merge_keeps_a_state_the_plain_beam_trims():
+    from solver.baseline.propagate_layouts import beam_search_layouts
+
+    pg = _merge_graph()
+    assert beam_search_layouts(pg, HW.stick_bytes, width=2).restick_elements == 19200
+    merged = beam_search_layouts(pg, HW.stick_bytes, width=2, liveness_merge=True)
+    assert merged.restick_elements == 14592 == beam_search_layouts(pg, HW.stick_bytes, width=100).restick_elements
+    assert merged.stick_of["a"] == 1 and merged.max_states == 2
+    assert any("liveness merge" in n for n in plan_heuristic_upstream(pg, HW).stats["notes"])
+
+
 # -- the nonstick_dim_order pass ------------------------------------------------------------------
 def test_matmul_reorder_rule():
     """Generic [B, M, K] on K is device [M, K/64, B, 64] (dim order [1, 2, 0]); the rule swaps

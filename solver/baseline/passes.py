@@ -21,7 +21,7 @@ Pipeline, in upstream's pass order (torch_spyre/_inductor/passes.py):
    and one whose source and copy are both placed runs on chip as an LX relayout (#3439).
 
 Two registered variants (docs/baseline.md): `heuristic`, torch-spyre as it is now (beam width
-200, the dim-order pass, CP-SAT placement), and `heuristic-2026-06`, the passes as of mid-2026
+200 with the liveness merge, the dim-order pass, CP-SAT placement), and `heuristic-2026-06`, the passes as of mid-2026
 (beam width 64, sticksat's plain row-major layouts, greedy placement). `plan_heuristic`'s own
 defaults are the 2026-06 variant, which the CP-SAT planner's starting plan uses.
 Views that are free on the device layout (a reshape of outer dims) are claimed as aliases,
@@ -109,13 +109,16 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
                    hint=None, lx_planning: bool = True, beam_width: int = BEAM_WIDTH,
                    linear_weight_layout: bool = True, lx_planner_relayout: bool = True,
                    input_sticks: Optional[dict] = None, dim_order_pass: bool = False,
-                   lx_solver: str = "greedy", planner_name: str = "heuristic", **_ignored) -> PlanDecisions:
+                   lx_solver: str = "greedy", liveness_merge: bool = False, planner_name: str = "heuristic",
+                   **_ignored) -> PlanDecisions:
     """`lx_planner_relayout` is upstream's `SPYRE_LX_PLANNER_RELAYOUT` (default on): a
     restickify keeps its producer's ownership and may read and write LX (PR #4153; on
     chip as an LX relayout, #3439). Off: every restickify reads and writes device memory
     (upstream's restickify barrier). `dim_order_pass`: torch-spyre's default device layouts
     and its `nonstick_dim_order` pass (else the plain row-major layouts). `lx_solver`:
-    "cpsat" (upstream's default since #3978) or "greedy" (its GreedyLayoutSolver)."""
+    "cpsat" (upstream's default since #3978) or "greedy" (its GreedyLayoutSolver).
+    `liveness_merge`: the beam drops a state a cheaper one agrees with on every tensor still
+    to be read (upstream's beam now)."""
     if lx_solver not in ("greedy", "cpsat"):
         raise ValueError(f"lx_solver {lx_solver!r}: 'greedy' or 'cpsat'")
     stick_bytes = hw.stick_bytes
@@ -124,7 +127,8 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
     decisions = PlanDecisions(planner=planner_name, input_sticks=dict(input_sticks or {}))
     if linear_weight_layout:
         decisions.input_sticks.update(linear_weight_sticks(pg))
-    layouts = beam_search_layouts(pg, stick_bytes, width=beam_width, input_sticks=decisions.input_sticks)
+    layouts = beam_search_layouts(pg, stick_bytes, width=beam_width, input_sticks=decisions.input_sticks,
+                                  liveness_merge=liveness_merge)
     stick_of = dict(layouts.stick_of)
     shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
     dtypes = {t.id: t.dtype for t in pg.tensors.values()}
@@ -147,7 +151,8 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
             core_slices=None if step.slices is None else [(c.core, dict(c.slice)) for c in step.slices])
 
     notes = [f"{len(decisions.input_sticks)} Linear weights transferred sticked on out_features",
-             f"beam search (width {beam_width}): {layouts.restick_elements} elements restickified, "
+             f"beam search (width {beam_width}{', liveness merge' if liveness_merge else ''}): "
+             f"{layouts.restick_elements} elements restickified, {layouts.max_states} states at most, "
              f"{len(decisions.restick_ops)} restickify ops"]
     if dim_order_pass:
         decisions.dim_orders, reordered, span_kept = upstream_dim_orders(pg, steps, stick_of, shapes, dtypes, hw)
@@ -341,10 +346,11 @@ def boxes_cover(boxes, full) -> bool:
 
 
 def plan_heuristic_upstream(pg: PrimGraph, hw, **kwargs) -> PlanDecisions:
-    """torch-spyre as it is now: beam width 200, its default device layouts and the
-    `nonstick_dim_order` pass (#4391, #4302), CP-SAT LX placement (#3978)."""
+    """torch-spyre as it is now: beam width 200 with the liveness merge, its default device
+    layouts and the `nonstick_dim_order` pass (#4391, #4302), CP-SAT LX placement (#3978)."""
     kwargs.setdefault("beam_width", UPSTREAM_BEAM_WIDTH)
-    return plan_heuristic(pg, hw, dim_order_pass=True, lx_solver="cpsat", planner_name="heuristic", **kwargs)
+    return plan_heuristic(pg, hw, dim_order_pass=True, lx_solver="cpsat", liveness_merge=True,
+                          planner_name="heuristic", **kwargs)
 
 
 def plan_heuristic_2026_06(pg: PrimGraph, hw, **kwargs) -> PlanDecisions:
