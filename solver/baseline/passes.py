@@ -21,9 +21,10 @@ Pipeline, in upstream's pass order (torch_spyre/_inductor/passes.py):
    and one whose source and copy are both placed runs on chip as an LX relayout (#3439).
 
 Two registered variants (docs/baseline.md): `heuristic`, torch-spyre as it is now (beam width
-200 with the liveness merge, the dim-order pass, CP-SAT placement), and `heuristic-2026-06`, the passes as of mid-2026
-(beam width 64, sticksat's plain row-major layouts, greedy placement). `plan_heuristic`'s own
-defaults are the 2026-06 variant, which the CP-SAT planner's starting plan uses.
+200 with the liveness merge, the dim-order pass, CP-SAT placement), and `heuristic-2026-06`,
+the passes as of mid-2026 (beam width 64, sticksat's plain row-major layouts, greedy
+placement). `plan_heuristic`'s own defaults are the 2026-06 variant, which the CP-SAT
+planner's starting plan uses.
 Views that are free on the device layout (a reshape of outer dims) are claimed as aliases,
 as Inductor's ReinterpretView makes them free upstream.
 
