@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ortools.sat.python import cp_model
+
 from solver.baseline.scratchpad import LxBuffer, greedy_place
 
 # CP-SAT deterministic time (its own work units, about seconds on an idle core) for one
@@ -111,8 +113,6 @@ def _solve_window(buffers: list[LxBuffer], fixed: list[LxBuffer], hint: dict, ca
     """CP-SAT placement of `buffers` around the `fixed` ones (placed, not moved); `hint`:
     greedy's addresses. Leaves a buffer's address as it was when no solution is found.
     Returns the solver status."""
-    from ortools.sat.python import cp_model
-
     fits = [b for b in buffers if b.size <= capacity]
     if not fits:
         return "OPTIMAL"
