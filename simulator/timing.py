@@ -613,7 +613,9 @@ class OpTimer:
         macs_total = 0
         dtype_in = self.dtypes[prim.inputs[0].tensor] if prim.inputs else self.dtypes[prim.output.tensor]
         if is_matmul:
-            stall, inside = matmul_layout_stall(prim, self.tensors, hw)
+            # the stall follows the batches one core's slice interleaves (per tile class)
+            stalls = {ci: matmul_layout_stall(prim, self.tensors, hw, cl.extents) for ci, cl in enumerate(classes)}
+            stall, inside = max(stalls.values(), key=lambda s: s[0]) if stalls else (0.0, [])
             if stall > 0:
                 kind = " (projection)" if matmul_batch_dims(prim)[0] == [] or not [
                     i for i in matmul_batch_dims(prim)[0] if prim.iter_dims[i].size > 1] else ""
@@ -621,6 +623,7 @@ class OpTimer:
             rate = hw.pt_mac_per_ns(dtype_in, "sustained")
             stick = hw.elems_per_stick(dtype_in)
             for ci, cl in enumerate(classes):
+                stall = stalls[ci][0]
                 # the array computes whole sticks: K and N run padded
                 ext = [(-(-e // stick) * stick) if i in (body.k, body.n) else e
                        for i, e in enumerate(cl.extents)]
