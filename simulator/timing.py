@@ -177,6 +177,14 @@ class _Class:
     cores: list[int]
 
 
+def overlapped_ns(mem: float, comp: float, tiles: int, hw: Hardware) -> float:
+    """A double-buffered kernel's loads and compute: the longer of the two, plus the pipeline
+    fill, the shorter one's first piece. The back end streams each tile (an untiled kernel
+    is one tile) through its working buffer in `untiled_overlap_chunks` pieces (fitted: the
+    device overlaps little), so a kernel of T tiles fills over one of T x chunks pieces."""
+    return max(mem, comp) + min(mem, comp) / (max(1, tiles) * hw.untiled_overlap_chunks)
+
+
 def _n_expr_ops(e) -> tuple[int, int]:
     """(arithmetic ops, transcendental ops) in a scalar expression."""
     if isinstance(e, (In, Const)):
@@ -712,9 +720,7 @@ class OpTimer:
             m = mem_ns * share + repl_ns
             c = comp_ns[ci]
             if double_buffered:
-                # an untiled kernel still streams, but overlaps its loads and compute only
-                # over `untiled_overlap_chunks` (fitted: device data show little overlap)
-                t = max(m, c) + min(m, c) / (tiles if tiles > 1 else hw.untiled_overlap_chunks)
+                t = overlapped_ns(m, c, tiles, hw)
             else:
                 t = m + c
             for core in cl.cores:
@@ -789,7 +795,7 @@ def time_program(program: Program, hw: Optional[Hardware] = None) -> TimingRepor
         comp = sum(o.compute_us for o in group_members)
         ring = sum(o.ring_us for o in group_members)
         dbl = all(o.double_buffered for o in group_members)
-        body = (max(mem, comp) + min(mem, comp) / tiles) if dbl else mem + comp
+        body = overlapped_ns(mem, comp, tiles, hw) if dbl else mem + comp
         overhead = hw.loop_overhead_us * tiles
         total = body + ring + overhead
         weights = [max(o.memory_us, o.compute_us) + o.ring_us for o in group_members]
