@@ -57,7 +57,7 @@ from solver.oracle import checked_program, issue_text
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre import steps
 from solver.spyre.cost_model import to_units
-from solver.spyre.depth.segments import keep_part, out_stick, reader_index, subgraph
+from solver.spyre.depth.segments import crossings, keep_part, merge, out_stick, reader_index, subgraph
 from solver.spyre.model import SpyreModel
 from solver.spyre.start import default_hint, valid_or_naive
 from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
@@ -594,9 +594,6 @@ def fuse_pieces(sp: SpyreStrategyProblem, d: PlanDecisions, hw, *, deadline: flo
     window by window (`fusion_cuts`: whole bundles each; a window's boundary inputs in the
     layouts `d` writes them), each window's result kept only when it is valid and simulates
     faster (the steps' own rule); one plan from the windows (`segments.merge`)."""
-    from solver.spyre.depth.segments import merge
-    from solver.spyre.depth.windows import crossings
-
     pg = sp.pg
     n = len(pg.ops)
     readers = reader_index(pg)
