@@ -2,6 +2,8 @@
 runs it faster that way (a K tile re-reads no operand), as a kernel of its own, and the
 validator rejects a kernel member that reads a K-tiled member's result (a partial sum until
 the kernel's last tile)."""
+import pytest
+
 from target.hardware import load_target
 from target.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor
 from simulator.api import simulate
@@ -80,3 +82,35 @@ def test_a_kernel_member_reading_a_k_tiled_result_is_invalid():
     # the K-tiled program computes what the graph does
     res = simulate(program, HW, graph=pg, numerics=True, timing=False)
     assert res.max_rel_err is not None and res.max_rel_err < 5e-2
+
+
+def test_the_objective_ranks_splits_as_the_fused_program_runs_them(monkeypatch):
+    """With tile classes (budget.TILE_CLASSES) the model prices each split of a prefill
+    projection at what the fusion search makes of it (K-tiled here), so its ranking of the
+    splits is the fused programs' ranking; priced untiled, splits the fused programs run
+    apart tie (m4 x n8 and m8 x n4) and the ranking differs."""
+    from calibration.cases import matmul_graph
+    from solver.naive import plan_naive
+    from solver.spyre import budget
+    from solver.spyre.model import build_model
+
+    pg = matmul_graph(512, 4096, 14336)
+    hint = plan_naive(pg, HW)
+
+    def prices(tile_classes: bool) -> dict:
+        monkeypatch.setattr(budget, "TILE_CLASSES", tile_classes)
+        _, strategies, _ = build_model(pg, HW, hint)
+        return {tuple(sorted(s.core_split.items())): (s.stick, s.cost_ns(HW) / 1e3) for s in strategies["mm"]}
+    tiled, untiled = prices(True), prices(False)
+    fused = {}
+    for split, (stick, _) in tiled.items():
+        d = PlanDecisions(planner="test")
+        d.ops["mm"] = OpPlan(stick=stick, core_split=dict(split))
+        fused[split] = fuse_tiled_groups(pg, HW, d).fused_us
+    order = sorted(fused, key=fused.get)
+    assert sorted(tiled, key=lambda k: tiled[k][1]) == order
+    for split in fused:
+        assert tiled[split][1] == pytest.approx(fused[split], rel=0.01)
+    # untiled, two splits tie that the fused programs run more than 1% apart
+    assert any(abs(untiled[a][1] - untiled[b][1]) <= 1e-3 * untiled[a][1] and
+               abs(fused[a] - fused[b]) > 0.01 * fused[a] for a in fused for b in fused if a != b)

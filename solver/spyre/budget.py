@@ -105,6 +105,11 @@ TRANSFER_RATIO_GROWTH = 1.05
 FUSION_TRIAL_EMITS = 4
 FUSION_SHARE = 0.3
 FUSION_MAX_SHARE = 0.5
+# The CP-SAT objective prices each matmul strategy the fusion search can K-tile at the least
+# of its untiled and K-tiled times (`solver.spyre.fusion.prices`: its tile class), so the
+# solve ranks splits as the fused program runs them. Off: every op untiled, as before
+# 2026-12-05 (docs/solver.md "Tile classes").
+TILE_CLASSES = True
 
 # -- the post-solve steps (`solver.spyre.steps`) ----------------------------------------------
 # Of the time left when fusion starts, the share kept for the split-K step after it when the
@@ -261,6 +266,8 @@ TABLE: tuple[Knob, ...] = (
          "least share of the budget kept for the post-solve steps: fusion gains against solve gains"),
     Knob("FUSION_MAX_SHARE", "single.plan_chain_ordered",
          "most share kept for the post-solve steps: a slow machine's emits cannot starve the solve"),
+    Knob("TILE_CLASSES", "model.build_model",
+         "matmuls priced at their K-tiled time in the objective: the solve's ranking matches the fused program's, against pricing time"),
     Knob("SPLIT_K_SHARE", "steps.FusionSearch",
          "time left kept for the split-K step when it applies: split-K gains against fusion search"),
     Knob("HOLD_AFTER_SPLIT_K_SHARE", "steps.HoldAfterSplitK",

@@ -47,6 +47,8 @@ from target.primitives import PrimGraph
 from solver.naive import plan_naive
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre.cost_model import OpView, op_time, to_units
+from solver.spyre import budget
+from solver.spyre.fusion.prices import with_tile_classes
 from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
 
 
@@ -471,4 +473,7 @@ def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 4,
                         {}, p.alias))
         strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident, required=req)
     strategies = align_strategies(pg, ctx, strategies)
+    # the objective prices each op as the fusion search will run it (its tile class)
+    if budget.TILE_CLASSES:
+        strategies = with_tile_classes(strategies, hw)
     return ctx, strategies, SpyreModel(pg, hw, ctx, strategies)
