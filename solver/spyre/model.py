@@ -38,6 +38,7 @@ decisions (`decisions`, with canonical first-fit LX addresses).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional
 
 from ortools.sat.python import cp_model
@@ -297,6 +298,34 @@ class SpyreModel:
             if s.stick == ch and s.core_split == split and s.alias == plan.alias:
                 return k
         return None
+
+    def feasible_hint(self, d: PlanDecisions, input_sticks: dict) -> PlanDecisions:
+        """`d` with the residencies the model would reject dropped: a candidate its picks
+        cannot keep resident (`residency_ok` at the model's size), then those in a bundle
+        window over the limit (`repair_spans`), the rest placed again first-fit at the
+        model's sizes. CP-SAT repairs a complete hint that breaks a constraint by a search
+        of its own, seeded: a plan whose residency the model's bundle windows forbid (the
+        heuristic's causal-mask rows held across a prefill layer) left every seed a
+        different start (llama prefill, 2026-12-05: 55 window constraints broken)."""
+        picks = {op.id: self.strategy_index(op.id, d.ops.get(op.id, OpPlan())) for op in self.pg.ops}
+        if any(k is None for k in picks.values()):
+            return d
+        sizes = {t: self.S[self.producer[t].id][picks[self.producer[t].id]].out_lx_bytes for t in self.res}
+        kept = {t: r for t, r in d.resident.items() if t in self.res and self.residency_ok(t, picks)
+                and sizes[t] <= self.hw.lx_capacity_bytes}
+        sticks = dict(self.ctx.input_sticks)
+        sticks.update(input_sticks)
+        sticks.update(d.input_sticks)
+        kept = self.repair_spans(kept, self.needed_resticks(picks, sticks))
+        unplaced = {t: Residency(0, sizes[t]) for t in kept}
+        placed = self.canonical_addresses(unplaced)
+        if placed is unplaced:   # first-fit failed: no residency in the hint
+            placed = {}
+        resident = {t: r for t, r in d.resident.items() if t not in self.res}
+        resident.update(placed)
+        if resident == d.resident:
+            return d
+        return replace(d, resident=resident)
 
     def add_hint(self, d: PlanDecisions) -> None:
         m, hw = self.m, self.hw

@@ -137,7 +137,10 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
         hint_d, hint_prog, hint_ns = start_d, start_prog, predict(start_prog, hw)
         hint_name += " + local search"
     phase(events, "local search", False, f"start predicted {hint_ns / 1000:.4g} us")
-    sm.add_hint(hint_d)
+    # a hint CP-SAT finds infeasible it repairs by a seeded search of its own: the model
+    # gets the hint with the residencies it would reject dropped (the plan kept as the
+    # hint to beat is unchanged)
+    sm.add_hint(sm.feasible_hint(hint_d, ctx.input_sticks))
     sm.m.Minimize(sum(sm.objective_terms))
     seconds = {"build": elapsed, "local search": time.perf_counter() - t0 - elapsed}
     notes = [f"hint: {hint_name}", f"strategies: {n_strategies} over "
