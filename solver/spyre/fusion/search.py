@@ -11,14 +11,15 @@ joins none, since its partial sums are combined after the loop):
 2. stage 1 (`_Search.pick_splits`): one whole-program trial per variant at the middle tile
    count (a high one for a run a matmul heads); each run keeps the variant that is fastest
    for it (or the plan as it was).
-3. stage 2 (`_Search.pick_tile_counts`): on the chosen splits, one trial per other tile
-   count; each run keeps its fastest tile count. Stage 3 (`_Search.pick_k_tiles`): on the
-   same splits, one trial per tile count with every run's heading matmul (or reduce op)
-   tiled along its reduction dim instead, a kernel of its own (its result is complete only
-   after its last tile), the rest of the run tiled as a kernel after it; a K tile re-reads
-   no operand where a row or column tile re-reads the other operand, so a prefill-sized
-   projection runs fastest that way (512x4096x4096 on m4 x n8: 447 us untiled, 329 us at
-   16 K tiles). Each run keeps the fastest of all three stages.
+3. stage 3 (`_Search.pick_k_tiles`): every run's heading matmul (or reduce op) tiled along
+   its reduction dim instead, a kernel of its own (its result is complete only after its
+   last tile), the rest of the run tiled as a kernel after it: one trial per split
+   variant, then one per tile count on the splits chosen; a K tile re-reads no operand
+   where a row or column tile re-reads the other operand, so a prefill-sized projection
+   runs fastest that way (512x4096x4096 on m4 x n8: 447 us untiled, 329 us at 16 K
+   tiles). Then stage 2 (`_Search.pick_tile_counts`): on the splits stage 1 chose, one
+   trial per other tile count. Each run keeps the fastest of all stages (stage 3 runs
+   before stage 2: it gains the most on a prefill layer, and a deadline cuts the last).
 4. the combination (`_Search.combination`): each tiled run starts a bundle, so adjacent
    runs never merge by accident (`runs.with_tiles`); runs the validator names in an
    invalid combination go back to as planned (`_runs_named`).
@@ -104,8 +105,10 @@ def fuse_tiled_groups(pg: PrimGraph, hw, d: PlanDecisions, deadline: Optional[fl
     variants = split_variants(pg, hw, d, base_prog, runs, align)                  # 1.
     search = _Search(pg, hw, runs, deadline, base_rep)
     search.pick_splits(variants, base_prog, tile_counts)                          # 2.
-    search.pick_tile_counts(d, variants, tile_counts)                             # 3.
-    search.pick_k_tiles(d, variants, tile_counts)
+    # K tiles before the other tile counts: on a prefill layer they gain the most, and a
+    # deadline cuts the last stage
+    search.pick_k_tiles(d, variants, tile_counts)                                 # 3.
+    search.pick_tile_counts(d, variants, tile_counts)
     if search.out_of_time:
         result.notes.append("fusion: stopped early (time limit)")
     tr = search.combination(d, variants, base_rep)                                # 4.
@@ -157,16 +160,15 @@ class _Search:
         self.longest = 0.0
         self.out_of_time = False
         self.matmul_headed: list[bool] = [False] * len(runs)   # per run: judged at the high count
+        self._setups: dict[int, tuple] = {}
 
     def trials(self, v: PlanDecisions, counts, vi_of_run) -> None:
         """One whole-program trial per tile count; each run keeps what is fastest for it."""
-        pg, hw, runs = self.pg, self.hw, self.runs
-        try:
-            vprog = emit_program(pg, hw, v)
-        except ValueError:
+        runs = self.runs
+        setup = self._k_setup(v)
+        if setup is None:
             return
-        tileable = tile_dims(vprog, hw)
-        own = OwnCores(vprog, hw)
+        _, tileable, own = setup
         for t in counts:
             per_count = t if isinstance(t, tuple) else (t,) * len(runs)
             per_run = [assign_tiles(r, tileable, ti, own.prims, own) for r, ti in zip(runs, per_count)]
@@ -213,17 +215,14 @@ class _Search:
         the two times together beat its fastest choice so far."""
         runs = self.runs
         t_mid, t_high = _middle_and_high(tile_counts)
-        setups = []
-        for vi, v in enumerate(variants):
-            got = self._k_setup(v.decisions)
-            if got is None:
-                return
-            if not any(r[0] in got[0] for r in runs):
-                return
-            setups.append(got)
-        # per run: (head us, rest us, variant, head tiles, rest tiles) of the fastest variant
+        setups = [self._k_setup(v.decisions) for v in variants]
+        if not any(s is not None and any(r[0] in s[0] for r in runs) for s in setups):
+            return
+        # per run: (head us, rest us, variant, tiles) of its fastest variant
         first: list[Optional[tuple]] = [None] * len(runs)
         for vi, v in enumerate(variants):
+            if setups[vi] is None:
+                continue
             per_run = [self._k_tiles(r, setups[vi], t_high, t_mid) for r in runs]
             tr = self._trial_per_run(v.decisions, per_run, None)
             if tr is None:
@@ -266,12 +265,18 @@ class _Search:
                 self.best[i] = (us, chosen[i], {**head_best[i][1], **rest_best[i][1]})
 
     def _k_setup(self, v: PlanDecisions) -> Optional[tuple]:
-        """(reduction tile dims, parallel tile dims, own-core reads) of `v`'s program."""
+        """(reduction tile dims, parallel tile dims, own-core reads) of `v`'s program, None
+        when it does not emit; kept per plan (stages 1 and 3 try the same variants)."""
+        if id(v) in self._setups:
+            return self._setups[id(v)][1]
         try:
             prog = emit_program(self.pg, self.hw, v)
         except ValueError:
-            return None
-        return reduction_tile_dims(prog, self.hw), tile_dims(prog, self.hw), OwnCores(prog, self.hw)
+            got = None
+        else:
+            got = reduction_tile_dims(prog, self.hw), tile_dims(prog, self.hw), OwnCores(prog, self.hw)
+        self._setups[id(v)] = (v, got)   # the plan is kept so its id stays its own
+        return got
 
     @staticmethod
     def _k_tiles(run: list[str], setup: tuple, t_head: int, t_rest: int) -> dict:
