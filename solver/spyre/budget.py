@@ -105,11 +105,13 @@ TRANSFER_RATIO_GROWTH = 1.05
 FUSION_TRIAL_EMITS = 4
 FUSION_SHARE = 0.3
 FUSION_MAX_SHARE = 0.5
-# The CP-SAT objective prices each matmul strategy the fusion search can K-tile at the least
-# of its untiled and K-tiled times (`solver.spyre.fusion.prices`: its tile class), so the
-# solve ranks splits as the fused program runs them. Off: every op untiled, as before
-# 2026-12-05 (docs/solver.md "Tile classes").
-TILE_CLASSES = True
+# On: the CP-SAT objective prices each matmul strategy the fusion search can K-tile at the
+# least of its untiled and K-tiled times (`solver.spyre.fusion.prices`: its tile class), so
+# the solve ranks a matmul's splits as the fused program runs them. Off by default: on the
+# layer graphs (2026-12-05, judge 551c359, deterministic seed 1) it made gpt2 358.2 -> 458.6
+# us and ViT 396.2 -> 456.5 and did not narrow the prefill layers' seed spread (llama seeds
+# 1-4 off: 4339.4-4967.0 us; granite on: 4181.4-5091.1); docs/solver.md "Tile classes".
+TILE_CLASSES = False
 
 # -- the post-solve steps (`solver.spyre.steps`) ----------------------------------------------
 # Of the time left when fusion starts, the share kept for the split-K step after it when the
