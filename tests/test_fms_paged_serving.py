@@ -111,3 +111,23 @@ def test_aiu_paged_generate_on_device(monkeypatch):
     assert float((got_logits - want_logits).abs().max() / want_logits.abs().max()) < 1e-5
     assert cov.device_fraction == 1.0 and not cov.eager_graphs
     assert len(cov.graphs) == 3   # prefills of 64 and 128 tokens (batch 1 each), one decode shape
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gpt_bigcode"])
+def test_continuous_batching_other_families_on_device(family):
+    """The other FMS families vLLM's Spyre plugin serves with continuous batching (the zoo's
+    tiny configs: prompts and tokens within their 64 positions, so one block): strict, all
+    ops on device, tokens equal to CPU fp32 while the batch shrinks 3 -> 2 -> 1."""
+    from tests.fms_zoo import build
+
+    forget_compiled_regions()
+    torch._dynamo.reset()
+    model, _ = build(family)
+    model.eval()
+    requests = _requests([(7, 5, 0), (12, 8, 0), (20, 4, 2)])
+    reference = continuous_batching(model, requests)
+    run = continuous_batching(torch.compile(model, backend="sticksat", dynamic=False, options=OPTIONS), requests)
+    assert run.tokens == reference.tokens
+    assert set(run.batch_sizes) == {1, 2, 3}
+    assert run.coverage.device_fraction == 1.0 and not run.coverage.eager_graphs
