@@ -6,7 +6,10 @@ tokens, the engine step it arrives at) with one KV cache of fixed-size blocks
 (`[num_blocks, 64, kv_heads, head_dim]` per layer, `attn_name="spyre_paged_attn"`):
 
 - one engine step is either the prefill of one arrived request (batch 1; vLLM Spyre
-  prefills one sequence at a time) or one decode step of every running request;
+  prefills one sequence at a time) or one decode step of every running request; an
+  arrived request is prefilled as soon as the batch has room (`max_batch`), before the
+  next decode step (the plugin's scheduler adds limits on the batch's total tokens, which
+  a small cache here never reaches: running out of blocks raises);
   a request that has its tokens leaves the batch and its blocks return to the pool, so
   the decode batch grows and shrinks between steps;
 - the batch shares one `tkv` (the position after the longest sequence): a prefill is
@@ -163,7 +166,7 @@ def _prefill_inputs(prompt: torch.Tensor, left: int, right: int) -> tuple[torch.
 
 
 class _Engine:
-    def __init__(self, model: Any, num_blocks: int, max_batch: int, seed: int):
+    def __init__(self, model: Any, num_blocks: int, seed: int):
         self.model = model
         layers, kvheads, head_dim = _kv_shape(model)
         dtype = _dtype(model)
@@ -172,7 +175,6 @@ class _Engine:
         free = list(range(1, num_blocks))      # block 0 pads block tables
         random.Random(seed).shuffle(free)      # not contiguous, as after a while of serving
         self.free = free
-        self.max_batch = max_batch
         self.tkv = 0
         self.running: list[_Running] = []
 
@@ -263,7 +265,7 @@ def continuous_batching(model: Any, requests: list[Request], num_blocks: int = 3
 
     from backend.region import last_run_info
 
-    engine = _Engine(model, num_blocks, max_batch, seed)
+    engine = _Engine(model, num_blocks, seed)
     tokens: list[list[int]] = [[] for _ in requests]
     logits: list[list[torch.Tensor]] = [[] for _ in requests]
     waiting = list(range(len(requests)))
