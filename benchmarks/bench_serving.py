@@ -24,7 +24,8 @@ blocks of 64 tokens (the plugin sizes it for its largest batch at full context, 
 padding block), at batch 1 and 4 against KV lengths 1k-8k (and, with `--cache-blocks`
 above what those need, whatever fits). Per shape: the baseline's and the cold CP-SAT plan's
 simulated time, and the share of the latter in the paged store (which rewrites the whole
-cache) and in the paged attention.
+cache) and in the paged attention; beside it the cold CP-SAT plan of the sdpa decode graph of
+the same shape (benchmarks/graphs/serving), planned in the same run.
 """
 from __future__ import annotations
 
@@ -176,6 +177,10 @@ def run_paged(blocks: int, time_limit_s: float, deterministic: bool) -> dict:
         row["cold_us"] = report.total_us
         row["store_us"] = sum(o.duration_us for o in report.ops if "paged_attn_store" in o.op_id)
         row["attention_us"] = sum(o.duration_us for o in report.ops if "paged_attn_compute" in o.op_id)
+        sdpa = f"granite33_8b_decode_b{batch}_kv{kv}"
+        if (GRAPHS / f"{sdpa}.json").exists():   # the same layer and shape with the sdpa cache, side by side
+            row["sdpa_us"] = time_program(plan(_load(sdpa), hw, "cpsat", time_limit_s=time_limit_s,
+                                               deterministic=deterministic, fallback=False), hw).total_us
         rows.append(row)
         print(json.dumps(row), flush=True)
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_info(),
@@ -183,15 +188,17 @@ def run_paged(blocks: int, time_limit_s: float, deterministic: bool) -> dict:
 
 
 def paged_table(report: dict) -> str:
-    out = ["| graph | heuristic µs | cold s | cold µs | paged store µs (share) | paged attention µs |",
-           "|---|---:|---:|---:|---:|---:|"]
+    out = ["| graph | heuristic µs | cold s | cold µs | paged store µs (share) | paged attention µs | "
+           "sdpa decode cold µs |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:
         if "cold_us" not in r:
-            out.append(f"| {r['graph']} | - | - | no valid plan: {r.get('cold_note', '')[:160]} | - | - |")
+            out.append(f"| {r['graph']} | - | - | no valid plan: {r.get('cold_note', '')[:160]} | - | - | - |")
             continue
         h = "-" if r["heuristic_us"] is None else f"{r['heuristic_us']:,.1f}"
+        sdpa = "-" if r.get("sdpa_us") is None else f"{r['sdpa_us']:,.1f}"
         out.append(f"| {r['graph']} | {h} | {r['cold_s']:.2f} | {r['cold_us']:,.1f} | "
-                   f"{r['store_us']:,.1f} ({r['store_us'] / r['cold_us']:.0%}) | {r['attention_us']:,.1f} |")
+                   f"{r['store_us']:,.1f} ({r['store_us'] / r['cold_us']:.0%}) | {r['attention_us']:,.1f} | {sdpa} |")
     return "\n".join(out)
 
 
