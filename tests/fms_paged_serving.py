@@ -258,9 +258,12 @@ class _Engine:
 
 
 def continuous_batching(model: Any, requests: list[Request], num_blocks: int = 32, max_batch: int = 4,
-                        seed: int = 0) -> PagedRun:
+                        seed: int = 0, golden: Optional[list[list[int]]] = None) -> PagedRun:
     """Serve `requests` greedily (see the module docstring): `model` is the eager model (the
-    CPU reference) or a compiled one."""
+    CPU reference) or a compiled one. `golden`: per request the tokens to feed back instead
+    of the argmax (aiu-fms-testing-utils' GoldenTokenHook: a run whose tokens diverge from
+    the reference's still yields logits comparable position by position); `tokens` are then
+    still the argmax of each step."""
     import fms.utils.spyre.paged  # noqa: F401  registers spyre_paged_attn and its ops
 
     from backend.region import last_run_info
@@ -291,8 +294,8 @@ def continuous_batching(model: Any, requests: list[Request], num_blocks: int = 3
             step.latency_us = info.latency_us if info is not None else None
             steps.append(step)
             for r, row in zip(order, rows):
-                r.tokens.append(int(row.argmax()))
-                tokens[r.index].append(r.tokens[-1])
+                tokens[r.index].append(int(row.argmax()))
+                r.tokens.append(golden[r.index][len(r.tokens)] if golden is not None else tokens[r.index][-1])
                 logits[r.index].append(row.clone())
             engine.finish()
             clock += 1
