@@ -46,6 +46,7 @@ from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
+from ortools.sat.python import cp_model
 
 from target.op_rules import default_choice
 from target.primitives import PrimGraph
@@ -53,9 +54,11 @@ from simulator.timing import time_program
 from solver.core.problem import FORBIDDEN_COST, StrategyProblem, evaluate
 from solver.core.search import optimize
 from solver.naive import plan_naive
+from solver.emit import emit_program
 from solver.oracle import checked_program, issue_text
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre import steps
+from solver.spyre.bundle_repair import BUNDLE_CODES
 from solver.spyre.cost_model import to_units
 from solver.spyre.depth.segments import crossings, keep_part, merge, out_stick, reader_index, subgraph
 from solver.spyre.model import SpyreModel
@@ -469,9 +472,6 @@ def validated(sp: SpyreStrategyProblem, d: PlanDecisions, hw, max_steps: int = 8
     with the longest window that meets it, and again (the emitter's bundles are the rule's
     own). Last, without any residency. Returns (plan, program or None, notes,
     seconds of one check)."""
-    from solver.emit import emit_program
-    from solver.spyre.bundle_repair import BUNDLE_CODES
-
     pg = sp.pg
     dropped = 0
     notes: list[str] = []
@@ -540,8 +540,6 @@ def pack(sp: SpyreStrategyProblem, sizes: dict[str, int], hw, time_limit_s: floa
     rule is a 2-D no-overlap of windows x address ranges). First-fit in window order when
     everything fits so; else a small CP-SAT packing with the windows fixed that keeps the
     most single-read saving, hinted with first-fit."""
-    from ortools.sat.python import cp_model
-
     cap = hw.lx_capacity_bytes
     score = lambda r: sum(sp.saving.get(t, 0) + 1 for t in r)
     first = _first_fit(sp, sizes, cap)
