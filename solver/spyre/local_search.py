@@ -15,11 +15,13 @@ from typing import Optional
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.chain_moves import ChainMoves, any_operands_ok
 from solver.spyre.cost_model import to_units
+from solver.spyre.hold_moves import HoldMoves, one_core_variant
+from solver.spyre.layout_choice import order_moves
 from solver.spyre.model import SpyreModel
 
 
 def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], max_passes: int = 50,
-                 chains: bool = True) -> PlanDecisions:
+                 chains: bool = True, hold_moves: bool = True) -> PlanDecisions:
     """Best single moves on the model's own objective until none improves or the
     deadline: a weight's stick dim, or one op's strategy (residencies the move breaks
     are dropped; the bundle-window constraints must keep holding); then, each pass, the
@@ -32,9 +34,11 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
     restickifies of the tensors the moved op reads and writes. Same moves, same order,
     same result as `objective_of` on every trial, without its pass over the graph."""
     ops = {op.id: op for op in sm.pg.ops}
-    picks = {op.id: (sm.strategy_index(op.id, d.ops.get(op.id, OpPlan())) or 0) for op in sm.pg.ops}
+    picks = {op.id: (sm.strategy_index(op.id, d.ops.get(op.id, OpPlan()), d.dim_orders) or 0) for op in sm.pg.ops}
     inputs = {t: d.input_sticks.get(t, sm.ctx.input_sticks.get(t)) for t in sorted(sm.ctx.free_inputs)}
     resident = {t: r for t, r in d.resident.items() if t in sm.res}
+    if hold_moves:
+        picks, resident = _better_start(sm, picks, resident, inputs)
     touching: dict[str, list[str]] = {}
     ops_of: dict[str, set[str]] = {}  # tensor -> ops reading or writing it
     for op in sm.pg.ops:
@@ -79,13 +83,15 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
 
     def out_of_time() -> bool:
         return deadline is not None and time.perf_counter() > deadline
-    def try_move(trial: dict, moved_ops, trial_inputs: dict, moved_inputs):
+    def try_move(trial: dict, moved_ops, trial_inputs: dict, moved_inputs, hold=None):
         """(objective, residencies, op costs, restickify needs) after the move, or
         (None, ...) when it breaks a bundle window or an ANY operand's forbidden
         stick dims (`chain_moves.any_operands_ok`). Re-prices only the ops touching a
         tensor whose residency it changes and the restickifies of the tensors the moved
-        ops and weights touch."""
-        if not any_operands_ok(sm, trial, trial_inputs, moved_ops, moved_inputs):
+        ops and weights touch. `hold`: a `HoldMove` whose tensors the move also keeps in
+        LX (none when one's slicing does not hold under the move)."""
+        if not any_operands_ok(sm, trial, trial_inputs, moved_ops, moved_inputs) or \
+                not sm.orders_ok(trial, moved_ops):
             return None, None, None, None
         touched = {t for o in moved_ops for t in touching[o]}
         res2 = {t: r for t, r in resident.items()
@@ -99,6 +105,14 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
         for t in resident:
             if t not in res2:
                 moved |= ops_of.get(t, set())
+        if hold is not None:
+            for t, r in hold.holds:
+                # the model holds no tensor a restickify reads (it prices those through device
+                # memory)
+                if not sm.residency_ok(t, trial, r.size_per_core) or needs(t, trial, trial_inputs):
+                    return None, None, None, None
+                res2 = dict(res2, **{t: r})
+                moved |= ops_of.get(t, set())
         new_cost = {o: op_cost(o, trial[o], res2) for o in moved}
         val = (best + sum(c - cost[o] for o, c in new_cost.items())
                + sum(restick(v) - restick(need[u]) for u, v in new_need.items()))
@@ -107,6 +121,7 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
         return None, None, None, None
 
     moves = ChainMoves(sm) if chains else None
+    holds = HoldMoves(sm) if hold_moves else None
     improved = True
     passes = 0
     while improved and passes < max_passes and not out_of_time():
@@ -136,6 +151,38 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
                     best, picks, resident, improved = val, trial, res2, True
                     cost.update(new_cost)
                     need.update(new_need)
+        # a candidate's dim order moved with its producer and readers
+        # (`solver.spyre.layout_choice`), the best of its orders kept when it improves
+        for t in sorted(sm.ordv):
+            if out_of_time():
+                break
+            best_order = None
+            for change in order_moves(sm, t, picks):
+                trial = dict(picks, **change)
+                val, res2, new_cost, new_need = try_move(trial, list(change), inputs, ())
+                if val is not None and val < (best if best_order is None else best_order[0]):
+                    best_order = (val, trial, res2, new_cost, new_need)
+            if best_order is not None:
+                best, picks, resident, new_cost, new_need = best_order
+                improved = True
+                cost.update(new_cost)
+                need.update(new_need)
+        # residencies added one at a time, each with the strategy changes that let it hold
+        # (`solver.spyre.hold_moves`), the best offer of each tensor kept when it improves
+        for t in (holds.candidates if holds is not None else ()):
+            if out_of_time():
+                break
+            best_hold = None
+            for mv in holds.moves(t, picks, resident):
+                trial = dict(picks, **dict(mv.picks))
+                val, res2, new_cost, new_need = try_move(trial, [o for o, _ in mv.picks], inputs, (), hold=mv)
+                if val is not None and val < (best if best_hold is None else best_hold[0]):
+                    best_hold = (val, trial, res2, new_cost, new_need)
+            if best_hold is not None:
+                best, picks, resident, new_cost, new_need = best_hold
+                improved = True
+                cost.update(new_cost)
+                need.update(new_need)
         if moves is None or out_of_time():
             continue
         found = None
@@ -155,3 +202,16 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
             need.update(new_need)
     out = sm.decisions_of(picks, resident, dict(sm.ctx.input_sticks, **inputs))
     return out
+
+
+def _better_start(sm: SpyreModel, picks: dict, resident: dict, inputs: dict) -> tuple[dict, dict]:
+    """The start or its one-core variant (`hold_moves.one_core_variant`: small ops on one
+    core, their intermediates held), whichever the model's objective prices lower."""
+    alt_picks, alt_res = one_core_variant(sm, picks, resident)
+    ins = dict(sm.ctx.input_sticks, **inputs)
+    needed = sm.needed_resticks(alt_picks, ins)
+    alt_res = {t: r for t, r in alt_res.items() if not any(key[0] == t for key in needed)}
+    alt_res = sm.repair_spans(alt_res, needed)
+    if sm.objective_of(alt_picks, set(alt_res), ins) < sm.objective_of(picks, set(resident), ins):
+        return alt_picks, alt_res
+    return picks, resident

@@ -1,0 +1,195 @@
+"""Residency moves for the CP-SAT planner's local search (`solver.spyre.local_search`): keep
+one more intermediate in LX, moving its producer and readers to strategies that slice it
+alike when they do not already.
+
+The single and chain moves only ever drop residencies (a move that breaks one loses it);
+adding them is left to CP-SAT, whose search on a model of a few hundred strategies ends far
+from its bound in a deterministic budget (BERT tiny: gap 0.73 after 0.08 deterministic s,
+1.5 s gave 0.64). A chain of small ops wants every intermediate in LX with the whole chain on
+one core (`strategies._few_cores_strategy`): reached one tensor at a time, each step a move
+that pays for itself on the model's own objective (on the timing model a small op on one
+core keeps most of the bus, so moving it there costs little and the residency saves a
+device-memory round trip).
+
+A hold move of tensor t (a residency candidate of the model, not resident) offers, for its
+producer p and readers R, in this order:
+1. the current strategies, when they already slice t alike;
+2. every op of p and R not already on one core moved to its stick choice on one core;
+3. each reader that does not read p's slices moved to its cheapest strategy of the same
+   stick choice that does;
+4. p moved to its cheapest strategy of the same stick choice whose slices every reader reads.
+The buffer goes first-fit into LX over t's live window (the canonical placement of
+`SpyreModel.canonical_addresses`), sized by p's strategy. The local search prices each
+offer exactly (the residencies a move breaks dropped, bundle windows checked) and keeps
+the best improving one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from solver.plan import Residency
+from solver.spyre.cost_model import to_units
+from solver.spyre.strategies import compatible_residency
+
+
+@dataclass(frozen=True)
+class HoldMove:
+    """Keep the tensors of `holds` in LX at their residencies, with new strategy indices
+    for `picks`."""
+
+    holds: tuple[tuple[str, Residency], ...]
+    picks: tuple[tuple[str, int], ...]
+
+
+class HoldMoves:
+    """The residency candidates of one model (`SpyreModel`) and the hold moves they offer."""
+
+    def __init__(self, sm):
+        self.sm = sm
+        # one-core strategy of each op per stick choice and orders (index into sm.S[op])
+        self.one_core: dict[str, dict] = {}
+        for o, S in sm.S.items():
+            for k, s in enumerate(S):
+                if not s.core_split and not s.alias:
+                    self.one_core.setdefault(o, {}).setdefault((s.stick, s.orders), k)
+        self.candidates = [t for t in sorted(sm.res, key=lambda t: (sm.window(t), t))]
+        self.touching: dict[str, list[str]] = {
+            op.id: [a.tensor for a in op.inputs] + [op.output.tensor] for op in sm.pg.ops}
+
+    def _price(self, o: str, k: int) -> int:
+        _, _, body = self.sm.combos[o]
+        return body[k][0] + to_units(self.sm.S[o][k].parts.base.extra_ns)
+
+    def _compatible(self, t: str, picks: dict[str, int]) -> bool:
+        return self.sm.residency_ok(t, picks)
+
+    def offers(self, t: str, picks: dict[str, int]) -> list[dict[str, int]]:
+        """Strategy changes (op -> index) under which t can be held, in the module's order."""
+        sm, S = self.sm, self.sm.S
+        p = sm.producer[t].id
+        readers = sm.readers[t]
+        out: list[dict[str, int]] = []
+        if self._compatible(t, picks):
+            out.append({})
+        # 2. the producer and readers on one core
+        change = {}
+        for o in [p] + [r for r, _ in readers]:
+            s = S[o][picks[o]]
+            if not s.core_split:
+                continue
+            k = self.one_core.get(o, {}).get((s.stick, s.orders))
+            if k is None:
+                change = None
+                break
+            change[o] = k
+        if change:
+            trial = dict(picks, **change)
+            if self._compatible(t, trial):
+                out.append(change)
+        # 3. readers aligned to the producer
+        sp = S[p][picks[p]]
+        change = {}
+        for r, slot in readers:
+            if compatible_residency(sp, S[r][picks[r]], slot):
+                continue
+            now = S[r][picks[r]]
+            ks = [k for k, s in enumerate(S[r]) if s.stick == now.stick and s.orders == now.orders
+                  and compatible_residency(sp, s, slot)]
+            if not ks:
+                change = None
+                break
+            change[r] = min(ks, key=lambda k: (self._price(r, k), k))
+        if change and self._compatible(t, dict(picks, **change)):
+            out.append(change)
+        # 4. the producer aligned to the readers
+        ks = [k for k, s in enumerate(S[p]) if k != picks[p] and s.stick == sp.stick and s.orders == sp.orders
+              and self._compatible(t, dict(picks, **{p: k}))]
+        if ks:
+            out.append({p: min(ks, key=lambda k: (self._price(p, k), k))})
+        return out
+
+    def place(self, t: str, size: int, resident: dict[str, Residency]) -> Optional[Residency]:
+        """t's buffer of `size` bytes a core first-fit in LX over its live window, beside the
+        resident buffers whose windows overlap it; None when it does not fit."""
+        sm = self.sm
+        a, b = sm.window(t)
+        busy = []
+        for u, r in resident.items():
+            if u == t or u not in sm.res:
+                continue
+            c, d = sm.window(u)
+            if c <= b and a <= d:
+                busy.append((r.lx_address, r.lx_address + (r.size_per_core or 0)))
+        addr = 0
+        for lo, hi in sorted(busy):
+            if addr + size <= lo:
+                break
+            addr = max(addr, hi)
+        if addr + size > sm.hw.lx_capacity_bytes:
+            return None
+        return Residency(addr, size)
+
+    def _on_one_core(self, u: str, trial: dict[str, int]) -> bool:
+        S = self.sm.S
+        ops = [self.sm.producer[u].id] + [r for r, _ in self.sm.readers[u]]
+        return all(not S[o][trial[o]].core_split for o in ops)
+
+    def moves(self, t: str, picks: dict[str, int], resident: dict[str, Residency]) -> Iterator[HoldMove]:
+        """The hold moves of t from the plan (`picks`, `resident`). A move that puts ops on
+        one core also holds every other candidate those ops touch whose producer and
+        readers all end up on one core (a chain on one core is held whole: each step alone
+        may not pay for itself)."""
+        if t in resident:
+            return
+        sm = self.sm
+        for change in self.offers(t, picks):
+            trial = dict(picks, **change)
+            placed = dict(resident)
+            holds = []
+            more = []
+            if any(not sm.S[o][k].core_split for o, k in change.items()):
+                near = {u for o in change for u in self.touching[o]}
+                more = [u for u in self.candidates if u in near and u != t and u not in resident
+                        and self._on_one_core(u, trial) and sm.residency_ok(u, trial)]
+            for u in [t] + more:
+                p = sm.producer[u].id
+                res = self.place(u, sm.S[p][trial[p]].out_lx_bytes, placed)
+                if res is None:
+                    if u == t:
+                        break
+                    continue
+                placed[u] = res
+                holds.append((u, res))
+            if holds and holds[0][0] == t:
+                yield HoldMove(tuple(holds), tuple(sorted(change.items())))
+
+
+def one_core_variant(sm, picks: dict[str, int], resident: dict[str, Residency]
+                     ) -> tuple[dict[str, int], dict[str, Residency]]:
+    """Another start for the local search: every op whose stick choice on one core, with
+    every operand it may hold in LX held, is priced below its current strategy as it runs
+    now moves to one core; then every candidate whose producer and readers slice it alike
+    is held, first-fit, in window order (the residencies the moves broke dropped first).
+    The local search then moves back what does not pay (it drops residencies as it goes)."""
+    holds = HoldMoves(sm)
+    trial = dict(picks)
+    for o, S in sm.S.items():
+        k = holds.one_core.get(o, {}).get((S[picks[o]].stick, S[picks[o]].orders))
+        if k is None or k == picks[o]:
+            continue
+        names, combos, body = sm.combos[o]
+        now = tuple(t in resident for t in names)
+        j_now = next((j for j, (key, _) in enumerate(combos) if key == now), 0)
+        if body[k][-1] + to_units(S[k].parts.base.extra_ns) < \
+                body[picks[o]][j_now] + to_units(S[picks[o]].parts.base.extra_ns):
+            trial[o] = k
+    placed = {t: r for t, r in resident.items() if sm.residency_ok(t, trial, r.size_per_core)}
+    for t in holds.candidates:
+        if t in placed or not sm.residency_ok(t, trial):
+            continue
+        p = sm.producer[t].id
+        res = holds.place(t, sm.S[p][trial[p]].out_lx_bytes, placed)
+        if res is not None:
+            placed[t] = res
+    return trial, placed
