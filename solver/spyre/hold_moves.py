@@ -130,6 +130,18 @@ class HoldMoves:
             return None
         return Residency(addr, size)
 
+    def replaced(self, mv: HoldMove, resident: dict[str, Residency]) -> Optional[HoldMove]:
+        """`mv` with its buffers placed first-fit again beside `resident` (those that no
+        longer fit left out; None when none does)."""
+        placed = dict(resident)
+        held = []
+        for u, r in mv.holds:
+            res = self.place(u, r.size_per_core, placed)
+            if res is not None:
+                placed[u] = res
+                held.append((u, res))
+        return HoldMove(tuple(held), mv.picks) if held else None
+
     def _on_one_core(self, u: str, trial: dict[str, int]) -> bool:
         S = self.sm.S
         ops = [self.sm.producer[u].id] + [r for r, _ in self.sm.readers[u]]
@@ -193,3 +205,63 @@ def one_core_variant(sm, picks: dict[str, int], resident: dict[str, Residency]
         if res is not None:
             placed[t] = res
     return trial, placed
+
+
+def region_moves(sm, holds: HoldMoves, picks: dict[str, int], resident: dict[str, Residency]
+                 ) -> Iterator[HoldMove]:
+    """Whole regions to one core at once: the ops whose stick choice on one core, with every
+    operand it may hold in LX held, is priced below their strategy as it runs now, grouped
+    by the residency candidates between them (a run of small ops: a norm, a rotary
+    embedding); each region moves to one core and holds every candidate whose producer and
+    readers then all run on one core. A hold move reaches such a region one tensor at a
+    time only where each step pays for itself; a norm whose every op reads two of the
+    others' results pays only whole."""
+    S = sm.S
+    eligible: dict[str, int] = {}
+    for o in picks:
+        s = S[o][picks[o]]
+        if not s.core_split:
+            continue
+        k = holds.one_core.get(o, {}).get((s.stick, s.orders))
+        if k is None:
+            continue
+        names, combos, body = sm.combos[o]
+        now = tuple(t in resident for t in names)
+        j_now = next((j for j, (key, _) in enumerate(combos) if key == now), 0)
+        if body[k][-1] + to_units(S[o][k].parts.base.extra_ns) < \
+                body[picks[o]][j_now] + to_units(s.parts.base.extra_ns):
+            eligible[o] = k
+    parent = {o: o for o in eligible}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    for t in holds.candidates:
+        ops = [sm.producer[t].id] + [r for r, _ in sm.readers[t]]
+        inside = [o for o in ops if o in eligible]
+        for a, b in zip(inside, inside[1:]):
+            ra, rb = find(a), find(b)
+            if ra != rb:
+                parent[max(ra, rb, key=sm.index.get)] = min(ra, rb, key=sm.index.get)
+    groups: dict[str, list[str]] = {}
+    for o in sorted(eligible, key=sm.index.get):
+        groups.setdefault(find(o), []).append(o)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        change = {o: eligible[o] for o in members}
+        trial = dict(picks, **change)
+        near = {u for o in members for u in holds.touching[o]}
+        placed = dict(resident)
+        held = []
+        for u in holds.candidates:
+            if u in near and u not in resident and holds._on_one_core(u, trial) and sm.residency_ok(u, trial):
+                p = sm.producer[u].id
+                res = holds.place(u, S[p][trial[p]].out_lx_bytes, placed)
+                if res is not None:
+                    placed[u] = res
+                    held.append((u, res))
+        if held:
+            yield HoldMove(tuple(held), tuple(sorted(change.items())))

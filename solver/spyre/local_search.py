@@ -15,7 +15,7 @@ from typing import Optional
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.chain_moves import ChainMoves, any_operands_ok
 from solver.spyre.cost_model import to_units
-from solver.spyre.hold_moves import HoldMoves, one_core_variant
+from solver.spyre.hold_moves import HoldMoves, one_core_variant, region_moves
 from solver.spyre.layout_choice import order_moves
 from solver.spyre.model import SpyreModel
 
@@ -102,9 +102,6 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
             needed = all_needed(new_need)
             res2 = sm.repair_spans(res2, needed)
         moved = set(moved_ops)
-        for t in resident:
-            if t not in res2:
-                moved |= ops_of.get(t, set())
         if hold is not None:
             for t, r in hold.holds:
                 # the model holds no tensor a restickify reads (it prices those through device
@@ -112,6 +109,15 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
                 if not sm.residency_ok(t, trial, r.size_per_core) or needs(t, trial, trial_inputs):
                     return None, None, None, None
                 res2 = dict(res2, **{t: r})
+                moved |= ops_of.get(t, set())
+            # the bundle windows the new buffers join: other residencies give way to them
+            needed = all_needed(new_need)
+            held = {t for t, _ in hold.holds}
+            res2 = sm.repair_spans(res2, needed, protect=held)
+            if not held <= set(res2):
+                return None, None, None, None
+        for t in resident:
+            if t not in res2:
                 moved |= ops_of.get(t, set())
         new_cost = {o: op_cost(o, trial[o], res2) for o in moved}
         val = (best + sum(c - cost[o] for o, c in new_cost.items())
@@ -180,6 +186,21 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
                     best_hold = (val, trial, res2, new_cost, new_need)
             if best_hold is not None:
                 best, picks, resident, new_cost, new_need = best_hold
+                improved = True
+                cost.update(new_cost)
+                need.update(new_need)
+        # whole regions of small ops to one core with their intermediates held (disjoint:
+        # each kept when it improves)
+        for mv in (list(region_moves(sm, holds, picks, resident)) if holds is not None else ()):
+            if out_of_time():
+                break
+            mv = holds.replaced(mv, resident)  # first-fit again beside what earlier regions hold
+            if mv is None:
+                continue
+            trial = dict(picks, **dict(mv.picks))
+            val, res2, new_cost, new_need = try_move(trial, [o for o, _ in mv.picks], inputs, (), hold=mv)
+            if val is not None and val < best:
+                best, picks, resident = val, trial, res2
                 improved = True
                 cost.update(new_cost)
                 need.update(new_need)

@@ -311,9 +311,10 @@ class SpyreModel:
             terms = [self.mat[key] for key in mats] + [1 - self.res[u] for u in cands]
             self.m.Add(sum(terms) <= limit - fixed).OnlyEnforceIf(when)
 
-    def repair_spans(self, resident: dict, needed: set) -> dict:
+    def repair_spans(self, resident: dict, needed: set, protect: frozenset = frozenset()) -> dict:
         """Drop residencies until every bundle-window constraint holds (dropping one can
-        push another window over the limit, so this iterates)."""
+        push another window over the limit, so this iterates). The `protect`ed ones are
+        dropped only when a window of theirs alone breaks the limit."""
         resident = dict(resident)
         limit = self.hw.bundle_tensor_limit
         changed = True
@@ -323,7 +324,8 @@ class SpyreModel:
                 if all(t in resident for t in when_t):
                     n = fixed + sum(1 for u in cands if u not in resident) + sum(1 for k in mats if k in needed)
                     if n > limit:
-                        for t in when_t:
+                        drop = [t for t in when_t if t not in protect] or list(when_t)
+                        for t in drop:
                             resident.pop(t, None)
                         changed = True
         return resident
