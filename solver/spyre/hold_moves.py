@@ -177,36 +177,6 @@ class HoldMoves:
                 yield HoldMove(tuple(holds), tuple(sorted(change.items())))
 
 
-def one_core_variant(sm, picks: dict[str, int], resident: dict[str, Residency]
-                     ) -> tuple[dict[str, int], dict[str, Residency]]:
-    """Another start for the local search: every op whose stick choice on one core, with
-    every operand it may hold in LX held, is priced below its current strategy as it runs
-    now moves to one core; then every candidate whose producer and readers slice it alike
-    is held, first-fit, in window order (the residencies the moves broke dropped first).
-    The local search then moves back what does not pay (it drops residencies as it goes)."""
-    holds = HoldMoves(sm)
-    trial = dict(picks)
-    for o, S in sm.S.items():
-        k = holds.one_core.get(o, {}).get((S[picks[o]].stick, S[picks[o]].orders))
-        if k is None or k == picks[o]:
-            continue
-        names, combos, body = sm.combos[o]
-        now = tuple(t in resident for t in names)
-        j_now = next((j for j, (key, _) in enumerate(combos) if key == now), 0)
-        if body[k][-1] + to_units(S[k].parts.base.extra_ns) < \
-                body[picks[o]][j_now] + to_units(S[picks[o]].parts.base.extra_ns):
-            trial[o] = k
-    placed = {t: r for t, r in resident.items() if sm.residency_ok(t, trial, r.size_per_core)}
-    for t in holds.candidates:
-        if t in placed or not sm.residency_ok(t, trial):
-            continue
-        p = sm.producer[t].id
-        res = holds.place(t, sm.S[p][trial[p]].out_lx_bytes, placed)
-        if res is not None:
-            placed[t] = res
-    return trial, placed
-
-
 def region_moves(sm, holds: HoldMoves, picks: dict[str, int], resident: dict[str, Residency]
                  ) -> Iterator[HoldMove]:
     """Whole regions to one core at once: the ops whose stick choice on one core, with every

@@ -2,7 +2,10 @@
 start's sharpening before the solve, and the solve's polish after it.
 
 Moves: a weight's stick dim, one op's strategy (residencies the move breaks are dropped and
-the bundle-window constraints must keep holding), and each pass the best improving chain
+the bundle-window constraints must keep holding), a candidate's non-stick dim order with its
+producer and readers (`solver.spyre.layout_choice.order_moves`), one more residency with the
+strategy changes that let it hold and whole regions of small ops to one core with their
+intermediates held (`solver.spyre.hold_moves`), and each pass the best improving chain
 move (`solver.spyre.chain_moves`: a stick-connected run of ops relabelled together). Priced
 incrementally and exactly (integer ns): the same moves, in the same order, with the same
 result as `SpyreModel.objective_of` on every trial.
@@ -15,7 +18,7 @@ from typing import Optional
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.chain_moves import ChainMoves, any_operands_ok
 from solver.spyre.cost_model import to_units
-from solver.spyre.hold_moves import HoldMoves, one_core_variant, region_moves
+from solver.spyre.hold_moves import HoldMoves, region_moves
 from solver.spyre.layout_choice import order_moves
 from solver.spyre.model import SpyreModel
 
@@ -37,8 +40,6 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
     picks = {op.id: (sm.strategy_index(op.id, d.ops.get(op.id, OpPlan()), d.dim_orders) or 0) for op in sm.pg.ops}
     inputs = {t: d.input_sticks.get(t, sm.ctx.input_sticks.get(t)) for t in sorted(sm.ctx.free_inputs)}
     resident = {t: r for t, r in d.resident.items() if t in sm.res}
-    if hold_moves:
-        picks, resident = _better_start(sm, picks, resident, inputs)
     touching: dict[str, list[str]] = {}
     ops_of: dict[str, set[str]] = {}  # tensor -> ops reading or writing it
     for op in sm.pg.ops:
@@ -224,15 +225,3 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
     out = sm.decisions_of(picks, resident, dict(sm.ctx.input_sticks, **inputs))
     return out
 
-
-def _better_start(sm: SpyreModel, picks: dict, resident: dict, inputs: dict) -> tuple[dict, dict]:
-    """The start or its one-core variant (`hold_moves.one_core_variant`: small ops on one
-    core, their intermediates held), whichever the model's objective prices lower."""
-    alt_picks, alt_res = one_core_variant(sm, picks, resident)
-    ins = dict(sm.ctx.input_sticks, **inputs)
-    needed = sm.needed_resticks(alt_picks, ins)
-    alt_res = {t: r for t, r in alt_res.items() if not any(key[0] == t for key in needed)}
-    alt_res = sm.repair_spans(alt_res, needed)
-    if sm.objective_of(alt_picks, set(alt_res), ins) < sm.objective_of(picks, set(resident), ins):
-        return alt_picks, alt_res
-    return picks, resident

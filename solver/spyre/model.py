@@ -1,5 +1,6 @@
 """The joint CP-SAT model of one graph (`SpyreModel`, built by `build_model`): stick dims,
-restickify placement, core split and LX residency chosen together, objective = predicted
+non-stick dim orders, restickify placement, core split and LX residency chosen together,
+objective = predicted
 total time (integer ns, `solver.spyre.cost_model`).
 
 Variables and constraints:
@@ -8,6 +9,10 @@ Variables and constraints:
 - `lay[t][l]`: tensor t is sticked on dim l: fixed by its producer's pick; a weight
   (parameter, buffer, constant) chooses freely (laid out once at load time); a user input
   arrives sticked on its last dim.
+- `order[t][o]`: an intermediate some op prefers in another non-stick dim order
+  (`solver.spyre.layout_choice`) takes order o (None: row-major), exactly one; every
+  strategy of its producer and of each reader reading it directly was priced in one order
+  and implies it. Emitted as `PlanDecisions.dim_orders`.
 - `mat[t][l]`: t is also materialized sticked on l by ONE restickify through device memory,
   paid once however many consumers read it; every strategy that reads t on l needs
   `lay[t][l] or mat[t][l]`.

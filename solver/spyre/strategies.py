@@ -8,6 +8,8 @@ alias test) and all geometry from `target.geometry`; nothing is re-encoded here.
   most one reduction dim), at most two split dims, using at least a quarter of the most
   cores any split of the op can use; at most `max_candidates` of them are priced per stick
   choice (most cores first, then the fewest input bytes a core reads, then fewer split dims).
+  Besides, every stick choice keeps its one-core strategy (`_few_cores_strategy`): a chain
+  of small ops on one core can hold every intermediate in LX.
 - An operand the stick choice reads whole (`ANY`) keeps the layout its producer wrote; a
   layout of it that would change the split granules of a split dim is recorded in
   `any_forbidden` so the planner forbids that combination (the emitter derives granules from
