@@ -33,6 +33,12 @@ from solver.spyre.cost_model import to_units
 from solver.spyre.strategies import compatible_residency
 
 
+# A chain hold tries the producer on this many of its strategies, and holds at most this
+# many tensors along the chain (a softmax is 5-6 ops; a norm 8-10).
+CHAIN_PRODUCER_OPTIONS = 3
+CHAIN_MAX_HOLDS = 12
+
+
 @dataclass(frozen=True)
 class HoldMove:
     """Keep the tensors of `holds` in LX at their residencies, with new strategy indices
@@ -130,6 +136,61 @@ class HoldMoves:
             return None
         return Residency(addr, size)
 
+    def chain(self, t: str, picks: dict[str, int], resident: dict[str, Residency]) -> Iterator[HoldMove]:
+        """Chain holds from t: t's producer on each of its `CHAIN_PRODUCER_OPTIONS` cheapest
+        strategies of its stick choice that split no reduction dim (its current one first),
+        then along the chain of candidates t leads to, each reader moved to its cheapest
+        strategy of its stick choice that reads its producer's slices, each candidate on the
+        way held (at most `CHAIN_MAX_HOLDS`): a softmax after a matmul held whole once the
+        matmul and every op after it slice the rows alike."""
+        sm, S = self.sm, self.sm.S
+        p = sm.producer[t].id
+        sp0 = S[p][picks[p]]
+        ks = [k for k, s in enumerate(S[p]) if s.stick == sp0.stick and s.orders == sp0.orders
+              and not s.reduction_split and not s.alias]
+        ks.sort(key=lambda k: (k != picks[p], self._price(p, k), k))
+        for k0 in ks[:CHAIN_PRODUCER_OPTIONS]:
+            trial = dict(picks)
+            trial[p] = k0
+            placed = {u: r for u, r in resident.items() if u != t}
+            holds: list = []
+            frontier = [t]
+            seen = set()
+            while frontier and len(holds) < CHAIN_MAX_HOLDS:
+                u = frontier.pop(0)
+                if u in seen or u in resident:
+                    continue
+                seen.add(u)
+                q = sm.producer[u].id
+                sq = S[q][trial[q]]
+                if sq.reduction_split or sq.alias:
+                    continue
+                ok = True
+                for r, slot in sm.readers[u]:
+                    now = S[r][trial[r]]
+                    if compatible_residency(sq, now, slot):
+                        continue
+                    cand = [k for k, x in enumerate(S[r]) if x.stick == now.stick and x.orders == now.orders
+                            and compatible_residency(sq, x, slot)]
+                    if not cand:
+                        ok = False
+                        break
+                    trial[r] = min(cand, key=lambda k: (self._price(r, k), k))
+                if not ok or not sm.residency_ok(u, trial):
+                    continue
+                res = self.place(u, sq.out_lx_bytes, placed)
+                if res is None:
+                    continue
+                placed[u] = res
+                holds.append((u, res))
+                for r, _ in sm.readers[u]:
+                    w = self.sm.ops[r].output.tensor
+                    if w in sm.res and w not in seen:
+                        frontier.append(w)
+            if holds and holds[0][0] == t:
+                change = tuple(sorted((o, k) for o, k in trial.items() if k != picks[o]))
+                yield HoldMove(tuple(holds), change)
+
     def replaced(self, mv: HoldMove, resident: dict[str, Residency]) -> Optional[HoldMove]:
         """`mv` with its buffers placed first-fit again beside `resident` (those that no
         longer fit left out; None when none does)."""
@@ -175,6 +236,7 @@ class HoldMoves:
                 holds.append((u, res))
             if holds and holds[0][0] == t:
                 yield HoldMove(tuple(holds), tuple(sorted(change.items())))
+        yield from self.chain(t, picks, resident)
 
 
 def region_moves(sm, holds: HoldMoves, picks: dict[str, int], resident: dict[str, Residency]
