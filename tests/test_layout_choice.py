@@ -121,5 +121,5 @@ def test_small_ops_go_to_one_core_with_their_intermediates_in_lx():
         return sum(1 for p in x.ops.values() if not p.core_split)
     assert obj(with_holds) < 0.8 * obj(without)
     assert len(with_holds.resident) > len(without.resident)
-    assert one_core(with_holds) > one_core(without)
+    assert one_core(with_holds) > one_core(d)
     assert checked_program(pg, HW, with_holds)[0] is not None
