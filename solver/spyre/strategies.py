@@ -42,6 +42,13 @@ from target.geometry import (
 from solver.spyre.cost_model import OpCostParts, OpView, op_cost_parts
 
 Box = tuple
+# A one-core strategy is kept when, with its operands held in LX, it is priced within this
+# factor of the op's cheapest strategy in device memory: only there can it pay. Measured
+# 2026-12-05 (deterministic): without the filter a gated MLP of 4096-wide matmuls got one-core
+# strategies it never uses, and the solve returned another of its tied optima, which fused
+# 1.9x slower (3021 vs 1626 us, tests/test_split_k_hold.py); at 2.0 the same for its
+# pointwise ops; at 1.0 BERT tiny, llama tiny prefill and the layers keep their gains.
+ONE_CORE_MAX_SLOWDOWN = 1.0
 # Graph inputs the runtime places in device memory once, at load time (weights).
 _LOAD_TIME_ROLES = ("parameter", "buffer", "constant")
 
@@ -324,6 +331,7 @@ def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
             out.append(s)
 
     add(alias_strategy(op, ctx))
+    few: list = []
     for ch in stick_options(op):
         in_sticks = [ANY if (s is None or s == ANY) else s for s in ch.inputs]
         gran = _granules(op, ctx, in_sticks, ch.output)
@@ -358,29 +366,36 @@ def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
         for s in by_hbm[:keep] + by_res[:keep_resident]:
             if s.key() not in seen:
                 add(dataclasses.replace(s, parts=op_cost_parts(s.view, hw, s.may_reside)))
-        add(_few_cores_strategy(op, ctx, ch, splits, seen))
+        few.append((ch, splits, by_hbm[0].cost_ns(hw)))
     for ch, split, tiles, alias in required:
         if alias:
             add(alias_strategy(op, ctx))
         else:
             add(make_strategy(op, ctx, ch, split, tiles))
+    # last, so the strategies above keep their places (the solver's search order)
+    for ch, splits, best_ns in few:
+        add(_few_cores_strategy(op, ctx, ch, splits, seen, best_ns))
     if not out:
         raise NoLegalStrategy(op.id)
     return out
 
 
 def _few_cores_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, splits: Sequence[dict[str, int]],
-                        seen: set) -> Optional[Strategy]:
-    """The stick choice on one core, priced in full, unless already kept. On the timing
-    model a small op on one core is nearly as fast as on all of them (a streaming kernel on
-    part of the machine keeps most of the bus), and a chain of one-core ops can keep every
-    intermediate in LX whatever their shapes (each reader reads the whole tensor its
-    producer wrote on the same core), where wider splits stay resident only along aligned
-    slicings. Without it a chain of small ops has no all-resident plan in the space."""
+                        seen: set, best_ns: float) -> Optional[Strategy]:
+    """The stick choice on one core, priced in full, unless already kept, or unless even
+    with every operand it may hold in LX it is priced above `ONE_CORE_MAX_SLOWDOWN` times
+    `best_ns` (the choice's cheapest strategy in device memory: a large op, which one core
+    never serves). On the
+    timing model a small op on one core is nearly as fast as on all of them (a streaming
+    kernel on part of the machine keeps most of the bus), and a chain of one-core ops can
+    keep every intermediate in LX whatever their shapes (each reader reads the whole tensor
+    its producer wrote on the same core), where wider splits stay resident only along
+    aligned slicings. Without it a chain of small ops has no all-resident plan in the space."""
     if {} not in splits:
         return None
     s = make_strategy(op, ctx, ch, {}, full_pricing=False)
-    if s is None or s.key() in seen:
+    if s is None or s.key() in seen or \
+            min(c.total_ns for c in s.parts.combos.values()) > ONE_CORE_MAX_SLOWDOWN * best_ns:
         return None
     return dataclasses.replace(s, parts=op_cost_parts(s.view, ctx.hw, s.may_reside))
 
