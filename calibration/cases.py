@@ -96,13 +96,14 @@ def _matmul(case: dict, hw) -> Built:
 
 # -- bmm: x[B,M,K] @ w[K,N] (shared weight) or x[B,M,K] @ y[B,K,N] ------------------------------------
 def _batch_inside(program: Program, tensors: tuple[str, ...], hw) -> None:
-    """torch-spyre's default device tile order for a batched operand: the batch dim just
-    inside the stick-row dims, not outermost. (A restickified copy `w@...` of a listed
-    tensor takes the same order.)"""
+    """torch-spyre's default device layout of a batched operand: the batch dim innermost
+    of the non-stick dims, inside the stick-group dim too ([B,M,K] sticked on K is
+    [M, K/64, B, 64]: PR #4302's baseline SDSC layout ['x','in','mb']), not outermost. (A
+    restickified copy `w@...` of a listed tensor takes the same order.)"""
     for td in program.tensors:
         if (td.id in tensors or td.id.split("@")[0] in tensors) and len(td.shape) == 3:
             st = td.layout.stick_dim
-            order = [1, 0, 2] if st == 2 else [2, 0, 1]
+            order = [1, 2, 0] if st == 2 else [2, 1, 0]
             td.layout = make_layout(td.shape, td.dtype, st, hw.stick_bytes, order)
 
 

@@ -177,6 +177,14 @@ class _Class:
     cores: list[int]
 
 
+def overlapped_ns(mem: float, comp: float, tiles: int, hw: Hardware) -> float:
+    """A double-buffered kernel's loads and compute: the longer of the two, plus the pipeline
+    fill, the shorter one's first piece. The back end streams each tile (an untiled kernel
+    is one tile) through its working buffer in `untiled_overlap_chunks` pieces (fitted: the
+    device overlaps little), so a kernel of T tiles fills over one of T x chunks pieces."""
+    return max(mem, comp) + min(mem, comp) / (max(1, tiles) * hw.untiled_overlap_chunks)
+
+
 def _n_expr_ops(e) -> tuple[int, int]:
     """(arithmetic ops, transcendental ops) in a scalar expression."""
     if isinstance(e, (In, Const)):
@@ -613,7 +621,9 @@ class OpTimer:
         macs_total = 0
         dtype_in = self.dtypes[prim.inputs[0].tensor] if prim.inputs else self.dtypes[prim.output.tensor]
         if is_matmul:
-            stall, inside = matmul_layout_stall(prim, self.tensors, hw)
+            # the stall follows the batches one core's slice interleaves (per tile class)
+            stalls = {ci: matmul_layout_stall(prim, self.tensors, hw, cl.extents) for ci, cl in enumerate(classes)}
+            stall, inside = max(stalls.values(), key=lambda s: s[0]) if stalls else (0.0, [])
             if stall > 0:
                 kind = " (projection)" if matmul_batch_dims(prim)[0] == [] or not [
                     i for i in matmul_batch_dims(prim)[0] if prim.iter_dims[i].size > 1] else ""
@@ -621,6 +631,7 @@ class OpTimer:
             rate = hw.pt_mac_per_ns(dtype_in, "sustained")
             stick = hw.elems_per_stick(dtype_in)
             for ci, cl in enumerate(classes):
+                stall = stalls[ci][0]
                 # the array computes whole sticks: K and N run padded
                 ext = [(-(-e // stick) * stick) if i in (body.k, body.n) else e
                        for i, e in enumerate(cl.extents)]
@@ -709,9 +720,7 @@ class OpTimer:
             m = mem_ns * share + repl_ns
             c = comp_ns[ci]
             if double_buffered:
-                # an untiled kernel still streams, but overlaps its loads and compute only
-                # over `untiled_overlap_chunks` (fitted: device data show little overlap)
-                t = max(m, c) + min(m, c) / (tiles if tiles > 1 else hw.untiled_overlap_chunks)
+                t = overlapped_ns(m, c, tiles, hw)
             else:
                 t = m + c
             for core in cl.cores:
@@ -786,7 +795,7 @@ def time_program(program: Program, hw: Optional[Hardware] = None) -> TimingRepor
         comp = sum(o.compute_us for o in group_members)
         ring = sum(o.ring_us for o in group_members)
         dbl = all(o.double_buffered for o in group_members)
-        body = (max(mem, comp) + min(mem, comp) / tiles) if dbl else mem + comp
+        body = overlapped_ns(mem, comp, tiles, hw) if dbl else mem + comp
         overhead = hw.loop_overhead_us * tiles
         total = body + ring + overhead
         weights = [max(o.memory_us, o.compute_us) + o.ring_us for o in group_members]

@@ -25,7 +25,8 @@ def matmul_batch_dims(prim: PrimOp) -> tuple[list[int], list[int]]:
     return [i for i in other if i in x.dims and i in y.dims], [i for i in other if i in x.dims]
 
 
-def matmul_layout_stall(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardware) -> tuple[float, list[str]]:
+def matmul_layout_stall(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardware,
+                        extents: tuple[int, ...] | None = None) -> tuple[float, list[str]]:
     """Extra PT time per MAC per core from the operands' device orders, and which operands
     cause it.
 
@@ -36,14 +37,22 @@ def matmul_layout_stall(prim: PrimOp, tensors: dict[str, TensorDecl], hw: Hardwa
     batches' rows, so each row fetch of the feed (x, y) or drain (the output) strides across
     batches. Each such input stalls the feed, a batch-inside output stalls the drain, which
     overlaps the feed stalls (`Hardware.pt_layout_stall_ns_per_mac`); the stall grows with
-    the batch extent up to `bmm_layout_saturation_batch` (`Hardware.batch_interleave`)."""
+    the batch extent up to `bmm_layout_saturation_batch` (`Hardware.batch_interleave`).
+
+    What interleaves is the rows one core feeds: the batch extent is that of the core's
+    slice (`extents`, per iteration dim; None: the whole op). A core whose slice holds one
+    batch (the batch dims split over the cores down to one, e.g. one attention head per
+    core) feeds the rows of that batch only, in order: no stall, whatever the order in
+    device memory. Whether the op is a bmm or a projection is the op's, not the slice's."""
     assert isinstance(prim.body, MatmulBody)
     both, batch = matmul_batch_dims(prim)
     batch = [i for i in batch if prim.iter_dims[i].size > 1]
     shared_weight = not [i for i in both if prim.iter_dims[i].size > 1]
     if not batch:
         return 0.0, []
-    extent = math.prod(prim.iter_dims[i].size for i in batch)
+    extent = math.prod((prim.iter_dims[i].size if extents is None else extents[i]) for i in batch)
+    if extent <= 1:
+        return 0.0, []
     inside = []
     for name, acc in (("x", prim.inputs[0]), ("y", prim.inputs[1]), ("out", prim.output)):
         mine = [i for i in batch if i in acc.dims]

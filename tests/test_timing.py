@@ -202,18 +202,19 @@ def _batch_inside_layouts(program, tensors):
 
 
 def test_operand_order_stalls_the_pt_array_per_batch_inside_operand():
-    pg = matmul(512, 512, 512, batch=32)
-    macs_core = 32 * 512 * 512 * 512 / 32
+    # each core holds 16 batches (b split 2, m split 16: 128 rows, full PT passes)
+    pg = matmul(2048, 512, 512, batch=32)
+    macs_core = 32 * 2048 * 512 * 512 / 32
     times = {}
     for inside in ((), ("x",), ("w",), ("y",), ("x", "w"), ("x", "w", "y")):
-        prog = _program(pg, _plan({"bmm": {"b": 32}}))
+        prog = _program(pg, _plan({"bmm": {"b": 2, "m": 16}}))
         _batch_inside_layouts(prog, inside)
         assert not validate_program(prog, HW)
         op = time_program(prog, HW).op("bmm")
         times[inside] = op
         n_in = len([t for t in inside if t != "y"])
         stall = max(n_in * HW.pt_batch_inside_input_ns_per_mac,
-                    HW.pt_batch_inside_output_ns_per_mac if "y" in inside else 0.0)  # batch 32: full interleave
+                    HW.pt_batch_inside_output_ns_per_mac if "y" in inside else 0.0)  # 16 per core: full interleave
         assert op.compute_us * 1e3 == pytest.approx(macs_core / HW.pt_sustained_mac_per_ns_per_core + macs_core * stall,
                                                     rel=0.01)
     assert not any(e.startswith("batch-inside") for e in times[()].effects)
@@ -249,6 +250,19 @@ def test_temporal_tiles_pay_loop_overhead_and_double_buffer_when_room():
     assert op.temporal_tiles == 8 and op.double_buffered
     assert op.overhead_us == pytest.approx(8 * HW.loop_overhead_us)
     assert tiled.total_us > base.total_us + 8 * HW.loop_overhead_us * 0.99
+
+
+def test_a_tiled_kernel_fills_its_pipeline_over_tiles_times_the_untiled_chunks():
+    # a double-buffered kernel of T tiles: max(mem, compute) + min(mem, compute) / (T x chunks);
+    # an untiled kernel is one tile (T = 1)
+    pg = matmul(2048, 2048, 2048)
+    chunks = HW.untiled_overlap_chunks
+    for tiles in (None, {"mm": {"m": 2}}, {"mm": {"m": 4}}):
+        op = time_program(_program(pg, _plan({"mm": {"m": 32}}, tiles=tiles)), HW).op("mm")
+        assert op.double_buffered
+        t = op.temporal_tiles
+        body = max(op.memory_us, op.compute_us) + min(op.memory_us, op.compute_us) / (t * chunks)
+        assert op.end_us - op.start_us == pytest.approx(body + op.overhead_us + op.ring_us, rel=1e-6), t
 
 
 def test_no_double_buffering_when_lx_is_full():
@@ -393,8 +407,31 @@ def test_bmm_layout_ignores_size_one_dims():
                 (Access("x", (None, 0, 1, 3)), Access("w", (None, 0, 3, 2))), Access("y", (None, 0, 1, 2)),
                 MatmulBody(1, 2, 3))
     pg = PrimGraph("bmm1", t, [op], ["x", "w"], ["y"])
-    rep = time_program(_program(pg, _plan({"bmm": {"h": 8}})), HW)
+    rep = time_program(_program(pg, _plan({"bmm": {"m": 8}})), HW)
     assert not any(e.startswith("batch-inside") for e in rep.op("bmm").effects)
+
+
+def test_operand_order_stall_follows_the_batches_of_one_cores_slice():
+    # the feed interleaves the batches one core holds: all 8 (split over rows), 2 (batch
+    # split 4), or one (batch split 8, one head per core: rows fed in order, no stall)
+    pg = matmul(4096, 512, 512, batch=8)
+    ops = {}
+    for split in ({"m": 32}, {"b": 4, "m": 8}, {"b": 8, "m": 4}):
+        prog = _program(pg, _plan({"bmm": split}))
+        _batch_inside_layouts(prog, ("x", "w", "y"))
+        ops[tuple(split.items())] = time_program(prog, HW).op("bmm")
+    full, two, one = ops.values()
+    per_mac = {k: HW.pt_layout_stall_ns_per_mac(2, True, b) for k, b in (("full", 8), ("two", 2))}
+    assert per_mac["two"] < per_mac["full"]
+    assert any(e.startswith("batch-inside x+y+out") for e in full.effects)
+    assert any(e.startswith("batch-inside") for e in two.effects)
+    assert not any(e.startswith("batch-inside") for e in one.effects)
+    # same MACs per core in each: the PT time orders as the per-core batch extent
+    assert one.compute_us < two.compute_us < full.compute_us
+    macs_core = 8 * 4096 * 512 * 512 / 32
+    assert full.compute_us * 1e3 == pytest.approx(
+        macs_core / HW.pt_sustained_mac_per_ns_per_core + macs_core * per_mac["full"], rel=0.01)
+    assert one.compute_us * 1e3 == pytest.approx(macs_core / HW.pt_sustained_mac_per_ns_per_core, rel=0.01)
 
 
 def test_temporal_tiles_reread_an_input_the_tiled_dim_does_not_index():
