@@ -29,10 +29,12 @@ def _rnd(*shape, seed=0):
     return torch.randn(*shape, generator=g).to(torch.float16)
 
 
-def _bmm_then_transpose(B=4, M=32, K=64, N=16):
+def _bmm_then_transpose(B=64, M=32, K=64, N=16):
     """o = p @ v (a bmm), transposed to [M, B, N] and flattened to [M, B*N], then scaled: the
     transpose folds into the bmm (it writes [M, B, N], the batch inside its rows), and the
-    flatten of 16-wide rows into 64-wide ones moves data in any order."""
+    flatten of 16-wide rows into 64-wide ones moves data in any order. 64 batches: a core's
+    slice holds two of them on 32 cores, so the batch-inside drain stalls (the timing model
+    charges the batches one core interleaves)."""
     b = DocBuilder()
     p = b.input(_rnd(B, M, K, seed=1))
     v = b.input(_rnd(B, K, N, seed=2))
@@ -53,7 +55,7 @@ def test_the_order_a_bmm_prefers_is_proposed():
     mm = next(op for op in pg.ops if op.body.kind == "matmul")
     t = mm.output.tensor
     shape = pg.tensors[t].shape
-    assert shape == (32, 4, 16)
+    assert shape == (32, 64, 16)
     orders = preferred_orders(mm, mm.output, shape, len(shape) - 1)
     assert batch_outer_order(shape, 2, [1]) == [1, 0, 2]
     assert [1, 0, 2] in orders and default_dim_order(3, 2) not in orders
@@ -67,16 +69,17 @@ def test_planner_picks_the_dim_order_that_wins_on_the_judge():
     pg = _bmm_then_transpose()
     t = _bmm_result(pg)
     d = plan_cpsat(pg, HW, time_limit_s=5, deterministic=True)
-    assert d.dim_orders.get(t) == [1, 0, 2], d.dim_orders
+    order = d.dim_orders.get(t)
+    assert order is not None and order[0] == 1, d.dim_orders   # the batch dim outermost
     prog, issues = checked_program(pg, HW, d)
     assert prog is not None, issues
-    assert prog.tensor_map()[t].layout.dim_order == [1, 0, 2]
+    assert prog.tensor_map()[t].layout.dim_order == order
     chosen = simulated_us(pg, HW, d)
     default = simulated_us(pg, HW, replace(d, dim_orders={}))
     assert default is not None and chosen < default
     # and through the registry (validated, emitted with the order)
     program = plan(pg, HW, "cpsat", time_limit_s=5, deterministic=True)
-    assert program.tensor_map()[t].layout.dim_order == [1, 0, 2]
+    assert program.tensor_map()[t].layout.dim_order[0] == 1
 
 
 def test_model_prices_each_order_as_the_simulator_does():
@@ -86,8 +89,8 @@ def test_model_prices_each_order_as_the_simulator_does():
     t = _bmm_result(pg)
     d, _, _, _ = starting_plan(pg, HW, None)
     ctx, _, sm = build_model(pg, HW, d)
-    assert t in ctx.alt_orders and (1, 0, 2) in ctx.alt_orders[t]
-    for orders in ({}, {t: [1, 0, 2]}):
+    assert t in ctx.alt_orders and all(o[0] == 1 for o in ctx.alt_orders[t])
+    for orders in ({}, {t: list(ctx.alt_orders[t][0])}):
         dd = replace(d, dim_orders=orders, resident={})
         picks = {op.id: sm.strategy_index(op.id, dd.ops.get(op.id, OpPlan()), dd.dim_orders) for op in pg.ops}
         assert all(k is not None for k in picks.values())
