@@ -13,6 +13,7 @@
 6. the plan to finish: the best solve unless predicted slower than the start;
 7. the post-solve steps (`solver.spyre.steps.POST_SOLVE_STEPS`, run by
    `solver.spyre.post_solve.run_steps`), each kept only when valid and simulated faster;
+   on the start as well when the solve's plan replaced it, the faster result kept;
 8. stats: predicted time (cost model of the plan as solved, less the steps' simulated
    gain), status, objective, bound, gap, notes;
 and last, never predicted slower than the hint as its own planner ordered it
