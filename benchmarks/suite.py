@@ -35,7 +35,7 @@ SEARCH_PLANNERS = planner_names(searches=True)
 
 def _attr(planner: str) -> str:
     """BenchRow attribute of a planner's simulated time (`torch-spyre-coopt` -> `coopt_us`)."""
-    return "coopt_us" if planner == "torch-spyre-coopt" else f"{planner}_us"
+    return "coopt_us" if planner == "torch-spyre-coopt" else f"{planner.replace('-', '_')}_us"
 # Functional runs keep every tensor in numpy byte arrays: graphs whose tensors total more
 # than this are timed but not run.
 NUMERICS_MAX_BYTES = 64 * 2**20
@@ -49,6 +49,7 @@ class BenchRow:
     ops: int = 0
     naive_us: Optional[float] = None
     heuristic_us: Optional[float] = None
+    heuristic_2026_06_us: Optional[float] = None   # the baseline as of mid-2026 (docs/baseline.md)
     coopt_us: Optional[float] = None          # torch-spyre-coopt (reported as torch-spyre-coopt_us)
     cpsat_us: Optional[float] = None
     lower_bound_us: Optional[float] = None
@@ -111,6 +112,7 @@ class BenchReport:
 def _row_dict(r: BenchRow) -> dict:
     d = asdict(r)
     d["torch-spyre-coopt_us"] = d.pop("coopt_us")
+    d["heuristic-2026-06_us"] = d.pop("heuristic_2026_06_us")
     d["torch-spyre-coopt_solve_s"] = d.pop("coopt_solve_s")
     d["speedup_vs_heuristic"] = r.speedup_vs_heuristic
     d["coopt/cpsat"] = r.speedup_vs_coopt
@@ -252,10 +254,10 @@ def run_suite(suite: str, time_limit_s: float = 10.0, deterministic: bool = Fals
 
 
 # -- reporting ----------------------------------------------------------------------------------
-COLUMNS = ("graph", "naive_us", "heuristic_us", "coopt_us", "cpsat_us", "lower_bound_us", "cpsat_gap", "solve_s", "valid")
+COLUMNS = ("graph", "naive_us", "heuristic_us", "heuristic_2026_06_us", "coopt_us", "cpsat_us", "lower_bound_us", "cpsat_gap", "solve_s", "valid")
 
 
-_HEAD = {"coopt_us": "torch-spyre-coopt_us"}
+_HEAD = {"coopt_us": "torch-spyre-coopt_us", "heuristic_2026_06_us": "heuristic-2026-06_us"}
 
 
 def _fmt(v) -> str:

@@ -3,7 +3,9 @@ docs/calibration.md). Versioned JSON in calibration/data/; this module is its on
 
 Format version 2 adds `source.build` (the compiler build or commit a measurement was taken
 on, where the source states it) and `point.reserved` (a point held out for validation:
-evaluated and reported apart, never fitted). Version-1 files load unchanged."""
+evaluated and reported apart, never fitted). Version 3 adds `point.holdout` (a point of a
+source the model was neither built nor fitted on, kept as an out-of-sample check: evaluated
+and summarized per source, never fitted, not held to the bounds). Older files load unchanged."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,10 +14,10 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-DEFAULT_DATASET = DATA_DIR / "spyre_v2.json"
+DEFAULT_DATASET = DATA_DIR / "spyre_v3.json"
 FORMAT = "sticksat.calibration"
-VERSION = 2
-VERSIONS = (1, 2)
+VERSION = 3
+VERSIONS = (1, 2, 3)
 
 Family = Literal["matmul", "bmm", "pointwise", "broadcast", "reduction", "softmax", "restickify", "relayout", "chain",
                  "tiling"]
@@ -52,11 +54,14 @@ class Point(_Model):
     disputed: Optional[str] = None
     # why this point is held out: evaluated and reported on its own, never fitted (v2)
     reserved: Optional[str] = None
+    # why this point is an out-of-sample check: evaluated and summarized per source, never
+    # fitted, not held to the bounds (v3)
+    holdout: Optional[str] = None
 
     @property
     def usable(self) -> bool:
-        """Fitted and held to the bounds: neither unbuildable, disputed nor reserved."""
-        return self.unbuildable is None and self.disputed is None and self.reserved is None
+        """Fitted and held to the bounds: neither unbuildable, disputed, reserved nor held out."""
+        return self.unbuildable is None and self.disputed is None and self.reserved is None and self.holdout is None
 
     @property
     def source_key(self) -> str:
@@ -66,7 +71,7 @@ class Point(_Model):
 
 class Dataset(_Model):
     format: Literal["sticksat.calibration"]
-    version: Literal[1, 2]
+    version: Literal[1, 2, 3]
     target: str
     collected: str
     changes: str = ""
@@ -95,6 +100,9 @@ def load_dataset(path: Optional[str | Path] = None) -> Dataset:
             raise ValueError(f"calibration point {p.id}: ratio_to {p.ratio_to!r} is not a point")
         if ds.version < 2 and (p.reserved is not None or p.source.build is not None):
             raise ValueError(f"calibration point {p.id}: 'reserved' and 'source.build' need format version 2")
-        if p.ratio_to is not None and (p.reserved is None) != (ids[p.ratio_to].reserved is None):
-            raise ValueError(f"calibration point {p.id}: a ratio cannot mix a reserved and a fitted point")
+        if ds.version < 3 and p.holdout is not None:
+            raise ValueError(f"calibration point {p.id}: 'holdout' needs format version 3")
+        if p.ratio_to is not None and ((p.reserved is None) != (ids[p.ratio_to].reserved is None)
+                                       or (p.holdout is None) != (ids[p.ratio_to].holdout is None)):
+            raise ValueError(f"calibration point {p.id}: a ratio cannot mix a reserved or held-out and a fitted point")
     return ds

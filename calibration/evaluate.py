@@ -28,7 +28,7 @@ class PointResult:
     ratio_to: Optional[str] = None
     measured_ratio: Optional[float] = None
     simulated_ratio: Optional[float] = None
-    status: str = "ok"                # ok | unbuildable | disputed | reserved | build_error
+    status: str = "ok"                # ok | unbuildable | disputed | reserved | holdout | build_error
     reason: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -84,6 +84,8 @@ def evaluate(dataset: Dataset, hw, programs: Optional[Programs] = None) -> list[
                 r.status, r.reason = "disputed", p.disputed
             elif p.reserved is not None:
                 r.status, r.reason = "reserved", p.reserved
+            elif p.holdout is not None:
+                r.status, r.reason = "holdout", p.holdout
         out.append(r)
     return out
 
@@ -124,7 +126,7 @@ def summarize(results: list[PointResult]) -> dict:
         "ratios": {"points": len(ratios), "mean_abs_error": r_mae, "max_abs_error": r_max},
         "sources": len({r.source for rs in fams.values() for r in rs}),
         "not_fitted": {s: sum(r.status == s for r in results)
-                       for s in ("unbuildable", "disputed", "reserved", "build_error")},
+                       for s in ("unbuildable", "disputed", "reserved", "holdout", "build_error")},
         "within_25pct": sum(abs(r.error) <= 0.25 for rs in fams.values() for r in rs),
         "points": sum(len(rs) for rs in fams.values()),
         "mean_abs_error": _mean([abs(r.error) for rs in fams.values() for r in rs]),
@@ -171,3 +173,25 @@ def reserved_summary(results: list[PointResult]) -> dict:
         "within_20pct": sum(abs(r.error) <= 0.20 for r in res) + sum(abs(x["error"]) <= 0.20 for x in ratios),
         "checks": len(res) + len(ratios),
     }
+
+
+def holdout_summary(results: list[PointResult]) -> dict:
+    """The held-out points (out-of-sample checks, never fitted) per source: how many, their
+    mean and max absolute error, how many within +-25%, and the worst."""
+    by_src: dict[str, list[PointResult]] = {}
+    for r in results:
+        if r.status == "holdout" and r.error is not None:
+            by_src.setdefault(r.source, []).append(r)
+    out = {}
+    for src, rs in sorted(by_src.items()):
+        errs = [abs(r.error) for r in rs]
+        worst = sorted(rs, key=lambda r: -abs(r.error))[:3]
+        fams: dict[str, list[float]] = {}
+        for r in rs:
+            fams.setdefault(r.family, []).append(abs(r.error))
+        out[src] = {"points": len(rs), "mean_abs_error": _mean(errs), "max_abs_error": max(errs),
+                    "within_25pct": sum(e <= 0.25 for e in errs),
+                    "families": {f: {"points": len(e), "mean_abs_error": _mean(e),
+                                     "within_25pct": sum(x <= 0.25 for x in e)} for f, e in sorted(fams.items())},
+                    "worst": [{"id": r.id, "error": r.error} for r in worst]}
+    return out

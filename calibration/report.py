@@ -45,7 +45,8 @@ def text_table(results: list[PointResult]) -> str:
     return "\n".join(lines)
 
 
-def summary_text(summary: dict, loso: Optional[dict] = None, reserved: Optional[dict] = None) -> str:
+def summary_text(summary: dict, loso: Optional[dict] = None, reserved: Optional[dict] = None,
+                 holdout: Optional[dict] = None) -> str:
     a, r = summary["absolute"], summary["ratios"]
     worst = summary.get("worst") or {}
     lines = [f"fitted points:  {summary['points']}, mean |error| {_pct(summary['mean_abs_error'])[1:]}, "
@@ -68,6 +69,25 @@ def summary_text(summary: dict, loso: Optional[dict] = None, reserved: Optional[
                          f"  max {_pct(v['max_abs_error'])[1:]:>6s}")
     if reserved and reserved["checks"]:
         lines.append(reserved_text(reserved))
+    if holdout:
+        lines.append(holdout_text(holdout))
+    return "\n".join(lines)
+
+
+def holdout_text(holdout: dict) -> str:
+    """The held-out sources (out-of-sample checks, never fitted), one line each."""
+    n = sum(v["points"] for v in holdout.values())
+    within = sum(v["within_25pct"] for v in holdout.values())
+    mean = sum(v["mean_abs_error"] * v["points"] for v in holdout.values()) / max(1, n)
+    lines = [f"held out (out-of-sample checks, never fitted): {n} points, mean |error| {_pct(mean)[1:]}, "
+             f"{within} within +-25%"]
+    for src, v in holdout.items():
+        worst = ", ".join(f"{w['id']} {_pct(w['error'])}" for w in v["worst"])
+        lines.append(f"  {src[:70]:70s} {v['points']:3d} points  mean {_pct(v['mean_abs_error'])[1:]:>6s}  "
+                     f"{v['within_25pct']} within +-25%; worst {worst}")
+        for fam, f in v.get("families", {}).items():
+            lines.append(f"    {fam:10s} {f['points']:3d} points  mean {_pct(f['mean_abs_error'])[1:]:>6s}  "
+                         f"{f['within_25pct']} within +-25%")
     return "\n".join(lines)
 
 
@@ -88,12 +108,12 @@ def reserved_text(reserved: dict) -> str:
 
 
 def markdown(results: list[PointResult], summary: dict, loso: dict, dataset_label: str, when: str,
-             reserved: Optional[dict] = None) -> str:
+             reserved: Optional[dict] = None, holdout: Optional[dict] = None) -> str:
     out = [f"Dataset {dataset_label}; run {when}.", "",
            "| point | family | timing | measured | simulated | error | status |", "|---|---|---|---|---|---:|---|"]
     for row in rows(results):
         out.append("| " + " | ".join(str(c).replace("|", "/") for c in row) + " |")
-    out += ["", "```", summary_text(summary, loso, reserved), "```"]
+    out += ["", "```", summary_text(summary, loso, reserved, holdout), "```"]
     return "\n".join(out)
 
 
@@ -109,6 +129,10 @@ def plot(results: list[PointResult], path: str) -> None:
         ok = [r for r in pts if r.status == "ok"]
         bad = [r for r in pts if r.status == "disputed"]
         held = [r for r in pts if r.status == "reserved"]
+        out = [r for r in pts if r.status == "holdout"]
+        if out:
+            ax.scatter([r.measured_us for r in out], [r.simulated_us for r in out], marker="^", s=18,
+                       facecolors="none", edgecolors="tab:gray", label=f"{fam} (held out, not fitted)")
         if held:
             ax.scatter([r.measured_us for r in held], [r.simulated_us for r in held], marker="D", s=34,
                        facecolors="none", edgecolors="k", label=f"{fam} (reserved, not fitted)")

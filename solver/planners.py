@@ -88,6 +88,8 @@ KNOWN_PLANNERS: tuple[PlannerInfo, ...] = (
                 summary="one core per op, every tensor in device memory"),
     PlannerInfo("heuristic", "solver.baseline.passes", searches=False, fast=True, online=True,
                 summary="the torch-spyre baseline passes"),
+    PlannerInfo("heuristic-2026-06", "solver.baseline.passes", searches=False, fast=True, online=True,
+                summary="the torch-spyre baseline as of mid-2026 (greedy LX, beam 64, row-major layouts)"),
     PlannerInfo("torch-spyre-coopt", "solver.baseline.coopt_ilp_solver_ortools", searches=True, fast=False,
                 online=False, summary="torch-spyre's co-optimization ILP (baseline)"),
     PlannerInfo("cpsat", "solver.spyre.cpsat_planner", searches=True, fast=False, online=True,

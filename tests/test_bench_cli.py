@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 
+from benchmarks.suite import PLANNER_NAMES
 from service.cli import main
 
 ROW_KEYS = {"graph", "naive_us", "heuristic_us", "cpsat_us", "lower_bound_us", "cpsat_gap", "solve_s", "valid"}
@@ -33,7 +34,7 @@ def test_bench_tiny_json(capsys):
                 assert g["coopt/cpsat"] == g["torch-spyre-coopt_us"] / g["cpsat_us"]
         assert g["valid"] == (not g["errors"])
         # --numerics: every planner's program was run and compared with the reference
-        ran = {p for p in ("naive", "heuristic", "torch-spyre-coopt", "cpsat") if g[f"{p}_us"] is not None}
+        ran = {p for p in PLANNER_NAMES if g[f"{p}_us"] is not None}
         assert set(g["max_rel_err"]) == ran
         assert all(e < 5e-2 for e in g["max_rel_err"].values())
     if speedups:

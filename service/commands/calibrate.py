@@ -1,6 +1,7 @@
 """`sticksat calibrate [--json] [--plot FILE] [--fit [--write]]`: every calibration point
 rebuilt as the plan its source recorded, measured vs simulated, errors per family,
-leave-one-source-out, and the reserved validation points on their own (never fitted)
+leave-one-source-out, the reserved validation points and the held-out sources on their own
+(never fitted)
 (calibration/; format in docs/calibration.md)."""
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from calibration.dataset import load_dataset
-    from calibration.evaluate import Programs, evaluate, reserved_summary, summarize
+    from calibration.evaluate import Programs, evaluate, holdout_summary, reserved_summary, summarize
     from calibration.fit import document_with, fit, leave_one_source_out, target_document, write_fit
     from calibration.report import markdown, plot, summary_text, text_table
     from target.hardware import TARGETS_DIR, hardware_from_dict, load_target
@@ -47,25 +48,27 @@ def run(args) -> int:
     results = evaluate(dataset, hw, programs)
     summary = summarize(results)
     reserved = reserved_summary(results)
+    holdout = holdout_summary(results)
     loso = {} if args.no_loso else leave_one_source_out(dataset, doc, programs)
     if args.plot:
         plot(results, args.plot)
     if args.json:
         out = {"dataset": dataset.label, "target": hw.name, "hardware_digest": hw.digest,
                "points": [r.to_json() for r in results], "summary": summary, "leave_one_source_out": loso,
-               "reserved": reserved}
+               "reserved": reserved, "holdout": holdout}
         if fitted is not None:
             out["fit"] = {"before": fitted.before, "after": fitted.after, "cost_before": fitted.cost_before,
                           "cost_after": fitted.cost_after, "written": bool(args.write)}
         print(json.dumps(out, indent=1))
         return 0
     if args.markdown:
-        print(markdown(results, summary, loso, dataset.label, _dt.date.today().isoformat(), reserved))
+        print(markdown(results, summary, loso, dataset.label, _dt.date.today().isoformat(), reserved,
+                       holdout))
         return 0
     print(f"dataset {dataset.label}; target {hw.name} ({hw.digest[:12]})")
     print(text_table(results))
     print()
-    print(summary_text(summary, loso, reserved))
+    print(summary_text(summary, loso, reserved, holdout))
     if fitted is not None:
         print()
         print(f"fit: sum of squared log residuals {fitted.cost_before:.4f} -> {fitted.cost_after:.4f}"

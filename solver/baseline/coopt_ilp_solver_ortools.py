@@ -6,8 +6,8 @@ of #3810, the corelet term of #4616). Read, not copied; docs/baseline.md lists w
 follows upstream and where it had to be adapted.
 
 What upstream fixes before the allocator runs is fixed here by the `heuristic` planner's
-passes: stick layouts (beam search), restickify insertion, the Linear weights' transfer
-layout, op order. What it decides jointly is decided here in one CP-SAT model:
+passes as upstream runs them now: stick layouts (beam search, width 200, liveness merge),
+restickify insertion, the Linear weights' transfer layout, the non-stick dim orders, op order. What it decides jointly is decided here in one CP-SAT model:
 
 Variables (per op: `div`, per LX candidate buffer: `in_buffer`, `offset`):
 - `x[k][d]`: op k runs candidate division d, exactly one. The candidates are upstream's
@@ -58,10 +58,11 @@ from target.geometry import (
     padded, reduction_split,
 )
 from solver.baseline.coopt_cost_model import OVERLAP_GAMMA, bytes_ns, kernel_ns, op_compute_us
+from solver.baseline.nonstick_dim_order import upstream_dim_orders
 from solver.baseline.passes import (
-    boxes_cover, per_core_boxes, WorkStep, divide_steps, linear_weight_sticks, plan_heuristic,
+    boxes_cover, per_core_boxes, WorkStep, divide_steps, linear_weight_sticks, plan_heuristic_upstream,
 )
-from solver.baseline.propagate_layouts import beam_search_layouts
+from solver.baseline.propagate_layouts import UPSTREAM_BEAM_WIDTH, beam_search_layouts
 from solver.baseline.scratchpad import lx_eligible_op
 from solver.emit import emit_program, fit_bundles
 from solver.plan import OpPlan, PlanDecisions, Residency
@@ -150,10 +151,13 @@ def compatible_pairs(prod_boxes: np.ndarray, read_boxes: np.ndarray) -> np.ndarr
 
 def _build_steps(pg: PrimGraph, hw):
     """The ops in program order with the restickifies the layout pass inserts, each with
-    its greedy division (upstream's committed division, the hint), as the heuristic has them."""
+    its greedy division (upstream's committed division, the hint), as the heuristic has them:
+    the co-optimizer runs after upstream's current layout passes (beam width 200 with the
+    liveness merge)."""
     stick_bytes = hw.stick_bytes
     input_sticks = linear_weight_sticks(pg)
-    layouts = beam_search_layouts(pg, stick_bytes, input_sticks=input_sticks)
+    layouts = beam_search_layouts(pg, stick_bytes, width=UPSTREAM_BEAM_WIDTH, input_sticks=input_sticks,
+                                  liveness_merge=True)
     stick_of = dict(layouts.stick_of)
     shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
     dtypes = {t.id: t.dtype for t in pg.tensors.values()}
@@ -397,7 +401,7 @@ def plan_coopt(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
              f"{len(buffers)} LX candidate buffers ({len(bars)} barred), "
              f"CP-SAT {solver.status_name(status)} in {solver.wall_time:.2f} s"]
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        d = plan_heuristic(pg, hw)
+        d = plan_heuristic_upstream(pg, hw)
         d.planner = PLANNER_NAME
         d.stats["notes"] = notes + ["no CP-SAT solution: the greedy allocator's plan (upstream's fallback)"] \
             + list(d.stats.get("notes", []))
@@ -406,6 +410,8 @@ def plan_coopt(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     # -- read back ----------------------------------------------------------------------------
     decisions = PlanDecisions(planner=PLANNER_NAME)
     decisions.input_sticks.update(input_sticks)
+    # upstream's nonstick_dim_order pass runs before the allocator: its orders are fixed here
+    decisions.dim_orders = upstream_dim_orders(pg, steps, stick_of, shapes, dtypes, hw)[0]
     for k, ov in enumerate(ops):
         if ov.fixed:
             split = ov.divisions[0]
@@ -434,7 +440,7 @@ def plan_coopt(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
     decisions.stats.update(objective=objective_us, bound=bound_us, solver_status=solver.status_name(status),
                            gap=(objective_us - bound_us) / objective_us if objective_us else 0.0)
     if dropped_invalid is None:
-        d = plan_heuristic(pg, hw)
+        d = plan_heuristic_upstream(pg, hw)
         d.planner = PLANNER_NAME
         d.stats["notes"] = notes + ["the co-optimized plan did not validate: the greedy plan instead"] \
             + list(d.stats.get("notes", []))

@@ -11,10 +11,20 @@ Pipeline, in upstream's pass order (torch_spyre/_inductor/passes.py):
 3. core work division: the matmul split enumeration, then greedy largest-divisor
    distribution over output dims with at most one reduction dim (`solver.baseline.work_division`);
    restickify ops are divided like any other op;
-4. LX planning: upstream's eligibility rules (a denylist, PR #4065) and greedy first-fit
-   placement without eviction (`solver.baseline.scratchpad`); a restickify of a tensor that may
-   stay in LX keeps its producer's core ownership and may read it from LX (PR #4153),
+4. device dim orders (`heuristic` only): torch-spyre's default device layout for every
+   tensor, then the `nonstick_dim_order` pass on matmul operands, written by their producers
+   (PRs #4391, #4302; `solver.baseline.nonstick_dim_order`);
+5. LX planning: upstream's eligibility rules (a denylist, PR #4065) and placement, by CP-SAT
+   (upstream's default since #3978, `solver.baseline.lx_cpsat`) or, in `heuristic-2026-06`,
+   greedy first-fit without eviction (`solver.baseline.scratchpad`); a restickify of a tensor
+   that may stay in LX keeps its producer's core ownership and may read it from LX (PR #4153),
    and one whose source and copy are both placed runs on chip as an LX relayout (#3439).
+
+Two registered variants (docs/baseline.md): `heuristic`, torch-spyre as it is now (beam width
+200 with the liveness merge, the dim-order pass, CP-SAT placement), and `heuristic-2026-06`,
+the passes as of mid-2026 (beam width 64, sticksat's plain row-major layouts, greedy
+placement). `plan_heuristic`'s own defaults are the 2026-06 variant, which the CP-SAT
+planner's starting plan uses.
 Views that are free on the device layout (a reshape of outer dims) are claimed as aliases,
 as Inductor's ReinterpretView makes them free upstream.
 
@@ -39,7 +49,9 @@ from target.geometry import (
     reduction_split,
 )
 from target.superdsc import CoreSlice
-from solver.baseline.propagate_layouts import BEAM_WIDTH, beam_search_layouts
+from solver.baseline.lx_cpsat import cpsat_place
+from solver.baseline.nonstick_dim_order import upstream_dim_orders
+from solver.baseline.propagate_layouts import BEAM_WIDTH, UPSTREAM_BEAM_WIDTH, beam_search_layouts
 from solver.baseline.scratchpad import LxBuffer, greedy_place, lx_eligible_op
 from solver.baseline.work_division import divide_work
 from solver.emit import fit_bundles
@@ -97,18 +109,27 @@ def _grouped_span_split(op: PrimOp, split: dict[str, int], gran, sticks, ch, sha
 def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deterministic: bool = False,
                    hint=None, lx_planning: bool = True, beam_width: int = BEAM_WIDTH,
                    linear_weight_layout: bool = True, lx_planner_relayout: bool = True,
-                   input_sticks: Optional[dict] = None, **_ignored) -> PlanDecisions:
+                   input_sticks: Optional[dict] = None, dim_order_pass: bool = False,
+                   lx_solver: str = "greedy", liveness_merge: bool = False, planner_name: str = "heuristic",
+                   **_ignored) -> PlanDecisions:
     """`lx_planner_relayout` is upstream's `SPYRE_LX_PLANNER_RELAYOUT` (default on): a
     restickify keeps its producer's ownership and may read and write LX (PR #4153; on
     chip as an LX relayout, #3439). Off: every restickify reads and writes device memory
-    (upstream's restickify barrier)."""
+    (upstream's restickify barrier). `dim_order_pass`: torch-spyre's default device layouts
+    and its `nonstick_dim_order` pass (else the plain row-major layouts). `lx_solver`:
+    "cpsat" (upstream's default since #3978) or "greedy" (its GreedyLayoutSolver).
+    `liveness_merge`: the beam drops a state a cheaper one agrees with on every tensor still
+    to be read (upstream's beam now)."""
+    if lx_solver not in ("greedy", "cpsat"):
+        raise ValueError(f"lx_solver {lx_solver!r}: 'greedy' or 'cpsat'")
     stick_bytes = hw.stick_bytes
     # `input_sticks`: graph inputs arriving in other layouts than their last dim (a window of
     # a larger graph reads its boundary tensors in their producers' layouts; not upstream)
-    decisions = PlanDecisions(planner="heuristic", input_sticks=dict(input_sticks or {}))
+    decisions = PlanDecisions(planner=planner_name, input_sticks=dict(input_sticks or {}))
     if linear_weight_layout:
         decisions.input_sticks.update(linear_weight_sticks(pg))
-    layouts = beam_search_layouts(pg, stick_bytes, width=beam_width, input_sticks=decisions.input_sticks)
+    layouts = beam_search_layouts(pg, stick_bytes, width=beam_width, input_sticks=decisions.input_sticks,
+                                  liveness_merge=liveness_merge)
     stick_of = dict(layouts.stick_of)
     shapes = {t.id: tuple(t.shape) for t in pg.tensors.values()}
     dtypes = {t.id: t.dtype for t in pg.tensors.values()}
@@ -131,11 +152,24 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
             core_slices=None if step.slices is None else [(c.core, dict(c.slice)) for c in step.slices])
 
     notes = [f"{len(decisions.input_sticks)} Linear weights transferred sticked on out_features",
-             f"beam search (width {beam_width}): {layouts.restick_elements} elements restickified, "
+             f"beam search (width {beam_width}{', liveness merge' if liveness_merge else ''}): "
+             f"{layouts.restick_elements} elements restickified, {layouts.max_states} states at most, "
              f"{len(decisions.restick_ops)} restickify ops"]
+    if dim_order_pass:
+        decisions.dim_orders, reordered, span_kept = upstream_dim_orders(pg, steps, stick_of, shapes, dtypes, hw)
+        notes.append(f"dim orders: torch-spyre's default layouts, {len(reordered)} matmul operands "
+                     f"reordered by the nonstick_dim_order pass, {len(span_kept)} tensors kept row-major "
+                     f"for the per-core span limit")
     if lx_planning:
         buffers = _lx_buffers(pg, steps, stick_of, shapes, dtypes, hw, lx_planner_relayout)
-        greedy_place(buffers, hw.lx_capacity_bytes, stick_bytes)
+        if lx_solver == "cpsat":
+            solve = cpsat_place(buffers, hw.lx_capacity_bytes, stick_bytes)
+            how = (f"placed by CP-SAT ({solve['solved_groups']} lifetime groups solved, {solve['status']}, "
+                   f"objective {solve['objective']} vs greedy {solve['greedy_objective']}"
+                   f"{', greedy kept' if solve['kept_greedy'] else ''})")
+        else:
+            greedy_place(buffers, hw.lx_capacity_bytes, stick_bytes)
+            how = "placed first-fit"
         placed = [b for b in buffers if b.address is not None]
         for b in placed:
             decisions.resident[b.name] = Residency(lx_address=b.address, size_per_core=b.size)
@@ -143,7 +177,7 @@ def plan_heuristic(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, d
         dropped = len(drop)
         relayouts = sum(1 for st in steps if st.restick_of is not None and st.restick_of in decisions.resident
                         and st.prim.inputs[0].tensor in decisions.resident)
-        notes.append(f"LX: {len(buffers)} eligible buffers, {len(placed)} placed first-fit, "
+        notes.append(f"LX: {len(buffers)} eligible buffers, {len(placed)} {how}, "
                      f"{dropped} dropped for bundle limits, {relayouts} restickifies on chip (LX relayout)")
     decisions.stats["notes"] = notes
     return decisions
@@ -312,4 +346,19 @@ def boxes_cover(boxes, full) -> bool:
                for j in range(len(full)))
 
 
-register("heuristic", plan_heuristic)
+def plan_heuristic_upstream(pg: PrimGraph, hw, **kwargs) -> PlanDecisions:
+    """torch-spyre as it is now: beam width 200 with the liveness merge, its default device
+    layouts and the `nonstick_dim_order` pass (#4391, #4302), CP-SAT LX placement (#3978)."""
+    kwargs.setdefault("beam_width", UPSTREAM_BEAM_WIDTH)
+    return plan_heuristic(pg, hw, dim_order_pass=True, lx_solver="cpsat", liveness_merge=True,
+                          planner_name="heuristic", **kwargs)
+
+
+def plan_heuristic_2026_06(pg: PrimGraph, hw, **kwargs) -> PlanDecisions:
+    """The baseline as of its mid-2026 update: beam width 64, row-major layouts, greedy
+    first-fit LX placement."""
+    return plan_heuristic(pg, hw, planner_name="heuristic-2026-06", **kwargs)
+
+
+register("heuristic", plan_heuristic_upstream)
+register("heuristic-2026-06", plan_heuristic_2026_06)

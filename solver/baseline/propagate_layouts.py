@@ -1,5 +1,5 @@
-"""Stick layouts the torch-spyre way: candidate propagation, then beam search (width 64)
-over the candidates with cost = elements restickified.
+"""Stick layouts the torch-spyre way: candidate propagation, then beam search (width 64 as of
+mid-2026, 200 now) over the candidates with cost = elements restickified.
 
 Reimplements torch-spyre's `propagate_layouts.py` (which candidate output layouts an op
 offers) and `optimize_restickify.py` (`beam_global_min_cost`) on our primitive ops; the
@@ -18,8 +18,13 @@ Upstream behaviour kept on purpose (it is the baseline):
   included). Edges are charged independently: two consumers that need the same
   restickify are charged twice, as upstream's `EdgeCostMap` does (the emitter still
   inserts one shared restickify);
-- states are expanded op by op in program order and trimmed to the 64 cheapest (stable
-  sort: on a tie the earlier-generated state, i.e. the earlier candidate, wins).
+- states are expanded op by op in program order and trimmed to the `width` cheapest (stable
+  sort: on a tie the earlier-generated state, i.e. the earlier candidate, wins);
+- now (`liveness_merge`, the `heuristic` planner): before trimming, of the states that agree
+  on the stick of every produced tensor a later op still reads, only the cheapest is kept
+  (upstream's documented "liveness merge": exact, the others cannot end cheaper). Upstream's
+  other documented pruning, trimming by cost plus a backward-DP bound on the remaining
+  cost, is not reimplemented (docs/baseline.md).
 """
 from __future__ import annotations
 
@@ -30,7 +35,10 @@ from target.op_rules import ANY, StickChoice, default_choice, stick_options
 from target.primitives import PrimGraph, PrimOp
 from target.geometry import make_layout
 
+# Upstream's beam width as of the baseline's mid-2026 update (`BEAM_WIDTH = 64`), and the
+# width its documentation gives now (the `heuristic` planner's).
 BEAM_WIDTH = 64
+UPSTREAM_BEAM_WIDTH = 200
 
 
 @dataclass
@@ -69,7 +77,11 @@ def candidate_choices(op: PrimOp, candidate_sticks: dict[str, set]) -> list[Stic
 
 
 def beam_search_layouts(pg: PrimGraph, stick_bytes: int, width: int = BEAM_WIDTH,
-                        input_sticks: Optional[dict[str, Optional[int]]] = None) -> LayoutPlan:
+                        input_sticks: Optional[dict[str, Optional[int]]] = None,
+                        liveness_merge: bool = False) -> LayoutPlan:
+    """The committed stick layouts. `liveness_merge`: drop a state that agrees with a
+    cheaper one on every tensor still to be read (upstream's beam now does; exact: it never
+    drops a state that could end cheaper)."""
     produced = {op.output.tensor for op in pg.ops}
     slot: dict[str, int] = {}
     base: list[Optional[int]] = []
@@ -89,55 +101,68 @@ def beam_search_layouts(pg: PrimGraph, stick_bytes: int, width: int = BEAM_WIDTH
         op_choices.append(cands)
         candidate_sticks.setdefault(op.output.tensor, set()).update(ch.output for ch in cands)
 
-    # A beam state is a chain of back-pointers, one node per op: (cost, the op's output
-    # stick, its candidate index, the node of the previous op). Copying whole assignments
-    # per state and op was quadratic in the number of ops (0.64 s of the 32-layer Llama's
-    # 2.1 s heuristic plan); a tensor's stick is found by walking back to its producer.
+    # A beam state is (cost, node, live): `node` a chain of back-pointers, one per op (the
+    # op's output stick, its candidate index, the previous op's node), to read the committed
+    # assignment back at the end (copying whole assignments per state and op was quadratic
+    # in the number of ops); `live` the sticks of the produced tensors a later op still
+    # reads, the only ones the rest of the search looks at. Liveness merge (upstream's
+    # documented pruning): of two states with the same `live`, only the cheaper can win.
     n_base = len(base)
-    states: list[tuple] = [(0.0, None, None, None)]
+    for i, op in enumerate(pg.ops):
+        slot[op.output.tensor] = n_base + i
+    last_read: dict[int, int] = {}
+    for i, op in enumerate(pg.ops):
+        for acc in op.inputs:
+            if slot[acc.tensor] >= n_base:
+                last_read[slot[acc.tensor]] = i
+    states: list[tuple] = [(0.0, None, ())]
+    live_slots: list[int] = []          # produced slots live before op i, in slot order
     cost_cache: dict[tuple, int] = {}
     max_states = 1
 
-    def stick_in(node, k: int, at: int):
-        """The stick of slot `k` in the state whose newest node is op `at`'s."""
-        if k < n_base:
-            return base[k]
-        for _ in range(at - (k - n_base)):
-            node = node[3]
-        return node[1]
-
     for i, (op, cands) in enumerate(zip(pg.ops, op_choices)):
-        slot[op.output.tensor] = n_base + i
+        position = {k: j for j, k in enumerate(live_slots)}
+        keep = [j for j, k in enumerate(live_slots) if last_read[k] > i]
+        out_live = last_read.get(n_base + i, -1) > i
+        live_slots = [live_slots[j] for j in keep] + ([n_base + i] if out_live else [])
+        reads = [(spec_i, slot[acc.tensor], acc.tensor) for spec_i, acc in enumerate(op.inputs)]
         nxt = []
-        for state in states:
-            cost = state[0]
+        for cost, node, live in states:
+            kept = tuple(live[j] for j in keep)
             for ci, ch in enumerate(cands):
                 extra = 0
-                for spec, acc in zip(ch.inputs, op.inputs):
+                for spec_i, k, tensor in reads:
+                    spec = ch.inputs[spec_i]
                     if not _constrained(spec):
                         continue
-                    have = stick_in(state, slot[acc.tensor], i - 1)
+                    have = base[k] if k < n_base else live[position[k]]
                     if have == spec:
                         continue
-                    key = (acc.tensor, have)
+                    key = (tensor, have)
                     if key not in cost_cache:
-                        t = pg.tensors[acc.tensor]
+                        t = pg.tensors[tensor]
                         cost_cache[key] = device_elements(t.shape, t.dtype, have, stick_bytes)
                     extra += cost_cache[key]
-                nxt.append((cost + extra, ch.output, ci, state))
-        nxt.sort(key=lambda s: s[0])
+                nxt.append((cost + extra, (ch.output, ci, node), kept + (ch.output,) if out_live else kept))
+        nxt.sort(key=lambda st: st[0])
+        if liveness_merge:
+            seen: set = set()
+            merged = []
+            for st in nxt:
+                if st[2] not in seen:
+                    seen.add(st[2])
+                    merged.append(st)
+            nxt = merged
         states = nxt[:width]
         max_states = max(max_states, len(states))
 
-    best = states[0]
-    best_cost = best[0]
+    best_cost, node, _ = states[0]
     picks: list[int] = []
     outs: list = []
-    node = best
     for _ in pg.ops:
-        picks.append(node[2])
-        outs.append(node[1])
-        node = node[3]
+        outs.append(node[0])
+        picks.append(node[1])
+        node = node[2]
     picks.reverse()
     outs.reverse()
     best_assign = tuple(base) + tuple(outs)
