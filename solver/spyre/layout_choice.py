@@ -15,8 +15,10 @@ Candidates (`candidate_orders`), pruned per tensor: intermediates with one possi
 plus each order some op touching the tensor prefers on the timing model: for every op that
 reads or writes it, the orders `target.layout.preferred_orders` proposes from the op's
 access (its batch dims outermost; torch-spyre's default), and the order a hint gives it,
-kept when that op's cheapest strategy prices strictly lower with the tensor in that order
-than in the default (`MAX_ALT_ORDERS` at most, the best gain first).
+kept when one of that op's strategies prices strictly lower with the tensor in that order
+than in the default (the judge charges a batch-inside operand only for the batches one
+core's slice interleaves, so it depends on the split; `MAX_ALT_ORDERS` at most, the best
+gain first).
 
 Strategies (`order_variants`): every strategy of an op touching a candidate is repeated for
 each combination of its candidates' orders (the default combination is the original), priced
@@ -96,22 +98,21 @@ def candidate_orders(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, 
         gains: dict[tuple, int] = {}
         for order in proposals:
             for op in touching[t]:
-                S = [s for s in strategies[op.id] if not s.alias and not s.orders]
-                if not S:
-                    continue
-                base = min(S, key=lambda s: s.cost_ns(hw))
-                slots = [sl for sl in _slots(op, t) if _reads_directly(base, sl, ctx, t)]
-                if not slots:
-                    continue
-                orders = [None] * (len(op.inputs) + 1)
-                for sl in slots:
-                    orders[sl] = order
-                v = make_strategy(op, ctx, base.stick, base.core_split, full_pricing=False, orders=tuple(orders))
-                if v is None:
-                    continue
-                gain = to_units(base.cost_ns(hw)) - to_units(v.cost_ns(hw))
-                if gain > 0:
-                    gains[order] = max(gains.get(order, 0), gain)
+                # any of the op's strategies (a plan may run it on any): its best gain
+                for base in [s for s in strategies[op.id] if not s.alias and not s.orders]:
+                    slots = [sl for sl in _slots(op, t) if _reads_directly(base, sl, ctx, t)]
+                    if not slots:
+                        continue
+                    orders = [None] * (len(op.inputs) + 1)
+                    for sl in slots:
+                        orders[sl] = order
+                    v = make_strategy(op, ctx, base.stick, base.core_split, full_pricing=False,
+                                      orders=tuple(orders))
+                    if v is None:
+                        continue
+                    gain = to_units(base.cost_ns(hw)) - to_units(v.cost_ns(hw))
+                    if gain > 0:
+                        gains[order] = max(gains.get(order, 0), gain)
         kept = sorted(gains, key=lambda o: (-gains[o], o))[:MAX_ALT_ORDERS]
         if kept:
             out[t] = kept
