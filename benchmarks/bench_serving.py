@@ -16,6 +16,16 @@ Graphs: benchmarks/graphs/serving/ (one layer each; make_graphs.py --suite servi
 Per-token times multiply one layer by the model's 40 layers: a decode step of batch B gives
 B tokens (time per step and tokens per second), a prefill of S tokens one time to first token.
 Every program is validated by `plan()` or by the transfer's own check before it is timed.
+
+`--paged` instead plans the decode graph of vLLM Spyre's continuous batching: one FMS
+Granite-3.3-8B block (`GraniteBlock`, fp16) with `attn_name="spyre_paged_attn"`, one new
+token per sequence stored into and attending over a paged KV cache of `--cache-blocks`
+blocks of 64 tokens (the plugin sizes it for its largest batch at full context, plus the
+padding block), at batch 1 and 4 against KV lengths 1k-8k (and, with `--cache-blocks`
+above what those need, whatever fits). Per shape: the baseline's and the cold CP-SAT plan's
+simulated time, and the share of the latter in the paged store (which rewrites the whole
+cache) and in the paged attention; beside it the cold CP-SAT plan of the sdpa decode graph of
+the same shape (benchmarks/graphs/serving), planned in the same run.
 """
 from __future__ import annotations
 
@@ -100,6 +110,98 @@ def run(time_limit_s: float, deterministic: bool, only: str = "") -> dict:
             "deterministic": deterministic, "rows": rows}
 
 
+PAGED_SHAPES = [(b, kv) for b in (1, 4) for kv in (1024, 2048, 4096, 8192)]
+BLOCK = 64
+
+
+def _fms_paged_decode(batch: int, kv: int, blocks: int, block=[None]) -> dict:
+    """The graph document of one FMS Granite-3.3-8B block's paged decode step (weights
+    random, never written to the document)."""
+    import torch
+
+    import fms.utils.spyre.paged  # noqa: F401  registers spyre_paged_attn
+    from backend.capture import capture
+    from fms.models.granite import GraniteBlock, GraniteConfig
+    from fms.modules.positions import RotaryEmbedding
+
+    if block[0] is None:
+        cfg = GraniteConfig(src_vocab_size=256, emb_dim=4096, nheads=32, kvheads=8, head_dim=128, nlayers=1,
+                            hidden_grow_factor=12800 / 4096, multiple_of=1, max_expected_seq_len=16384,
+                            attention_multiplier=0.0078125, residual_multiplier=0.22, rope_theta=10000000.0)
+
+        class Step(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rot = RotaryEmbedding(dim=128, ratio=cfg.rope_theta, max_seq_len=cfg.max_expected_seq_len)
+                self.block = GraniteBlock(cfg, self.rot)
+
+            def forward(self, x, positions, key_cache, value_cache, slots, tkv, start, table):
+                return self.block(x, position_ids=positions, past_key_value_state=(key_cache, value_cache),
+                                  use_cache=True, attn_name="spyre_paged_attn", slot_mapping=slots,
+                                  current_tkv_mask=tkv, left_padded_prompt_mask=start, block_table=table, mask=None)
+
+        model = Step().eval().half()
+        model.rot.compute_freqs_cis(torch.device("cpu"), cfg.max_expected_seq_len)
+        block[0] = model
+    i64 = dict(dtype=torch.int64)
+    cache = (blocks, BLOCK, 8, 128)
+    args = (torch.zeros(batch, 1, 4096, dtype=torch.float16), torch.zeros(batch, 1, **i64),
+            torch.zeros(cache, dtype=torch.float16), torch.zeros(cache, dtype=torch.float16),
+            torch.zeros(batch, 1, **i64), torch.zeros(batch, **i64), torch.zeros(batch, **i64),
+            torch.zeros(batch, kv // BLOCK, **i64))
+    return capture(block[0], args, name=f"fms_granite33_8b_paged_decode_b{batch}_kv{kv}_cache{blocks}")
+
+
+def run_paged(blocks: int, time_limit_s: float, deterministic: bool) -> dict:
+    hw = load_target()
+    rows = []
+    for batch, kv in PAGED_SHAPES:
+        if batch * kv // BLOCK + 1 > blocks:
+            continue
+        pg = lower_document(GraphDocument.model_validate(_fms_paged_decode(batch, kv, blocks)))
+        row = {"graph": f"paged_decode_b{batch}_kv{kv}", "batch": batch, "length": kv, "cache_blocks": blocks}
+        try:
+            row["heuristic_us"] = time_program(plan(pg, hw, "heuristic", fallback=False), hw).total_us
+        except PlannerFailed as exc:
+            row["heuristic_us"], row["heuristic_note"] = None, exc.reason[:200]
+        t = time.perf_counter()
+        try:
+            cold = plan(pg, hw, "cpsat", time_limit_s=time_limit_s, deterministic=deterministic, fallback=False)
+        except PlannerFailed as exc:
+            row["cold_note"] = exc.reason[:300]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            continue
+        row["cold_s"] = time.perf_counter() - t
+        report = time_program(cold, hw)
+        row["cold_us"] = report.total_us
+        row["store_us"] = sum(o.duration_us for o in report.ops if "paged_attn_store" in o.op_id)
+        row["attention_us"] = sum(o.duration_us for o in report.ops if "paged_attn_compute" in o.op_id)
+        sdpa = f"granite33_8b_decode_b{batch}_kv{kv}"
+        if (GRAPHS / f"{sdpa}.json").exists():   # the same layer and shape with the sdpa cache, side by side
+            row["sdpa_us"] = time_program(plan(_load(sdpa), hw, "cpsat", time_limit_s=time_limit_s,
+                                               deterministic=deterministic, fallback=False), hw).total_us
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_info(),
+            "time_limit_s": time_limit_s, "deterministic": deterministic, "cache_blocks": blocks, "rows": rows}
+
+
+def paged_table(report: dict) -> str:
+    out = ["| graph | heuristic µs | cold s | cold µs | paged store µs (share) | paged attention µs | "
+           "sdpa decode cold µs |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        if "cold_us" not in r:
+            out.append(f"| {r['graph']} | - | - | no valid plan: {r.get('cold_note', '')[:160]} | - | - | - |")
+            continue
+        h = "-" if r["heuristic_us"] is None else f"{r['heuristic_us']:,.1f}"
+        sdpa = "-" if r.get("sdpa_us") is None else f"{r['sdpa_us']:,.1f}"
+        out.append(f"| {r['graph']} | {h} | {r['cold_s']:.2f} | {r['cold_us']:,.1f} | "
+                   f"{r['store_us']:,.1f} ({r['store_us'] / r['cold_us']:.0%}) | {r['attention_us']:,.1f} | {sdpa} |")
+    return "\n".join(out)
+
+
 def table(report: dict) -> str:
     out = ["| graph | heuristic µs | cold s | cold µs | transfer s | transfer µs | cold/transfer time | "
            "transfer/cold µs | 40-layer step ms | tokens/s |",
@@ -125,11 +227,16 @@ def main(argv=None) -> int:
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--only", default="", help="graphs whose name contains this")
     ap.add_argument("--json", type=Path, help="write the report here")
+    ap.add_argument("--paged", action="store_true", help="FMS paged decode graphs (continuous batching) instead")
+    ap.add_argument("--cache-blocks", type=int, default=513, help="paged KV cache size, blocks of 64 tokens")
     args = ap.parse_args(argv)
-    report = run(args.time_limit, args.deterministic, args.only)
+    if args.paged:
+        report = run_paged(args.cache_blocks, args.time_limit, args.deterministic)
+    else:
+        report = run(args.time_limit, args.deterministic, args.only)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
-    print(table(report))
+    print(paged_table(report) if args.paged else table(report))
     return 0
 
 

@@ -326,6 +326,52 @@ def _earlier_size(key: Optional[tuple], pg) -> Optional[SizedPlan]:
     return source
 
 
+def _stored_size(slot: Optional["StoreSlot"], key: Optional[tuple], pg) -> Optional[SizedPlan]:
+    """The plan of another size of this graph from the store (`graph_structures`, filled by
+    `_record_structure`), so a restarted service or another worker transfers too: the
+    newest complete program of a graph with the same structure key, planned with the
+    same options, compiler version and hardware. A store problem costs only the
+    transfer (None)."""
+    if slot is None or key is None:
+        return None
+    from lowering import lower_document
+    from service.store_integrity import StoreError
+    from target.superdsc import Program
+
+    row = slot.row
+    try:
+        store = _worker_store(slot.store_path)
+        for graph_hash in store.graphs_with_structure(key[0]):
+            if graph_hash == row.graph_hash:
+                continue
+            for record in reversed(store.programs_for_graph(graph_hash)):
+                if not record.complete or (record.options_hash, record.compiler_version, record.hardware_digest) != (
+                        row.options_hash, row.compiler_version, row.hardware_digest):
+                    continue
+                graph = store.get_graph(graph_hash)
+                if graph is None:
+                    break
+                source = lower_document(GraphDocument.from_json(graph.document))
+                program = Program.from_json(record.program)
+                if structure_key(source) != key[0] or program.stats.planner != key[2]:
+                    break
+                return SizedPlan(source, program)
+    except (StoreError, GraphError):
+        return None
+    return None
+
+
+def _record_structure(slot: Optional["StoreSlot"], key: Optional[tuple]) -> None:
+    if slot is None or key is None:
+        return
+    from service.store_integrity import StoreError
+
+    try:
+        _worker_store(slot.store_path).put_structure(key[0], slot.row.graph_hash)
+    except StoreError:
+        pass   # a lost index row costs a later transfer, never a compile
+
+
 def _remember(key: Optional[tuple], pg, program) -> None:
     if key is None or program.stats.planner != key[2]:
         return
@@ -356,12 +402,17 @@ def _program_stats(program, doc: GraphDocument, hw) -> dict[str, Any]:
 _worker_stores: dict[str, Any] = {}
 
 
-def _store_fallback(slot: StoreSlot, program, stats: dict[str, Any]) -> None:
+def _worker_store(path: str):
     from service.store import ProgramStore
 
-    store = _worker_stores.get(slot.store_path)
+    store = _worker_stores.get(path)
     if store is None:
-        store = _worker_stores[slot.store_path] = ProgramStore(slot.store_path)
+        store = _worker_stores[path] = ProgramStore(path)
+    return store
+
+
+def _store_fallback(slot: StoreSlot, program, stats: dict[str, Any]) -> None:
+    store = _worker_store(slot.store_path)
     store.put_program(slot.record(program.to_json(), stats, _solution_of(program), complete=False))
 
 
@@ -388,7 +439,7 @@ def compile_job(job: CompileJob) -> CompileOutcome:
         pg = lower_document(doc)
         hint = _hint_from(job.hint)
         sized_key = _sized_plan_key(pg, options)
-        hint = hint or _earlier_size(sized_key, pg)
+        hint = hint or _earlier_size(sized_key, pg) or _stored_size(job.slot, sized_key, pg)
         fallback = fallback_planner(options.planner) if job.slot is not None else None
         if fallback is not None:
             early = plan(pg, hw, planner=fallback, deterministic=options.deterministic, fallback=not options.strict)
@@ -413,6 +464,7 @@ def compile_job(job: CompileJob) -> CompileOutcome:
         return CompileOutcome(status="planner_failed", seconds=time.time() - started,
                               error={"code": "planner_failed", "message": str(exc), "node": exc.op})
     _remember(sized_key, pg, program)
+    _record_structure(job.slot, sized_key)
     stats = _program_stats(program, doc, hw)
     status = (stats.get("solver_status") or "").upper()
     complete = effective_limit >= options.time_limit_s or status == "OPTIMAL"

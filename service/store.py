@@ -133,6 +133,14 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             at {real} NOT NULL
         )""",
     )),
+    (4, "graph_structures: graphs by structure key (plan transfer to a new size of a known graph)", (
+        """CREATE TABLE IF NOT EXISTS graph_structures (
+            structure_key TEXT NOT NULL,
+            graph_hash TEXT NOT NULL,
+            created_at {real} NOT NULL,
+            PRIMARY KEY (structure_key, graph_hash)
+        )""",
+    )),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -537,6 +545,26 @@ class ProgramStore:
         """(graph hash, name) of every stored graph, by name then hash."""
         rows = self._fetch("SELECT graph_hash, name FROM graphs ORDER BY name, graph_hash")
         return [(str(h), str(n)) for h, n in rows]
+
+    # -- graph structures ----------------------------------------------------------
+    def put_structure(self, structure_key: str, graph_hash: str) -> bool:
+        """Record that the stored graph `graph_hash` has structure `structure_key`
+        (`solver.spyre.transfer.structure_key` of its lowered graph: equal keys are sizes of
+        one graph). Returns whether the row was new. A derived index: losing it costs
+        only a transfer, so it is not journaled."""
+        def run() -> bool:
+            with self._transaction(f"structure:{structure_key}"):
+                cur = self._execute(
+                    "INSERT INTO graph_structures (structure_key, graph_hash, created_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (structure_key, graph_hash) DO NOTHING", (structure_key, graph_hash, time.time()))
+                return cur.rowcount == 1
+        return self._guarded(run)
+
+    def graphs_with_structure(self, structure_key: str, limit: int = 8) -> list[str]:
+        """Hashes of the stored graphs with structure `structure_key`, newest first."""
+        rows = self._fetch("SELECT graph_hash FROM graph_structures WHERE structure_key = ? "
+                           "ORDER BY created_at DESC, graph_hash LIMIT ?", (structure_key, int(limit)))
+        return [str(r[0]) for r in rows]
 
     # -- programs ------------------------------------------------------------------
     _PROGRAM_COLUMNS = (

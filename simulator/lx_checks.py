@@ -263,6 +263,13 @@ class LxChecks:
                     continue
                 if isinstance(t.memory, LxMemory) and t.memory.per_tile:
                     continue
+                red_tiled = self._reduction_tiled(q)
+                if red_tiled:
+                    # a K-tiled producer's result is a partial sum until its last tile
+                    self.add("kernel_tile_order", f"{o.id} reads {a.tensor}, made by {p.ops[q].id} in the same "
+                                                  f"fused kernel, which tiles reduction dim {red_tiled}: the result "
+                                                  f"is a partial until the kernel's last tile", op=o.id, tensor=a.tensor)
+                    continue
                 pbox, rbox = self.tile_boxes(q, -1, a.tensor), self.tile_boxes(k, idx, a.tensor)
                 if pbox is None or rbox is None:
                     continue
@@ -280,6 +287,14 @@ class LxChecks:
                                                   f"fused kernel: {bad}", op=o.id, tensor=a.tensor)
             if prim.output.tensor in self.tmap:
                 producer_at[prim.output.tensor] = k
+
+    def _reduction_tiled(self, k: int) -> Optional[str]:
+        """The first reduction dim op k tiles (temporal tiles > 1), or None."""
+        o, prim = self.p.ops[k], self.prims.get(self.p.ops[k].id)
+        if prim is None:
+            return None
+        return next((d.name for d in prim.iter_dims
+                     if d.kind == "reduction" and int(o.temporal_tiles.get(d.name, 1)) > 1), None)
 
     # -- memory over time -----------------------------------------------------------------------
     def check_memory(self):

@@ -35,7 +35,8 @@ Codes (docs/simulator.md has the full table):
                       tile buffer: a tile-j box outside the producer's tile-j box on that core)
   lx_reduction_split  the output of an op with a split reduction dim (cross-core partial sums) in LX
   kernel_tile_order   a fused kernel member reads an earlier member's result where its own core has not
-                      written it by the same tile (another core's part, or a later tile's)
+                      written it by the same tile (another core's part, or a later tile's), or
+                      reads the result of a member that tiles a reduction dim (a partial until the last tile)
   lx_tile_scope       a tile buffer (LxMemory.per_tile) not confined to one fused coarse-tiled kernel:
                       producer or a reader outside it, an op of another kernel inside its live range,
                       a program input/output, live_to not a reader, or a producer tiling a reduction dim

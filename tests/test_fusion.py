@@ -302,8 +302,11 @@ def test_a_reduction_over_the_heads_split_dim_joins_its_kernel(monkeypatch):
     names is the head's (the result has no n), so the variants give it the split that reads
     the box each core wrote, mapped through the tensor it reads (n split as a reduction,
     partial sums combined on the ring); in the kernel it reads the squares on chip."""
-    from solver.spyre.fusion import hold, variants
+    from solver.spyre.fusion import hold, search, variants
     from solver.plan import OpPlan
+    # about the members of a kernel a parallel-tiled matmul heads: K-tiled (stage 3), the
+    # matmul is a kernel of its own
+    monkeypatch.setattr(search._Search, "pick_k_tiles", lambda self, *a: None)
     pg = _projection_then_row_stats(M=8192, K=1024, N=1024)   # (tall rows: tiling pays)
     d = PlanDecisions("test", ops={"mm": OpPlan(core_split={"m": 8, "n": 4}),
                                    "sq": OpPlan(core_split={"m": 8, "n": 4}),

@@ -57,3 +57,45 @@ def test_anytime_planner_stores_a_fallback_plan_first(tmp_path):
     assert json.loads(stored.program)["graph_hash"] == doc.graph_hash()
     # A fast planner needs no fallback.
     assert pipeline.fallback_planner("naive") is None and pipeline.fallback_planner("heuristic") is None
+
+
+def test_a_new_size_transfers_from_the_store_after_a_restart(tmp_path):
+    """The store keeps graphs by structure key: a new size of a graph another process (or
+    this one before a restart) compiled finds that plan in the store and is transferred,
+    though the process memory of plans is empty; a store without it solves cold."""
+    if "cpsat" not in pipeline.available_planners():
+        pytest.skip("cpsat planner not registered")
+    from lowering import lower_document
+    from solver.spyre.transfer import structure_key
+
+    options = pipeline.resolve_options("cpsat", 2, False)   # wall clock: deterministic plans never transfer
+    hw = pipeline.load_hardware("spyre")
+
+    def serve(path, rows):
+        """What the service's handler does around a worker's job: store the graph, run the
+        job, store its program."""
+        doc = GraphDocument.model_validate(chain_graph(rows=rows, n_ops=4))
+        store = ProgramStore(path)
+        store.put_graph(doc.graph_hash(), doc.to_json(), doc.name)
+        slot = pipeline.StoreSlot(str(path), ProgramRecord.empty(
+            key=program_key(doc.graph_hash(), COMPILER_VERSION, options.options_hash(), hw.digest),
+            graph_hash=doc.graph_hash(), compiler_version=COMPILER_VERSION, options_hash=options.options_hash(),
+            options=options.solve_dict(), hardware=hw.name, hardware_digest=hw.digest))
+        outcome = pipeline.compile_job(pipeline.CompileJob(document=doc.to_json(), options=options, slot=slot))
+        assert outcome.status == "ok"
+        store.put_program(slot.record(outcome.program, outcome.stats, outcome.solution, outcome.complete))
+        return doc, outcome
+
+    path = tmp_path / "s.sqlite"
+    pipeline._sized_plans.clear()
+    small, first = serve(path, 128)
+    assert first.stats["solver_status"] != "TRANSFERRED"
+    pipeline._sized_plans.clear()            # a restarted service: its memory of plans is gone
+    large, second = serve(path, 512)
+    assert second.stats["solver_status"] == "TRANSFERRED"
+    key = structure_key(lower_document(small))
+    assert key == structure_key(lower_document(large))
+    assert set(ProgramStore(path).graphs_with_structure(key)) == {small.graph_hash(), large.graph_hash()}
+    pipeline._sized_plans.clear()
+    _, cold = serve(tmp_path / "other.sqlite", 512)   # a store that never saw the graph
+    assert cold.stats["solver_status"] != "TRANSFERRED"

@@ -221,3 +221,19 @@ def test_concurrent_writers_keep_the_best_row(store_url):
         p.join(timeout=120)
         assert p.exitcode == 0
     assert store.get_program(key).stats["predicted_us"] == min(min(b) for b in batches)
+
+
+def test_graphs_by_structure_key(store_url):
+    """`graph_structures` (migration 4): a graph is recorded under its structure key once,
+    the lookup lists the newest first and nothing for an unknown key."""
+    import time as _time
+
+    store = ProgramStore(store_url)
+    assert store.put_structure("shape-free-key", "graph-a") is True
+    assert store.put_structure("shape-free-key", "graph-a") is False
+    _time.sleep(0.01)
+    assert store.put_structure("shape-free-key", "graph-b") is True
+    assert store.put_structure("other-key", "graph-c") is True
+    assert store.graphs_with_structure("shape-free-key") == ["graph-b", "graph-a"]
+    assert store.graphs_with_structure("shape-free-key", limit=1) == ["graph-b"]
+    assert store.graphs_with_structure("unknown") == []

@@ -105,6 +105,13 @@ TRANSFER_RATIO_GROWTH = 1.05
 FUSION_TRIAL_EMITS = 4
 FUSION_SHARE = 0.3
 FUSION_MAX_SHARE = 0.5
+# On: the CP-SAT objective prices each matmul strategy the fusion search can K-tile at the
+# least of its untiled and K-tiled times (`solver.spyre.fusion.prices`: its tile class), so
+# the solve ranks a matmul's splits as the fused program runs them. Off by default: on the
+# layer graphs (2026-12-05, judge 551c359, deterministic seed 1) it made gpt2 358.2 -> 458.6
+# us and ViT 396.2 -> 456.5 and did not narrow the prefill layers' seed spread (llama seeds
+# 1-4 off: 4339.4-4967.0 us; granite on: 4181.4-5091.1); docs/solver.md "Tile classes".
+TILE_CLASSES = False
 
 # -- the post-solve steps (`solver.spyre.steps`) ----------------------------------------------
 # Of the time left when fusion starts, the share kept for the split-K step after it when the
@@ -261,6 +268,8 @@ TABLE: tuple[Knob, ...] = (
          "least share of the budget kept for the post-solve steps: fusion gains against solve gains"),
     Knob("FUSION_MAX_SHARE", "single.plan_chain_ordered",
          "most share kept for the post-solve steps: a slow machine's emits cannot starve the solve"),
+    Knob("TILE_CLASSES", "model.build_model",
+         "matmuls priced at their K-tiled time in the objective: the solve's ranking matches the fused program's, against pricing time"),
     Knob("SPLIT_K_SHARE", "steps.FusionSearch",
          "time left kept for the split-K step when it applies: split-K gains against fusion search"),
     Knob("HOLD_AFTER_SPLIT_K_SHARE", "steps.HoldAfterSplitK",

@@ -88,9 +88,10 @@ _IN_LX = LxMemory.model_construct(kind="lx", lx_address=0, size_per_core=0, live
 _IN_HBM = HbmMemory.model_construct(kind="hbm", offset=0, alias_of=None)
 
 
-def _one_op_program(v: OpView, in_lx: Sequence[bool], out_lx: bool, prim_json: dict):
+def _one_op_program(v: OpView, in_lx: Sequence[bool], out_lx: bool, prim_json: dict,
+                    tiles: Optional[Mapping[str, int]] = None):
     """A program holding just this op (duck-typed: the timing model reads attributes
-    only), its operands in device memory or LX as asked."""
+    only), its operands in device memory or LX as asked, with `tiles` temporal tiles."""
     split = {k: f for k, f in v.core_split.items() if f > 1}
     slices = list(v.core_slices) or (default_core_slices(v.prim, split) if split else
                                      [CoreSlice.model_construct(core=0, slice={})])
@@ -104,15 +105,17 @@ def _one_op_program(v: OpView, in_lx: Sequence[bool], out_lx: bool, prim_json: d
             layout=v.layouts[t], memory=_IN_LX if lx else _IN_HBM, is_output=False)
     op = SimpleNamespace(
         id=v.prim.id, kind=v.kind, opfunc="", ex_unit="sfp", prim=prim_json, src=None, dst=None,
-        core_split=split, num_cores_used=len(slices), core_slices=slices, temporal_tiles={},
+        core_split=split, num_cores_used=len(slices), core_slices=slices, temporal_tiles=dict(tiles or {}),
         alias=v.alias, bundle=0)
     prog = SimpleNamespace(tensors=list(tensors.values()), ops=[op], tensor_map=lambda: dict(tensors))
     return prog, op
 
 
-def op_time(v: OpView, in_lx: Sequence[bool], out_lx: bool, hw, prim_json: Optional[dict] = None) -> OpCost:
-    """The simulator's time of one op with the given operands LX-resident."""
-    prog, op = _one_op_program(v, in_lx, out_lx, prim_json or op_to_json(v.prim))
+def op_time(v: OpView, in_lx: Sequence[bool], out_lx: bool, hw, prim_json: Optional[dict] = None,
+            tiles: Optional[Mapping[str, int]] = None) -> OpCost:
+    """The simulator's time of one op with the given operands LX-resident (and `tiles`
+    temporal tiles: the fusion search's tile classes, `solver.spyre.fusion.prices`)."""
+    prog, op = _one_op_program(v, in_lx, out_lx, prim_json or op_to_json(v.prim), tiles)
     return _cost_of(OpTimer(prog, hw).analyse(0, op, None))
 
 
@@ -122,11 +125,12 @@ def _cost_of(ot) -> OpCost:
 
 
 def op_cost_parts(v: OpView, hw, may_reside: Optional[Sequence[bool]] = None,
-                  extremes_only: bool = False) -> OpCostParts:
+                  extremes_only: bool = False, tiles: Optional[Mapping[str, int]] = None) -> OpCostParts:
     """Price the op for every residency combination of the operands flagged in
     `may_reside` (per input, then the output; default none). The first combination is the
     all-device-memory one. Slots reading the same tensor share one flag. `extremes_only`:
-    just none and all resident (enough to rank strategies before pruning)."""
+    just none and all resident (enough to rank strategies before pruning). `tiles`: priced
+    with these temporal tiles (the fusion search's tile classes)."""
     n_in = len(v.prim.inputs)
     pj = op_to_json(v.prim)
     names = [a.tensor for a in v.prim.inputs] + [v.prim.output.tensor]
@@ -143,7 +147,7 @@ def op_cost_parts(v: OpView, hw, may_reside: Optional[Sequence[bool]] = None,
         masks = sorted({0, (1 << len(free)) - 1})
     # one program and one timer for every combination: only the operands' memory differs,
     # and the timer keeps the op's geometry between them
-    prog, op = _one_op_program(v, [False] * n_in, False, pj)
+    prog, op = _one_op_program(v, [False] * n_in, False, pj, tiles)
     tensors = prog.tensor_map()
     timer = OpTimer(prog, hw)
     for mask in masks:

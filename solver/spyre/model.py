@@ -43,6 +43,7 @@ decisions (`decisions`, with canonical first-fit LX addresses).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional
 
 from ortools.sat.python import cp_model
@@ -52,6 +53,8 @@ from target.primitives import PrimGraph
 from solver.naive import plan_naive
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre.cost_model import OpView, op_time, to_units
+from solver.spyre import budget
+from solver.spyre.fusion.prices import with_tile_classes
 from solver.spyre.layout_choice import candidate_orders, order_variants
 from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
 
@@ -384,6 +387,34 @@ class SpyreModel:
                     return False
         return True
 
+    def feasible_hint(self, d: PlanDecisions, input_sticks: dict) -> PlanDecisions:
+        """`d` with the residencies the model would reject dropped: a candidate its picks
+        cannot keep resident (`residency_ok` at the model's size), then those in a bundle
+        window over the limit (`repair_spans`), the rest placed again first-fit at the
+        model's sizes. CP-SAT repairs a complete hint that breaks a constraint by a search
+        of its own, seeded: a plan whose residency the model's bundle windows forbid (the
+        heuristic's causal-mask rows held across a prefill layer) left every seed a
+        different start (llama prefill, 2026-12-05: 55 window constraints broken)."""
+        picks = {op.id: self.strategy_index(op.id, d.ops.get(op.id, OpPlan())) for op in self.pg.ops}
+        if any(k is None for k in picks.values()):
+            return d
+        sizes = {t: self.S[self.producer[t].id][picks[self.producer[t].id]].out_lx_bytes for t in self.res}
+        kept = {t: r for t, r in d.resident.items() if t in self.res and self.residency_ok(t, picks)
+                and sizes[t] <= self.hw.lx_capacity_bytes}
+        sticks = dict(self.ctx.input_sticks)
+        sticks.update(input_sticks)
+        sticks.update(d.input_sticks)
+        kept = self.repair_spans(kept, self.needed_resticks(picks, sticks))
+        unplaced = {t: Residency(0, sizes[t]) for t in kept}
+        placed = self.canonical_addresses(unplaced)
+        if placed is unplaced:   # first-fit failed: no residency in the hint
+            placed = {}
+        resident = {t: r for t, r in d.resident.items() if t not in self.res}
+        resident.update(placed)
+        if resident == d.resident:
+            return d
+        return replace(d, resident=resident)
+
     def add_hint(self, d: PlanDecisions) -> None:
         m, hw = self.m, self.hw
         chosen: dict[str, int] = {}
@@ -570,4 +601,7 @@ def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 4,
     # the non-stick dim order of the intermediates some op prefers in another order
     ctx.alt_orders = candidate_orders(pg, ctx, strategies, hint_d.dim_orders)
     strategies = order_variants(pg, ctx, strategies)
+    # the objective prices each op as the fusion search will run it (its tile class)
+    if budget.TILE_CLASSES:
+        strategies = with_tile_classes(strategies, hw)
     return ctx, strategies, SpyreModel(pg, hw, ctx, strategies)

@@ -32,6 +32,7 @@ from solver.oracle import checked_program, simulated_us
 from solver.plan import PlanDecisions
 from solver.spyre import budget, steps
 from solver.spyre.cost_model import predict_program_ns
+from solver.spyre.fusion.prices import predict_fused_ns
 from solver.spyre.fusion import FUSION_TRIALS
 from solver.spyre.local_search import local_search
 from solver.spyre.model import build_model
@@ -94,7 +95,12 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
     order = [op.id for op in pg.ops]
     phase(events, "hint", True, "the starting plan")
     hint_d, hint_prog, hint_name, emit_s = starting_plan(pg, hw, hint)
-    hint_ns = predict_program_ns(hint_prog, hw) if hint_prog is not None else float("inf")
+    # plans are compared as the objective prices them: with the tile classes, as the
+    # fusion search will run their matmuls (solver.spyre.fusion.prices)
+    predict = predict_fused_ns if budget.TILE_CLASSES else predict_program_ns
+    hint_ns = predict(hint_prog, hw) if hint_prog is not None else float("inf")
+    # the budget's stakes term stays on the untiled prediction (budget.default_budget_s)
+    stakes_ns = predict_program_ns(hint_prog, hw) if hint_prog is not None else float("inf")
     phase(events, "hint", False, f"{hint_name}, predicted {hint_ns / 1000:.4g} us")
 
     phase(events, "strategies", True, f"{len(pg.ops)} ops")
@@ -105,7 +111,7 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
     # problem's size and stakes, never more than the caller's limit; counts and the cost
     # model's prediction, never a measured time, so a deterministic plan gets the same
     # budget every time
-    limit_s = budget.default_budget_s(n_strategies, hint_ns / 1000.0, cap_s) if budget_mode == "scaled" else cap_s
+    limit_s = budget.default_budget_s(n_strategies, stakes_ns / 1000.0, cap_s) if budget_mode == "scaled" else cap_s
     gaps = dict(relative_gap_limit=budget.RELATIVE_GAP_LIMIT, absolute_gap_limit=budget.ABSOLUTE_GAP_LIMIT) \
         if budget_mode == "scaled" else {}
     # sharpen the hint by local search on the model's objective (a bounded share of the
@@ -128,11 +134,14 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
     reserve_s = budget.EMIT_RESERVE_FACTOR * emit_s + budget.FINISH_RESERVE_SHARE * limit_s
     fusion_s = min(max(budget.FUSION_TRIAL_EMITS * (FUSION_TRIALS + 2) * emit_s, budget.FUSION_SHARE * limit_s),
                    budget.FUSION_MAX_SHARE * limit_s) if fuse else 0.0
-    if start_prog is not None and predict_program_ns(start_prog, hw) < hint_ns:
-        hint_d, hint_prog, hint_ns = start_d, start_prog, predict_program_ns(start_prog, hw)
+    if start_prog is not None and predict(start_prog, hw) < hint_ns:
+        hint_d, hint_prog, hint_ns = start_d, start_prog, predict(start_prog, hw)
         hint_name += " + local search"
     phase(events, "local search", False, f"start predicted {hint_ns / 1000:.4g} us")
-    sm.add_hint(hint_d)
+    # a hint CP-SAT finds infeasible it repairs by a seeded search of its own: the model
+    # gets the hint with the residencies it would reject dropped (the plan kept as the
+    # hint to beat is unchanged)
+    sm.add_hint(sm.feasible_hint(hint_d, ctx.input_sticks))
     sm.m.Minimize(sum(sm.objective_terms))
     seconds = {"build": elapsed, "local search": time.perf_counter() - t0 - elapsed}
     notes = [f"hint: {hint_name}", f"strategies: {n_strategies} over "
@@ -151,6 +160,8 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
     notes.extend(solved.notes)
     status, obj, bound = solved.status, solved.objective, solved.bound
     best_d, best_prog, best_pred = solved.decisions, solved.program, solved.predicted_ns
+    if best_prog is not None and predict is not predict_program_ns:
+        best_pred = predict(best_prog, hw)
     seconds["solve"] = time.perf_counter() - t_solve
     phase(events, "solve", False, f"{status}" + (f", gap {gap_of(obj, bound):.2%}" if obj is not None else ""))
     if best_d is not None:
@@ -163,7 +174,7 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
             0.0, t0 + limit_s - reserve_s - t_pol),
             max_passes=budget.DETERMINISTIC_LOCAL_SEARCH_PASSES if deterministic else budget.LOCAL_SEARCH_MAX_PASSES)
         pol_prog, _ = checked_program(pg, hw, pol_d)
-        pol_ns = predict_program_ns(pol_prog, hw) if pol_prog is not None else float("inf")
+        pol_ns = predict(pol_prog, hw) if pol_prog is not None else float("inf")
         if pol_ns < best_pred:
             notes.append(f"local search after the solve: predicted {best_pred / 1000:.1f} -> {pol_ns / 1000:.1f} us")
             best_d, best_prog, best_pred = pol_d, pol_prog, pol_ns
@@ -171,10 +182,12 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
     deadline = None if deterministic else t0 + limit_s - reserve_s
     # the plan to finish: the best solve, unless it is predicted slower than the hint
     chosen, chosen_ns, gap_ns = None, hint_ns, hint_ns
+    chosen_prog = hint_prog
     if best_prog is not None:
-        pred_ns = predict_program_ns(best_prog, hw)
+        pred_ns = predict(best_prog, hw)
         if pred_ns <= hint_ns:
             chosen, chosen_ns, gap_ns = best_d, pred_ns, obj
+            chosen_prog = best_prog
         else:
             notes.append(f"cpsat plan predicted {pred_ns / 1000:.1f} us > hint {hint_ns / 1000:.1f} us: "
                          "returning the hint")
@@ -208,6 +221,10 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
     phase(events, "fusion", False, f"simulated gain {gain_ns / 1000:.4g} us")
     notes.append(records_note(after.records))
     notes.append(phase_note(seconds))
+    # the stat is the untiled per-op prediction less the steps' simulated gain (which
+    # includes what the tile classes priced)
+    if predict is not predict_program_ns and chosen_prog is not None:
+        chosen_ns = predict_program_ns(chosen_prog, hw)
     chosen.stats.update(predicted_us=(chosen_ns - gain_ns) / 1000.0, solver_status=status,
                         objective=None if obj is None else obj / 1000.0,
                         bound=None if bound is None else bound / 1000.0,

@@ -81,7 +81,7 @@ def _on_choice(pg: PrimGraph, hw, d: PlanDecisions, run: list[str], variant: Var
         r = resident.get(produced.get(o, ""))
         if r is not None and r.per_tile:
             resident.pop(produced[o])
-    cand = with_tiles(replace(d, ops=ops, resident=resident), {o: tiles[o] for o in run if o in tiles}, [run], hw)
+    cand = with_tiles(replace(d, ops=ops, resident=resident), {o: tiles[o] for o in run if o in tiles}, [run], hw, pg)
     for _ in range(2):
         got = trial(pg, hw, cand)
         if got is None:

@@ -3,9 +3,11 @@
 A run (`find_runs`) is a maximal sequence of consecutive tileable graph ops on one core
 count in the emitted plan; `tile_dims` gives the dims each op can be tiled along,
 `assign_tiles` a run's tiles at one tile count (a member reads an earlier member's result
-only where its own cores wrote it: `OwnCores`), `with_tiles` puts tiles on a plan with a
-bundle start at the head of every tiled run, `without_run_cuts` removes the planner's cuts
-inside runs, and `span_us` is what a run costs in a simulated trial.
+only where its own cores wrote it: `OwnCores`), `reduction_tile_dims` the reduction dims a
+matmul or reduce op can be tiled along (K tiles: its result is complete only after its last
+tile, so it is a kernel of its own), `with_tiles` puts tiles on a plan with a bundle start at
+the head of every tiled run and after every K-tiled op, `without_run_cuts` removes the
+planner's cuts inside runs, and `span_us` is what a run costs in a simulated trial.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dataclasses import replace
 from typing import Optional
 
 from target.op_rules import split_units
-from target.primitives import PrimOp
+from target.primitives import PrimGraph, PrimOp
 from target.geometry import box_contains, core_ranges, op_granules, operand_box, parsed_prim, reduction_split
 from target.superdsc import Program
 from simulator.timing import TimingReport
@@ -56,6 +58,44 @@ def tile_dims(program: Program, hw) -> dict[str, list[tuple[str, int]]]:
     return out
 
 
+def reduction_tile_dims(program: Program, hw) -> dict[str, list[tuple[str, int]]]:
+    """Per matmul or reduce op whose reduction dims no core split divides, the reduction dims
+    it can be tiled along (K tiles), largest first: (dim, the most tiles it can take there).
+    A K tile re-reads no operand (every operand but the output is indexed by K) and the
+    partial sums stay on chip while they fit the LX the plan leaves free (the timing model
+    charges them through device memory otherwise); its result is a partial until the last
+    tile, so no member of its kernel may read it (the validator's kernel_tile_order)."""
+    layouts = {t.id: t.layout for t in program.tensors}
+    dtypes = {t.id: t.dtype for t in program.tensors}
+    out: dict[str, list[tuple[str, int]]] = {}
+    for o in program.ops:
+        if o.kind != "compute" or o.alias or o.prim is None:
+            continue
+        prim = parsed_prim(o.prim)
+        if prim.body.kind not in ("matmul", "reduce"):
+            continue
+        split = {n: f for n, f in o.core_split.items() if f > 1}
+        if reduction_split(prim, split):
+            continue
+        gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
+        ranges = core_ranges(prim, split, o.core_slices, gran)
+        cands = []
+        for i, d in enumerate(prim.iter_dims):
+            if d.kind != "reduction":
+                continue
+            units = min(split_units(r[i][1] - r[i][0], gran.get(i, 1)) for r in ranges.values())
+            if units >= 2:
+                cands.append((units, d.name))
+        if cands:
+            out[o.id] = [(name, units) for units, name in sorted(cands, reverse=True)]
+    return out
+
+
+def reduction_names(pg: PrimGraph) -> dict[str, frozenset[str]]:
+    """Per op of the graph, the names of its reduction iteration dims."""
+    return {op.id: frozenset(d.name for d in op.iter_dims if d.kind == "reduction") for op in pg.ops}
+
+
 def find_runs(program: Program, tileable: dict, graph_ops: set[str]) -> list[list[str]]:
     """Maximal runs of consecutive tileable graph ops on one core count: the
     only places a fused kernel can form. Bundle cuts inside a run are the planner's or the
@@ -80,8 +120,11 @@ def find_runs(program: Program, tileable: dict, graph_ops: set[str]) -> list[lis
     return runs
 
 
-def with_tiles(d: PlanDecisions, tiles: dict[str, dict[str, int]], runs: list[list[str]], hw) -> PlanDecisions:
-    """`d` with the given temporal tiles, and a bundle start at the head of every tiled run:
+def with_tiles(d: PlanDecisions, tiles: dict[str, dict[str, int]], runs: list[list[str]], hw,
+               pg: Optional[PrimGraph] = None) -> PlanDecisions:
+    """`d` with the given temporal tiles, and a bundle start at the head of every tiled run
+    and (given `pg`) at the op after every run member tiled along a reduction dim (K tiles:
+    its result is a partial until its kernel's last tile, so it is a kernel of its own):
     the program groups ANY consecutive ops with equal tile and core counts into one kernel
     (`fused_group_key`), so two adjacent runs that chose the same tile count would otherwise
     merge, and the second's matmul would read the first's result across tiles
@@ -97,6 +140,13 @@ def with_tiles(d: PlanDecisions, tiles: dict[str, dict[str, int]], runs: list[li
     starts = list(d.bundle_starts)
     if hw.lx_persists_across_bundles:
         starts += [r[0] for r in runs if r[0] in tiles and r[0] not in starts]
+        if pg is not None:
+            red = reduction_names(pg)
+            for r in runs:
+                for a, b in zip(r, r[1:]):
+                    if any(n in red.get(a, ()) and t > 1 for n, t in tiles.get(a, {}).items()) \
+                            and b not in starts:
+                        starts.append(b)
     return replace(d, ops=ops, bundle_starts=starts)
 
 
