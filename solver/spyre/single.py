@@ -214,7 +214,7 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
         if other_us is not None and (mine_us is None or other_us < mine_us):
             notes.append(f"the start after the post-solve steps: simulated {other_us:.1f} us < the solve's "
                          f"{mine_us if mine_us is not None else float('nan'):.1f} us: kept instead")
-            after, chosen_ns = other, hint_ns
+            after, chosen_ns, chosen_prog = other, hint_ns, hint_prog
     chosen, gain_ns = after.decisions, after.gain_ns()
     notes.extend(after.notes)
     seconds["fusion and relayouts"] = time.perf_counter() - t_finish
