@@ -13,7 +13,6 @@
 6. the plan to finish: the best solve unless predicted slower than the start;
 7. the post-solve steps (`solver.spyre.steps.POST_SOLVE_STEPS`, run by
    `solver.spyre.post_solve.run_steps`), each kept only when valid and simulated faster;
-   on the start as well when the solve's plan replaced it, the faster result kept;
 8. stats: predicted time (cost model of the plan as solved, less the steps' simulated
    gain), status, objective, bound, gap, notes;
 and last, never predicted slower than the hint as its own planner ordered it
@@ -28,7 +27,7 @@ from typing import Optional
 from target.primitives import PrimGraph
 from solver.core import gap_of
 from solver.events import EventSink
-from solver.oracle import checked_program, simulated_us
+from solver.oracle import checked_program
 from solver.plan import PlanDecisions
 from solver.spyre import budget, steps
 from solver.spyre.cost_model import predict_program_ns
@@ -197,24 +196,8 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
         chosen = replace(hint_d, planner="cpsat", stats={})
     t_finish = time.perf_counter()
     phase(events, "fusion", True, "fused kernels and LX relayouts")
-    # the start competes after the post-solve steps too when it is not the plan to finish:
-    # the model prices ops untiled, and a plan holding more in LX can leave the fusion search
-    # less to gain than the start leaves it (granite prefill, deterministic: the solve's plan
-    # predicted 8775 us fused to 8772, the start predicted 10526 fused to 7803)
-    rival = replace(hint_d, planner="cpsat", stats={}) if fuse and chosen is not hint_d else None
-    first_deadline = deadline if rival is None or deadline is None else \
-        time.perf_counter() + (deadline - time.perf_counter()) / 2
-    after = steps.post_solve(pg, hw, chosen, deadline=first_deadline, strategies=strategies, fuse=fuse,
-                             trial_s=emit_s, events=events)
-    if rival is not None:
-        other = steps.post_solve(pg, hw, rival, deadline=deadline, strategies=strategies, fuse=fuse,
-                                 trial_s=emit_s, events=events)
-        mine_us = after.us if after.us is not None else simulated_us(pg, hw, after.decisions)
-        other_us = other.us if other.us is not None else simulated_us(pg, hw, other.decisions)
-        if other_us is not None and (mine_us is None or other_us < mine_us):
-            notes.append(f"the start after the post-solve steps: simulated {other_us:.1f} us < the solve's "
-                         f"{mine_us if mine_us is not None else float('nan'):.1f} us: kept instead")
-            after, chosen_ns, chosen_prog = other, hint_ns, hint_prog
+    after = steps.post_solve(pg, hw, chosen, deadline=deadline, strategies=strategies, fuse=fuse, trial_s=emit_s,
+                             events=events)
     chosen, gain_ns = after.decisions, after.gain_ns()
     notes.extend(after.notes)
     seconds["fusion and relayouts"] = time.perf_counter() - t_finish
