@@ -63,6 +63,32 @@ def matmul_graph(m: int, k: int, n: int, dtype: str = "float16") -> PrimGraph:
     return PrimGraph(f"mm{m}x{k}x{n}", t, [op], ["x", "w"], ["y"])
 
 
+def torch_spyre_core_slices(names: tuple[str, ...], split: dict[str, int], k_fast: bool,
+                            reduction: tuple[str, ...] = ("k",)) -> list[tuple[int, dict[str, int]]] | None:
+    """coreIdToWkSlice_ as torch-spyre emits it: the reduction (K) slice index slowest, so a
+    K split's collaborators sit `cores / k` apart on the ring, unless the source ran the
+    "k-fast" emission (`extra.k_fast_emission`: K collaborators adjacent, which is the
+    project's natural order, K being a matmul's last iteration dim). None: the natural order."""
+    if k_fast or not any(split.get(r, 1) > 1 for r in reduction):
+        return None
+    order = [n for n in reduction if split.get(n, 1) > 1] + [n for n in names if n not in reduction and
+                                                              split.get(n, 1) > 1]
+    out, total = [], 1
+    for n in order:
+        total *= split[n]
+    for c in range(total):
+        pos, rem = {}, c
+        for n in reversed(order):
+            pos[n] = rem % split[n]
+            rem //= split[n]
+        out.append((c, pos))
+    return out
+
+
+def _k_fast(case: dict) -> bool:
+    return bool((case.get("extra") or {}).get("k_fast_emission"))
+
+
 def _matmul(case: dict, hw) -> Built:
     if not all(isinstance(case.get(d), int) for d in ("m", "k", "n")):
         raise CaseError("matmul needs integer m, k, n")
@@ -74,13 +100,15 @@ def _matmul(case: dict, hw) -> Built:
     if recorded:
         # the source's coarse tiling, as recorded (a loop over tiles of these dims)
         d = PlanDecisions(planner="calibration")
-        d.ops["mm"] = OpPlan(core_split=dict(split), temporal_tiles=recorded)
+        d.ops["mm"] = OpPlan(core_split=dict(split), temporal_tiles=recorded,
+                             core_slices=torch_spyre_core_slices(("m", "n", "k"), split, _k_fast(case)))
         return Built(_valid(pg, hw, d))
     notes = []
     tiles = 1
     while True:
         d = PlanDecisions(planner="calibration")
-        d.ops["mm"] = OpPlan(core_split=dict(split), temporal_tiles={"m": tiles} if tiles > 1 else {})
+        d.ops["mm"] = OpPlan(core_split=dict(split), temporal_tiles={"m": tiles} if tiles > 1 else {},
+                             core_slices=torch_spyre_core_slices(("m", "n", "k"), split, _k_fast(case)))
         try:
             program = _valid(pg, hw, d)
             break
@@ -124,7 +152,9 @@ def _bmm(case: dict, hw) -> Built:
     op = PrimOp("bmm", dims, (Access("x", (0, 1, 3)), w_acc), Access("o", (0, 1, 2)), MatmulBody(1, 2, 3))
     pg = PrimGraph("bmm", t, [op], ["x", "w"], ["o"])
     d = PlanDecisions(planner="calibration")
-    d.ops["bmm"] = OpPlan(core_split=_split(case, ("b", "m", "n", "k")))
+    split = _split(case, ("b", "m", "n", "k"))
+    d.ops["bmm"] = OpPlan(core_split=split,
+                          core_slices=torch_spyre_core_slices(("b", "m", "n", "k"), split, _k_fast(case)))
     # `layouts`: each operand's order on its own (x, w, o: default | batch_outer); else
     # `layout` for all of them
     per = case.get("layouts") or {}

@@ -5,7 +5,8 @@ Format version 2 adds `source.build` (the compiler build or commit a measurement
 on, where the source states it) and `point.reserved` (a point held out for validation:
 evaluated and reported apart, never fitted). Version 3 adds `point.holdout` (a point of a
 source the model was neither built nor fitted on, kept as an out-of-sample check: evaluated
-and summarized per source, never fitted, not held to the bounds). Older files load unchanged."""
+and summarized per source, never fitted, not held to the bounds; unused by the v3 file, which
+fits every public measurement an issue does not reserve). Older files load unchanged."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -54,8 +54,8 @@ from target.geometry import (LRU, box_contains, box_lx_bytes, caches_enabled, co
                                 flat_key, op_granules, operand_box, parsed_prim, prim_key, put_dict, put_layout, put_slices,
                                 put_tensor)
 from simulator.timing_terms import (grouped_compute_ns, grouped_operand_bytes, grouped_rows, grouped_weight_floor,
-                                    matmul_batch_dims, matmul_layout_stall, reduction_tiles, tile_rereads,
-                                    tile_share)
+                                    k_collaborators_adjacent, matmul_batch_dims, matmul_layout_stall,
+                                    reduction_tiles, tile_rereads, tile_share)
 from target.hardware import Hardware, load_target
 from target.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, lx_live_spans, tile_count
 
@@ -675,8 +675,15 @@ class OpTimer:
         # partial sums of a split-reduction matmul are combined across cores once, at the
         # end of the kernel: each core holds its whole partial box (fp32) until then. What
         # does not fit in LX round-trips through device memory once
-        # per `psum_spill_k_per_pass` of the core's K slice.
-        if is_matmul and red_split > 1:
+        # per `psum_spill_k_per_pass` of the core's K slice. That is the emission for K
+        # collaborators on adjacent cores; collaborators spread over the ring are combined
+        # output tile by output tile and spill nothing (`k_collaborators_adjacent`).
+        # split-K partials of K collaborators spread over the ring are combined output tile
+        # by output tile (`k_collaborators_adjacent`): nothing is held, nothing spills
+        tile_combine = is_matmul and red_split > 1 and not k_collaborators_adjacent(prim, op)
+        if tile_combine:
+            ot.effects.append(f"partial sums combined per output tile x{red_split}")
+        if is_matmul and red_split > 1 and not tile_combine:
             out = operands[-1]
             out_elems = max(out.per_core.values()) / hw.dtype_size(out.tensor.dtype)
             psum = out_elems * hw.psum_bytes_per_element
@@ -708,6 +715,9 @@ class OpTimer:
         reserve = hw.lx_bytes_per_core - hw.lx_capacity_bytes
         free_lx = max(0, hw.lx_capacity_bytes - self.resident_live[k])
         double_buffered = tiles == 1 or 2 * streamed_tile <= reserve + free_lx
+        # a core whose partial sums are combined with other cores' output tile by output tile
+        # waits for each tile's combine before it loads the next: loads and compute in series
+        double_buffered = double_buffered and not tile_combine
         ot.double_buffered = double_buffered
         if not double_buffered:
             ot.effects.append("no double buffering")
