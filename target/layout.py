@@ -359,3 +359,35 @@ def box_runs(box: Box, layout: Layout) -> tuple[int, int]:
     for e in ext[:max(i, 0)]:
         runs *= e
     return runs, run
+
+
+# -- orders a planner may offer ------------------------------------------------------------------
+def batch_outer_order(shape: Sequence[int], stick_dim: int, batch_dims: Sequence[int]) -> list[int]:
+    """The dim order with the tensor dims `batch_dims` (of extent > 1) outermost, in logical
+    order, then the other dims as the plain row-major order has them (the stick dim last):
+    the order a batched matmul reads or writes without striding across batches."""
+    rank = len(shape)
+    batch = [d for d in sorted(set(batch_dims)) if shape[d] > 1 and d != stick_dim]
+    return batch + [d for d in default_dim_order(rank, stick_dim) if d not in batch]
+
+
+def preferred_orders(op, access, shape: Sequence[int], stick_dim: Optional[int]) -> list[list[int]]:
+    """Dim orders an op may prefer for one of its operands (`access`, of a tensor of `shape`
+    sticked on `stick_dim`), other than the plain row-major default: for a matmul, the
+    operand's batch dims (iteration dims other than m, n and k that it indexes) outermost,
+    and torch-spyre's default (`spyre_default_dim_order`, the batch just inside the stick
+    rows). Proposals only: a planner prices each on the timing model."""
+    rank = len(shape)
+    if rank < 2 or stick_dim is None or stick_dim == ANY:
+        return []
+    body = op.body
+    if body.kind != "matmul":
+        return []
+    mnk = {body.m, body.n, body.k}
+    batch = [j for j, d in enumerate(access.dims) if d is not None and d not in mnk]
+    default = default_dim_order(rank, stick_dim)
+    out = []
+    for order in (batch_outer_order(shape, stick_dim, batch), spyre_default_dim_order(rank, stick_dim)):
+        if order != default and order not in out:
+            out.append(order)
+    return out

@@ -137,10 +137,12 @@ def test_copy_decisions_renames_everything():
     d.input_sticks = {"w0": 0, "x": 1}
     d.resident = {"b0_3": Residency(0, 128), "b0_4@stick0": Residency(128, 128)}
     d.restick_ops = {"b0_4@stick0": OpPlan(core_split={"d0": 4})}
+    d.dim_orders = {"b0_3": [1, 0], "b0_4@stick0": [1, 0]}
     d.bundle_starts = ["b0_2"]
     d.op_order = [pg.ops[i].id for i in rep.block(0)]
     m = copy_map(pg, rep.block(0), rep.block(2))
     out = copy_decisions(d, m, boundary_inputs={"x"})
+    assert out.dim_orders == {"b2_3": [1, 0], "b2_4@stick0": [1, 0]}   # the planner's layouts too
     assert set(out.ops) == {f"b2_{j}" for j in range(8)}
     assert all(p.core_split == {"d1": 2} for p in out.ops.values())
     assert out.input_sticks == {"w2": 0}          # the boundary input keeps its producer's layout
@@ -213,6 +215,11 @@ def test_partial_copy_keeps_only_residencies_inside_and_never_an_output():
     assert set(out.ops) == {"b0_5", "b0_6", "b0_7"}
     assert all(p.core_split == {"d1": 4} for p in out.ops.values())
     assert set(out.resident) == {"b0_5"}          # b0_1 is produced outside the part
+    # a segment keeps the device dim orders of what it produces, and a merge keeps them all
+    d.dim_orders = {"b1_5": [1, 0], "b1_1": [1, 0]}
+    part = segments.keep_part(pg, d, list(range(13, 16)), readers)
+    assert part.dim_orders == {"b1_5": [1, 0]}
+    assert segments.merge([(part, [pg.ops[i].id for i in range(13, 16)])]).dim_orders == {"b1_5": [1, 0]}
     # the last block's output is a graph output: never resident, even when copied
     d.ops = {f"b2_{j}": OpPlan() for j in range(8)}
     d.resident = {"b2_7": Residency(0, 64)}

@@ -2,7 +2,10 @@
 start's sharpening before the solve, and the solve's polish after it.
 
 Moves: a weight's stick dim, one op's strategy (residencies the move breaks are dropped and
-the bundle-window constraints must keep holding), and each pass the best improving chain
+the bundle-window constraints must keep holding), a candidate's non-stick dim order with its
+producer and readers (`solver.spyre.layout_choice.order_moves`), one more residency with the
+strategy changes that let it hold and whole regions of small ops to one core with their
+intermediates held (`solver.spyre.hold_moves`), and each pass the best improving chain
 move (`solver.spyre.chain_moves`: a stick-connected run of ops relabelled together). Priced
 incrementally and exactly (integer ns): the same moves, in the same order, with the same
 result as `SpyreModel.objective_of` on every trial.
@@ -15,11 +18,13 @@ from typing import Optional
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.chain_moves import ChainMoves, any_operands_ok
 from solver.spyre.cost_model import to_units
+from solver.spyre.hold_moves import HoldMoves, region_moves
+from solver.spyre.layout_choice import order_moves
 from solver.spyre.model import SpyreModel
 
 
 def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], max_passes: int = 50,
-                 chains: bool = True) -> PlanDecisions:
+                 chains: bool = True, hold_moves: bool = True) -> PlanDecisions:
     """Best single moves on the model's own objective until none improves or the
     deadline: a weight's stick dim, or one op's strategy (residencies the move breaks
     are dropped; the bundle-window constraints must keep holding); then, each pass, the
@@ -32,7 +37,7 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
     restickifies of the tensors the moved op reads and writes. Same moves, same order,
     same result as `objective_of` on every trial, without its pass over the graph."""
     ops = {op.id: op for op in sm.pg.ops}
-    picks = {op.id: (sm.strategy_index(op.id, d.ops.get(op.id, OpPlan())) or 0) for op in sm.pg.ops}
+    picks = {op.id: (sm.strategy_index(op.id, d.ops.get(op.id, OpPlan()), d.dim_orders) or 0) for op in sm.pg.ops}
     inputs = {t: d.input_sticks.get(t, sm.ctx.input_sticks.get(t)) for t in sorted(sm.ctx.free_inputs)}
     resident = {t: r for t, r in d.resident.items() if t in sm.res}
     touching: dict[str, list[str]] = {}
@@ -79,13 +84,15 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
 
     def out_of_time() -> bool:
         return deadline is not None and time.perf_counter() > deadline
-    def try_move(trial: dict, moved_ops, trial_inputs: dict, moved_inputs):
+    def try_move(trial: dict, moved_ops, trial_inputs: dict, moved_inputs, hold=None):
         """(objective, residencies, op costs, restickify needs) after the move, or
         (None, ...) when it breaks a bundle window or an ANY operand's forbidden
         stick dims (`chain_moves.any_operands_ok`). Re-prices only the ops touching a
         tensor whose residency it changes and the restickifies of the tensors the moved
-        ops and weights touch."""
-        if not any_operands_ok(sm, trial, trial_inputs, moved_ops, moved_inputs):
+        ops and weights touch. `hold`: a `HoldMove` whose tensors the move also keeps in
+        LX (none when one's slicing does not hold under the move)."""
+        if not any_operands_ok(sm, trial, trial_inputs, moved_ops, moved_inputs) or \
+                not sm.orders_ok(trial, moved_ops):
             return None, None, None, None
         touched = {t for o in moved_ops for t in touching[o]}
         res2 = {t: r for t, r in resident.items()
@@ -96,6 +103,20 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
             needed = all_needed(new_need)
             res2 = sm.repair_spans(res2, needed)
         moved = set(moved_ops)
+        if hold is not None:
+            for t, r in hold.holds:
+                # the model holds no tensor a restickify reads (it prices those through device
+                # memory)
+                if not sm.residency_ok(t, trial, r.size_per_core) or needs(t, trial, trial_inputs):
+                    return None, None, None, None
+                res2 = dict(res2, **{t: r})
+                moved |= ops_of.get(t, set())
+            # the bundle windows the new buffers join: other residencies give way to them
+            needed = all_needed(new_need)
+            held = {t for t, _ in hold.holds}
+            res2 = sm.repair_spans(res2, needed, protect=held)
+            if not held <= set(res2):
+                return None, None, None, None
         for t in resident:
             if t not in res2:
                 moved |= ops_of.get(t, set())
@@ -107,6 +128,7 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
         return None, None, None, None
 
     moves = ChainMoves(sm) if chains else None
+    holds = HoldMoves(sm) if hold_moves else None
     improved = True
     passes = 0
     while improved and passes < max_passes and not out_of_time():
@@ -136,6 +158,53 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
                     best, picks, resident, improved = val, trial, res2, True
                     cost.update(new_cost)
                     need.update(new_need)
+        # a candidate's dim order moved with its producer and readers
+        # (`solver.spyre.layout_choice`), the best of its orders kept when it improves
+        for t in sorted(sm.ordv):
+            if out_of_time():
+                break
+            best_order = None
+            for change in order_moves(sm, t, picks):
+                trial = dict(picks, **change)
+                val, res2, new_cost, new_need = try_move(trial, list(change), inputs, ())
+                if val is not None and val < (best if best_order is None else best_order[0]):
+                    best_order = (val, trial, res2, new_cost, new_need)
+            if best_order is not None:
+                best, picks, resident, new_cost, new_need = best_order
+                improved = True
+                cost.update(new_cost)
+                need.update(new_need)
+        # residencies added one at a time, each with the strategy changes that let it hold
+        # (`solver.spyre.hold_moves`), the best offer of each tensor kept when it improves
+        for t in (holds.candidates if holds is not None else ()):
+            if out_of_time():
+                break
+            best_hold = None
+            for mv in holds.moves(t, picks, resident):
+                trial = dict(picks, **dict(mv.picks))
+                val, res2, new_cost, new_need = try_move(trial, [o for o, _ in mv.picks], inputs, (), hold=mv)
+                if val is not None and val < (best if best_hold is None else best_hold[0]):
+                    best_hold = (val, trial, res2, new_cost, new_need)
+            if best_hold is not None:
+                best, picks, resident, new_cost, new_need = best_hold
+                improved = True
+                cost.update(new_cost)
+                need.update(new_need)
+        # whole regions of small ops to one core with their intermediates held (disjoint:
+        # each kept when it improves)
+        for mv in (list(region_moves(sm, holds, picks, resident)) if holds is not None else ()):
+            if out_of_time():
+                break
+            mv = holds.replaced(mv, resident)  # first-fit again beside what earlier regions hold
+            if mv is None:
+                continue
+            trial = dict(picks, **dict(mv.picks))
+            val, res2, new_cost, new_need = try_move(trial, [o for o, _ in mv.picks], inputs, (), hold=mv)
+            if val is not None and val < best:
+                best, picks, resident = val, trial, res2
+                improved = True
+                cost.update(new_cost)
+                need.update(new_need)
         if moves is None or out_of_time():
             continue
         found = None
@@ -155,3 +224,4 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
             need.update(new_need)
     out = sm.decisions_of(picks, resident, dict(sm.ctx.input_sticks, **inputs))
     return out
+

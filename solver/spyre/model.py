@@ -1,5 +1,6 @@
 """The joint CP-SAT model of one graph (`SpyreModel`, built by `build_model`): stick dims,
-restickify placement, core split and LX residency chosen together, objective = predicted
+non-stick dim orders, restickify placement, core split and LX residency chosen together,
+objective = predicted
 total time (integer ns, `solver.spyre.cost_model`).
 
 Variables and constraints:
@@ -8,6 +9,10 @@ Variables and constraints:
 - `lay[t][l]`: tensor t is sticked on dim l: fixed by its producer's pick; a weight
   (parameter, buffer, constant) chooses freely (laid out once at load time); a user input
   arrives sticked on its last dim.
+- `order[t][o]`: an intermediate some op prefers in another non-stick dim order
+  (`solver.spyre.layout_choice`) takes order o (None: row-major), exactly one; every
+  strategy of its producer and of each reader reading it directly was priced in one order
+  and implies it. Emitted as `PlanDecisions.dim_orders`.
 - `mat[t][l]`: t is also materialized sticked on l by ONE restickify through device memory,
   paid once however many consumers read it; every strategy that reads t on l needs
   `lay[t][l] or mat[t][l]`.
@@ -50,6 +55,7 @@ from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre.cost_model import OpView, op_time, to_units
 from solver.spyre import budget
 from solver.spyre.fusion.prices import with_tile_classes
+from solver.spyre.layout_choice import candidate_orders, order_variants
 from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
 
 
@@ -74,7 +80,10 @@ class SpyreModel:
         self.time: dict[str, cp_model.IntVar] = {}
         self.combos: dict[str, tuple] = {}
         self.objective_terms: list = []
+        self.ops = {op.id: op for op in pg.ops}
+        self.ordv: dict[str, dict] = {}
         self._build()
+        self._order_constraints()
 
     # layout literal: a var, or a Python bool for graph inputs
     def lay_lit(self, t: str, stick):
@@ -210,6 +219,66 @@ class SpyreModel:
             if any(idle):
                 self.objective_terms.append(sum(c * v for c, v in zip(idle, vs)))
 
+    # -- the non-stick dim order (solver.spyre.layout_choice) -------------------------------
+    def order_users(self, t: str) -> list[tuple[str, int]]:
+        """(op, slot) of the producer (slot -1) and the readers of t."""
+        return [(self.producer[t].id, -1)] + list(self.readers.get(t, ()))
+
+    def _directly(self, s: Strategy, slot: int, t: str) -> bool:
+        if slot < 0:
+            return True
+        want = s.input_sticks[slot]
+        return want is None or want == self.ctx.possible_sticks[t][0]
+
+    def _order_constraints(self) -> None:
+        """Each candidate of `ctx.alt_orders` takes one order, the one its producer's and
+        its direct readers' picked strategies were priced with."""
+        m = self.m
+        for t in sorted(self.ctx.alt_orders):
+            opts = [None] + list(self.ctx.alt_orders[t])
+            vs = {o: m.NewBoolVar(f"order[{t}][{n}]") for n, o in enumerate(opts)}
+            m.AddExactlyOne(vs.values())
+            self.ordv[t] = vs
+            for o, slot in self.order_users(t):
+                for v, s in zip(self.pick[o], self.S[o]):
+                    if self._directly(s, slot, t):
+                        m.AddImplication(v, vs[s.order_of(slot)])
+
+    def tensor_order(self, t: str, picks: dict[str, int]) -> Optional[tuple]:
+        """The order candidate t takes under `picks` (its producer's strategy's)."""
+        p = self.producer[t].id
+        return self.S[p][picks[p]].order_of(-1)
+
+    def orders_ok(self, picks: dict[str, int], moved_ops) -> bool:
+        """Every candidate the moved ops touch is priced in one order by its producer and
+        its direct readers."""
+        for o in moved_ops:
+            op = self.ops[o]
+            for a in list(op.inputs) + [op.output]:
+                t = a.tensor
+                if t not in self.ordv:
+                    continue
+                want = self.tensor_order(t, picks)
+                for u, slot in self.order_users(t):
+                    s = self.S[u][picks[u]]
+                    if self._directly(s, slot, t) and s.order_of(slot) != want:
+                        return False
+        return True
+
+    def variant_index(self, o: str, s: Strategy, orders: tuple) -> Optional[int]:
+        """Index of the strategy of `o` equal to `s` but for its orders."""
+        key = (s.stick, tuple(sorted(s.core_split.items())), s.alias, orders)
+        return next((k for k, x in enumerate(self.S[o]) if x.key() == key), None)
+
+    def dim_orders(self, picks: dict[str, int]) -> dict[str, list[int]]:
+        """The non-default orders of the candidates under `picks` (`PlanDecisions.dim_orders`)."""
+        out = {}
+        for t in sorted(self.ordv):
+            order = self.tensor_order(t, picks)
+            if order is not None:
+                out[t] = list(order)
+        return out
+
     def _restick_cost(self, t: str, stick) -> int:
         """Restickify of t onto `stick` through device memory, split as the emitter does by
         default (outermost dim evenly)."""
@@ -250,9 +319,10 @@ class SpyreModel:
             terms = [self.mat[key] for key in mats] + [1 - self.res[u] for u in cands]
             self.m.Add(sum(terms) <= limit - fixed).OnlyEnforceIf(when)
 
-    def repair_spans(self, resident: dict, needed: set) -> dict:
+    def repair_spans(self, resident: dict, needed: set, protect: frozenset = frozenset()) -> dict:
         """Drop residencies until every bundle-window constraint holds (dropping one can
-        push another window over the limit, so this iterates)."""
+        push another window over the limit, so this iterates). The `protect`ed ones are
+        dropped only when a window of theirs alone breaks the limit."""
         resident = dict(resident)
         limit = self.hw.bundle_tensor_limit
         changed = True
@@ -262,7 +332,8 @@ class SpyreModel:
                 if all(t in resident for t in when_t):
                     n = fixed + sum(1 for u in cands if u not in resident) + sum(1 for k in mats if k in needed)
                     if n > limit:
-                        for t in when_t:
+                        drop = [t for t in when_t if t not in protect] or list(when_t)
+                        for t in drop:
                             resident.pop(t, None)
                         changed = True
         return resident
@@ -290,14 +361,31 @@ class SpyreModel:
                 self._span_limit(min(a, c), max(b, d), [t, u])
 
     # -- hint and read-back ------------------------------------------------------------------
-    def strategy_index(self, op_id: str, plan: OpPlan) -> Optional[int]:
+    def strategy_index(self, op_id: str, plan: OpPlan, dim_orders: Optional[dict] = None) -> Optional[int]:
+        """The strategy of `plan` (stick choice, split, alias); with `dim_orders` (a plan's
+        `PlanDecisions.dim_orders`), the one priced in those orders when there is one."""
         op = self.pg.ops[self.index[op_id]]
         ch = plan.stick or default_choice(op)
         split = {k: v for k, v in plan.core_split.items() if v > 1}
+        found = None
         for k, s in enumerate(self.S[op_id]):
             if s.stick == ch and s.core_split == split and s.alias == plan.alias:
-                return k
-        return None
+                if dim_orders is None or self._orders_match(op, s, dim_orders):
+                    return k
+                found = k if found is None else found
+        return found
+
+    def _orders_match(self, op, s: Strategy, dim_orders: dict) -> bool:
+        for slot, a in [(i, a) for i, a in enumerate(op.inputs)] + [(-1, op.output)]:
+            t = a.tensor
+            if t in self.ordv and self._directly(s, slot, t):
+                have = dim_orders.get(t)
+                have = tuple(have) if have is not None else None
+                if have not in self.ordv[t]:
+                    have = None
+                if s.order_of(slot) != have:
+                    return False
+        return True
 
     def feasible_hint(self, d: PlanDecisions, input_sticks: dict) -> PlanDecisions:
         """`d` with the residencies the model would reject dropped: a candidate its picks
@@ -331,7 +419,7 @@ class SpyreModel:
         m, hw = self.m, self.hw
         chosen: dict[str, int] = {}
         for op in self.pg.ops:
-            k = self.strategy_index(op.id, d.ops.get(op.id, OpPlan()))
+            k = self.strategy_index(op.id, d.ops.get(op.id, OpPlan()), d.dim_orders)
             if k is None:
                 k = 0
             chosen[op.id] = k
@@ -355,6 +443,10 @@ class SpyreModel:
                     needed.add((a.tensor, want))
         for key, v in self.mat.items():
             m.AddHint(v, key in needed)
+        for t, vs in self.ordv.items():
+            order = self.tensor_order(t, chosen)
+            for o, v in vs.items():
+                m.AddHint(v, o == order)
         resident = {t for t in d.resident if t in self.res}
         for t, r in self.res.items():
             on = t in resident
@@ -431,6 +523,7 @@ class SpyreModel:
                                   temporal_tiles=dict(s.temporal_tiles), alias=s.alias)
         d.resident = dict(resident)
         d.bundle_starts = self.bundle_starts(set(resident))
+        d.dim_orders = self.dim_orders(picks)
         return d
 
     def decisions(self, solver: cp_model.CpSolver, input_sticks: dict) -> PlanDecisions:
@@ -438,11 +531,14 @@ class SpyreModel:
         d = PlanDecisions(planner="cpsat", input_sticks=dict(input_sticks))
         for t in sorted(self.ctx.free_inputs):
             d.input_sticks[t] = next(s for s, v in self.lay[t].items() if solver.BooleanValue(v))
+        picks = {}
         for op in self.pg.ops:
             k = next(j for j, v in enumerate(self.pick[op.id]) if solver.BooleanValue(v))
+            picks[op.id] = k
             s = self.S[op.id][k]
             d.ops[op.id] = OpPlan(stick=s.stick, core_split=dict(s.core_split),
                                   temporal_tiles=dict(s.temporal_tiles), alias=s.alias)
+        d.dim_orders = self.dim_orders(picks)
         for t, r in self.res.items():
             if solver.BooleanValue(r):
                 d.resident[t] = Residency(lx_address=solver.Value(self.addr[t]) * hw.stick_bytes,
@@ -502,6 +598,9 @@ def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 4,
                         {}, p.alias))
         strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident, required=req)
     strategies = align_strategies(pg, ctx, strategies)
+    # the non-stick dim order of the intermediates some op prefers in another order
+    ctx.alt_orders = candidate_orders(pg, ctx, strategies, hint_d.dim_orders)
+    strategies = order_variants(pg, ctx, strategies)
     # the objective prices each op as the fusion search will run it (its tile class)
     if budget.TILE_CLASSES:
         strategies = with_tile_classes(strategies, hw)

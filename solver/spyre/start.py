@@ -23,7 +23,7 @@ from target.superdsc import LxMemory, Program
 from solver.baseline.passes import plan_heuristic
 from solver.naive import plan_naive
 from solver.oracle import checked_program
-from solver.plan import OpPlan, PlanDecisions, Residency
+from solver.plan import OpPlan, PlanDecisions, Residency, program_dim_orders
 from solver.spyre import budget
 from solver.spyre.cost_model import predict_program_ns
 from solver.spyre.transfer import SizedPlan
@@ -57,13 +57,15 @@ def valid_or_naive(pg: PrimGraph, hw, d: PlanDecisions, input_sticks: Optional[d
 
 def decisions_from_program(pg: PrimGraph, program: Program) -> PlanDecisions:
     """Read a program's decisions back as the solve sees a plan (stick choices, splits,
-    explicit core slices, aliases, whole-tensor LX residencies): a stored plan used as a
+    explicit core slices, aliases, whole-tensor LX residencies, the device dim orders of
+    its tensors): a stored plan used as a
     warm start. Temporal tiles and tile buffers are left out: they are the fusion search's,
     which runs again after the solve (a tile buffer read as a whole residency holds one
     tile of a tensor no untiled op fits in)."""
     tmap = program.tensor_map()
     ops = {o.id: o for o in program.ops}
-    d = PlanDecisions(planner=program.stats.planner)
+    d = PlanDecisions(planner=program.stats.planner, dim_orders={
+        t: o for t, o in program_dim_orders(program).items() if t in pg.tensors})
     produced = {op.output.tensor for op in pg.ops}
     for t in pg.tensors:
         if t not in produced and t in tmap:

@@ -8,6 +8,8 @@ alias test) and all geometry from `target.geometry`; nothing is re-encoded here.
   most one reduction dim), at most two split dims, using at least a quarter of the most
   cores any split of the op can use; at most `max_candidates` of them are priced per stick
   choice (most cores first, then the fewest input bytes a core reads, then fewer split dims).
+  Besides, every stick choice keeps its one-core strategy (`_few_cores_strategy`): a chain
+  of small ops on one core can hold every intermediate in LX.
 - An operand the stick choice reads whole (`ANY`) keeps the layout its producer wrote; a
   layout of it that would change the split granules of a split dim is recorded in
   `any_forbidden` so the planner forbids that combination (the emitter derives granules from
@@ -40,6 +42,13 @@ from target.geometry import (
 from solver.spyre.cost_model import OpCostParts, OpView, op_cost_parts
 
 Box = tuple
+# A one-core strategy is kept when, with its operands held in LX, it is priced within this
+# factor of the op's cheapest strategy in device memory: only there can it pay. Measured
+# 2026-12-05 (deterministic): without the filter a gated MLP of 4096-wide matmuls got one-core
+# strategies it never uses, and the solve returned another of its tied optima, which fused
+# 1.9x slower (3021 vs 1626 us, tests/test_split_k_hold.py); at 2.0 the same for its
+# pointwise ops; at 1.0 BERT tiny, llama tiny prefill and the layers keep their gains.
+ONE_CORE_MAX_SLOWDOWN = 1.0
 # Graph inputs the runtime places in device memory once, at load time (weights).
 _LOAD_TIME_ROLES = ("parameter", "buffer", "constant")
 
@@ -62,6 +71,9 @@ class Strategy:
     # computed when a residency question first needs them (most candidates are pruned first)
     core_ranges: dict = field(default_factory=dict, repr=False, compare=False)
     _boxes: Optional[tuple] = field(default=None, repr=False, compare=False)
+    # per operand (inputs, then the output): the device dim order priced for it, None for
+    # the plain row-major default (`solver.spyre.layout_choice`)
+    orders: tuple = ()
 
     def _operand_boxes(self) -> tuple:
         if self._boxes is None:
@@ -83,7 +95,11 @@ class Strategy:
         return self._operand_boxes()[1]
 
     def key(self) -> tuple:
-        return (self.stick, tuple(sorted(self.core_split.items())), self.alias)
+        return (self.stick, tuple(sorted(self.core_split.items())), self.alias, self.orders)
+
+    def order_of(self, slot: int) -> Optional[tuple]:
+        """The dim order priced for operand `slot` (-1: the output); None: the default."""
+        return self.orders[slot] if self.orders else None
 
     def cost_ns(self, hw, in_lx: Sequence[bool] | None = None, out_lx: bool = False) -> float:
         in_lx = in_lx or (False,) * len(self.in_boxes)
@@ -109,6 +125,9 @@ class GraphContext:
     candidates: set = field(default_factory=set)  # tensors that may stay LX-resident
     free_inputs: set = field(default_factory=set)  # graph inputs whose stick dim is chosen
     cache: dict = field(default_factory=dict)  # structure key -> strategy list
+    # intermediates whose device dim order is a decision: their non-default candidate orders
+    # (`solver.spyre.layout_choice.candidate_orders`)
+    alt_orders: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, pg: PrimGraph, hw, input_sticks: Optional[Mapping[str, Optional[int]]] = None,
@@ -161,11 +180,14 @@ def _granules(op: PrimOp, ctx: GraphContext, in_sticks: Sequence, out_stick) -> 
 
 def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[str, int],
                   tiles: Optional[dict[str, int]] = None, alias: bool = False,
-                  full_pricing: bool = True) -> Optional[Strategy]:
+                  full_pricing: bool = True, orders: tuple = ()) -> Optional[Strategy]:
     """The strategy (stick choice, split, tiles) of `op` with its slices and cost parts,
     or None when the split is not legal for this stick choice. Without `full_pricing` only
-    the no-residency and all-residency combinations are priced (for pruning)."""
+    the no-residency and all-residency combinations are priced (for pruning). `orders`:
+    per operand (inputs, then the output) a device dim order to price it in, None for the
+    default (empty: every operand in the default)."""
     hw = ctx.hw
+    orders = tuple(orders) if any(o is not None for o in orders) else ()
     split = {k: v for k, v in split.items() if v > 1}
     in_sticks = tuple(None if (s is None or s == ANY) else s for s in ch.inputs)
     base = _granules(op, ctx, [ANY if s is None else s for s in in_sticks], ch.output)
@@ -176,6 +198,10 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
         st = s if (s is not None and s != ANY) else ctx.possible_sticks[t][0]
         layouts[t] = ctx.layout(t, st)
     layouts[op.output.tensor] = ctx.layout(op.output.tensor, ch.output)
+    for acc, order in zip(list(op.inputs) + [op.output], orders):
+        if order is not None:
+            layouts[acc.tensor] = make_layout(ctx.shapes[acc.tensor], ctx.dtypes[acc.tensor],
+                                              layouts[acc.tensor].stick_dim, hw.stick_bytes, order)
     any_forbidden: dict[int, frozenset] = {}
     split_dims = {i for i, d in enumerate(op.iter_dims) if d.name in split}
     for i, (acc, s) in enumerate(zip(op.inputs, ch.inputs)):
@@ -213,7 +239,7 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
     parts = op_cost_parts(view, hw, may if full_pricing else None)
     return Strategy(ch, split, dict(tiles or {}), alias, in_sticks, ch.output,
                     padded(out_lx, hw.stick_bytes), reduction_split(op, split), parts, any_forbidden,
-                    view, tuple(may), ranges)
+                    view, tuple(may), ranges, orders=tuple(orders))
 
 
 def _grouped_spans_fit(op: PrimOp, ctx: GraphContext, split: dict[str, int], gran: dict[int, int],
@@ -289,7 +315,7 @@ def structure_key(op: PrimOp, ctx: GraphContext) -> tuple:
     def acc_key(a) -> tuple:
         t = a.tensor
         return (a.dims, ctx.shapes[t], ctx.dtypes[t], tuple(ctx.possible_sticks[t]),
-                t in ctx.candidates, ctx.roles.get(t))
+                t in ctx.candidates, ctx.roles.get(t), tuple(ctx.alt_orders.get(t, ())))
     return (op.iter_dims, op.body, tuple(acc_key(a) for a in op.inputs), acc_key(op.output))
 
 
@@ -305,6 +331,7 @@ def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
             out.append(s)
 
     add(alias_strategy(op, ctx))
+    few: list = []
     for ch in stick_options(op):
         in_sticks = [ANY if (s is None or s == ANY) else s for s in ch.inputs]
         gran = _granules(op, ctx, in_sticks, ch.output)
@@ -339,14 +366,38 @@ def _op_strategies(op: PrimOp, ctx: GraphContext, keep: int, keep_resident: int,
         for s in by_hbm[:keep] + by_res[:keep_resident]:
             if s.key() not in seen:
                 add(dataclasses.replace(s, parts=op_cost_parts(s.view, hw, s.may_reside)))
+        few.append((ch, splits, by_hbm[0].cost_ns(hw)))
     for ch, split, tiles, alias in required:
         if alias:
             add(alias_strategy(op, ctx))
         else:
             add(make_strategy(op, ctx, ch, split, tiles))
+    # last, so the strategies above keep their places (the solver's search order)
+    for ch, splits, best_ns in few:
+        add(_few_cores_strategy(op, ctx, ch, splits, seen, best_ns))
     if not out:
         raise NoLegalStrategy(op.id)
     return out
+
+
+def _few_cores_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, splits: Sequence[dict[str, int]],
+                        seen: set, best_ns: float) -> Optional[Strategy]:
+    """The stick choice on one core, priced in full, unless already kept, or unless even
+    with every operand it may hold in LX it is priced above `ONE_CORE_MAX_SLOWDOWN` times
+    `best_ns` (the choice's cheapest strategy in device memory: a large op, which one core
+    never serves). On the
+    timing model a small op on one core is nearly as fast as on all of them (a streaming
+    kernel on part of the machine keeps most of the bus), and a chain of one-core ops can
+    keep every intermediate in LX whatever their shapes (each reader reads the whole tensor
+    its producer wrote on the same core), where wider splits stay resident only along
+    aligned slicings. Without it a chain of small ops has no all-resident plan in the space."""
+    if {} not in splits:
+        return None
+    s = make_strategy(op, ctx, ch, {}, full_pricing=False)
+    if s is None or s.key() in seen or \
+            min(c.total_ns for c in s.parts.combos.values()) > ONE_CORE_MAX_SLOWDOWN * best_ns:
+        return None
+    return dataclasses.replace(s, parts=op_cost_parts(s.view, ctx.hw, s.may_reside))
 
 
 def compatible_residency(producer: Strategy, consumer: Strategy, slot: int) -> bool:

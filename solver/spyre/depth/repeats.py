@@ -236,7 +236,8 @@ def _rename_restick(key: str, tmap: dict[str, str]) -> Optional[str]:
 
 def copy_decisions(rep_d: PlanDecisions, m: CopyMap, boundary_inputs: set[str]) -> PlanDecisions:
     """The representative's decisions for another copy: every op plan, layout of the
-    copy's weights, residency, restickify split, bundle start and the op order, renamed.
+    copy's weights, residency, restickify split, device dim order, bundle start and the op
+    order, renamed.
     Boundary inputs produced outside the block keep their producers' layouts (not copied)."""
     out = PlanDecisions(planner=rep_d.planner)
     for o, p in rep_d.ops.items():
@@ -253,6 +254,10 @@ def copy_decisions(rep_d: PlanDecisions, m: CopyMap, boundary_inputs: set[str]) 
         k2 = _rename_restick(key, m.tensors)
         if k2 is not None:
             out.restick_ops[k2] = replace(p, core_split=dict(p.core_split))
+    for key, order in rep_d.dim_orders.items():  # the planner's device dim orders
+        k2 = _rename_restick(key, m.tensors)
+        if k2 is not None and (key.rpartition("@stick")[0] or key) not in boundary_inputs:
+            out.dim_orders[k2] = list(order)
     out.bundle_starts = [m.ops[o] for o in rep_d.bundle_starts if o in m.ops]
     out.op_order = [m.ops[o] for o in rep_d.op_order if o in m.ops]
     return out

@@ -104,6 +104,7 @@ def keep_part(pg: PrimGraph, d: PlanDecisions, kept: list[int], readers: dict[st
         return base in produced_here and base not in outputs and all(r in keep_set for r in readers.get(base, ()))
     out.resident = {t: r for t, r in d.resident.items() if whole(t)}
     out.restick_ops = {k: p for k, p in d.restick_ops.items() if (k.rpartition("@stick")[0] or k) in produced_here}
+    out.dim_orders = {k: o for k, o in d.dim_orders.items() if (k.rpartition("@stick")[0] or k) in produced_here}
     out.bundle_starts = [o for o in d.bundle_starts if o in keep_ids]
     order = [o for o in d.op_order if o in keep_ids]
     out.op_order = order if len(order) == len(kept) else [pg.ops[i].id for i in kept]
@@ -130,6 +131,7 @@ def merge(parts: list[tuple[PlanDecisions, list[str]]], planner: str = "cpsat") 
             d.input_sticks.setdefault(t, s)
         d.resident.update(part.resident)
         d.restick_ops.update(part.restick_ops)
+        d.dim_orders.update(part.dim_orders)
         starts = list(part.bundle_starts)
         if seg_ops and seg_ops[0] not in starts:
             starts.insert(0, seg_ops[0])
