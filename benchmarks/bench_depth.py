@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 GRAPHS = ROOT / "benchmarks" / "graphs" / "depth"
+IRREGULAR = ROOT / "benchmarks" / "graphs" / "irregular"
 LADDER = tuple(f"llama31_8b_x{n}_prefill512" for n in (1, 2, 4, 8, 16, 32))
 OTHERS = ("llama31_8b_x32_decode2048", "gpt2_small_x12_seq512", "bert_base_x12_seq512")
 
@@ -44,9 +45,8 @@ def _load(name: str):
     from lowering import lower_document
     from lowering.graph_format import GraphDocument
 
-    path = GRAPHS / f"{name}.json"
-    if not path.exists():
-        path = GRAPHS / f"{name}.json.gz"
+    path = next((d / f"{name}{ext}" for d in (GRAPHS, IRREGULAR) for ext in (".json", ".json.gz")
+                 if (d / f"{name}{ext}").exists()), GRAPHS / f"{name}.json")
     return lower_document(GraphDocument.from_json(read_document_text(path)))
 
 
@@ -55,11 +55,16 @@ def _peak_mb() -> float:
 
 
 def child_point(name: str, planner: str, time_limit_s: float, deterministic: bool,
-                windows_only: bool = False) -> dict:
+                windows_only: bool = False, old_path: bool = False) -> dict:
     """One cold compile (the child's whole life): load, lower, plan, simulate.
     `windows_only`: no repeated-block detection (every graph is irregular to the planner):
-    the windows path on the same graphs."""
+    the windows path on the same graphs. `old_path`: the large-graph path before the core's
+    search (windows + LNS, `core_search.USE_CORE_SEARCH` off), to compare side by side."""
     t0 = time.perf_counter()
+    if old_path:
+        from solver.spyre.depth import core_search
+
+        core_search.USE_CORE_SEARCH = False
     if windows_only:
         from solver.spyre import budget
 
@@ -88,11 +93,61 @@ def child_point(name: str, planner: str, time_limit_s: float, deterministic: boo
     breakdown = _breakdown(pg, report)
     breakdown.update(program_ops=len(program.ops), validate_s=round(validate_s, 3), simulate_s=round(simulate_s, 3))
     repeats = next((n for n in st.notes if n.startswith("repeats:")), None)
-    return dict(graph=name, planner=planner + (" windows" if windows_only else ""), time_limit_s=time_limit_s,
+    return dict(graph=name, planner=planner + (" windows" if windows_only else "") + (" old-path" if old_path else ""), time_limit_s=time_limit_s,
                 deterministic=deterministic,
                 ops=len(pg.ops), wall_s=round(wall, 3), plan_s=round(plan_s, 3), sim_us=round(sim_us, 2),
                 predicted_us=st.predicted_us, status=st.solver_status, peak_mb=round(_peak_mb(), 1),
                 repeats=repeats, notes=list(st.notes), **breakdown)
+
+
+def split_point(pg) -> int:
+    """Where a model made of two parts divides (an encoder before a repeated decoder stack,
+    or the other way): before the first copy of the repeated block and the ops before it
+    that repeat its end; 0 when the graph has no repeated block."""
+    from solver.spyre.budget import MIN_COPIES
+    from solver.spyre.depth.repeats import find_repeats, partial_edges
+
+    rep = find_repeats(pg, min_copies=MIN_COPIES)
+    if rep is None:
+        return 0
+    before, _ = partial_edges(pg, rep)
+    return rep.start - before
+
+
+def child_part(name: str, part: str, time_limit_s: float) -> dict:
+    """One part of a two-part model planned alone (`split_point`; `part`: head, tail),
+    cold, as a graph of its own (boundary tensors arrive as inputs), by the CP-SAT planner."""
+    from target.hardware import load_target
+    from simulator.timing import time_program
+    from solver.planners import plan
+    from solver.spyre.depth.segments import subgraph
+    from solver.spyre.schedule import chain_order
+
+    t0 = time.perf_counter()
+    hw = load_target()
+    pg = chain_order(_load(name))
+    cut = split_point(pg)
+    idx = list(range(0, cut)) if part == "head" else list(range(cut, len(pg.ops)))
+    sub = subgraph(pg, idx, f"{name}#{part}")
+    program = plan(sub, hw, "cpsat", fallback=False, time_limit_s=time_limit_s)
+    return dict(graph=name, part=part, ops=len(idx), sim_us=round(time_program(program, hw).total_us, 2),
+                wall_s=round(time.perf_counter() - t0, 3), status=program.stats.solver_status)
+
+
+def parts_table(rows: list[dict]) -> str:
+    out = ["| graph | ops (head + tail) | whole sim ms (wall s) | head alone ms | tail alone ms | "
+           "sum of parts ms | whole / sum |", "|---|---|---:|---:|---:|---:|---:|"]
+    for g in sorted({r["graph"] for r in rows}):
+        by = {r.get("part", "whole"): r for r in rows if r["graph"] == g}
+        w, h, t = by.get("whole"), by.get("head"), by.get("tail")
+        if not (w and h and t) or any("sim_us" not in r for r in (w, h, t)):
+            out.append(f"| {g} | incomplete: {[r.get('error', '')[-200:] for r in (w, h, t) if r]} |")
+            continue
+        total = h["sim_us"] + t["sim_us"]
+        out.append(f"| {g} | {h['ops']} + {t['ops']} | {w['sim_us'] / 1000:.2f} ({w['wall_s']:.1f}) | "
+                   f"{h['sim_us'] / 1000:.2f} | {t['sim_us'] / 1000:.2f} | {total / 1000:.2f} | "
+                   f"{w['sim_us'] / total:.3f} |")
+    return "\n".join(out)
 
 
 def _breakdown(pg, report) -> dict:
@@ -281,6 +336,14 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", action="store_true", help="emit / validate / simulate timings only")
     ap.add_argument("--windows-only", action="store_true",
                     help="plan without repeated-block detection (the windows path for graphs over 300 ops)")
+    ap.add_argument("--large-path", choices=("core", "old", "both"), default="core",
+                    help="the large-graph path: the core's search (default), the windows heuristic before "
+                         "it (old), or both side by side")
+    ap.add_argument("--old-path", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--irregular", action="store_true", help="the irregular suite's graphs too")
+    ap.add_argument("--parts", action="store_true",
+                    help="whole graph against its two parts (`split_point`) planned alone, each cold at the limit")
+    ap.add_argument("--child-part", nargs=3, metavar=("GRAPH", "PART", "LIMIT"), help=argparse.SUPPRESS)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", type=Path, help="write the ladder plot (wall, peak memory, ms per layer)")
@@ -296,16 +359,37 @@ def main(argv=None) -> int:
         return 0
     if args.child:
         g, p, lim, det = args.child
-        print(json.dumps(child_point(g, p, float(lim), det == "1", windows_only=args.windows_only)))
+        print(json.dumps(child_point(g, p, float(lim), det == "1", windows_only=args.windows_only,
+                                     old_path=args.old_path)))
+        return 0
+    if args.child_part:
+        g, part, lim = args.child_part
+        print(json.dumps(child_part(g, part, float(lim))))
         return 0
     if args.child_passes:
         print(json.dumps(child_passes(args.child_passes[0], int(args.child_passes[1]))))
         return 0
-    graphs = list(LADDER) + (list(OTHERS) if args.all else [])
+    irregular = tuple(sorted(p.name.split(".json")[0] for p in IRREGULAR.glob("*.json*")))
+    graphs = list(LADDER) + (list(OTHERS) if args.all else []) + (list(irregular) if args.irregular else [])
     if args.only:
-        graphs = [g for g in LADDER + OTHERS if any(s in g for s in args.only)]
+        graphs = [g for g in LADDER + OTHERS + irregular if any(s in g for s in args.only)]
+    paths = {"core": [False], "old": [True], "both": [True, False]}[args.large_path]
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = []
+    if args.parts:
+        for g in graphs:
+            for part in ("whole", "head", "tail"):
+                r = (_run_child(["--child", g, "cpsat", str(args.time_limit), "0"]) if part == "whole" else
+                     _run_child(["--child-part", g, part, str(args.time_limit)]))
+                r.setdefault("graph", g)
+                r["part"] = part
+                rows.append(r)
+                if args.save:
+                    with open(args.save, "a") as fh:
+                        fh.write(json.dumps(r) + "\n")
+                print(json.dumps({k: v for k, v in r.items() if k != "notes"}), flush=True)
+        print(f"\n{started}, {machine()}\n" + parts_table(rows))
+        return 0
     if args.passes:
         for g in graphs:
             r = _run_child(["--child-passes", g, str(args.repeat)])
@@ -316,11 +400,11 @@ def main(argv=None) -> int:
             print(f"\n{started}, {machine()}\n" + passes_table(rows))
         return 0
     for g in graphs:
-        for p in args.planner or ["cpsat"]:
+        for p, old in [(p, old) for p in args.planner or ["cpsat"] for old in (paths if p == "cpsat" else [False])]:
             r = _run_child(["--child", g, p, str(args.time_limit), "1" if args.deterministic else "0"]
-                           + (["--windows-only"] if args.windows_only else []))
+                           + (["--windows-only"] if args.windows_only else []) + (["--old-path"] if old else []))
             r.setdefault("graph", g)
-            r.setdefault("planner", p)
+            r.setdefault("planner", p + (" old-path" if old else ""))
             rows.append(r)
             if args.save:
                 with open(args.save, "a") as fh:

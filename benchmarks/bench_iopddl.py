@@ -57,12 +57,13 @@ def sticksat() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "service.cli"]
 
 
-def run_command(path: Path, limit: float, workers: int, seed: int) -> dict:
+def run_command(path: Path, limit: float, workers: int, seed: int, portfolio: int = 1) -> dict:
     """One `sticksat iopddl` process: its JSON line, wall seconds and the load at its start."""
     load = os.getloadavg()[0]
     t = time.perf_counter()
     res = subprocess.run(sticksat() + ["iopddl", str(path), "--time-limit", str(limit), "--json",
-                                       "--workers", str(workers), "--seed", str(seed)],
+                                       "--workers", str(workers), "--seed", str(seed),
+                                       "--portfolio", str(portfolio)],
                          capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t
     lines = res.stdout.strip().splitlines()
@@ -73,14 +74,14 @@ def run_command(path: Path, limit: float, workers: int, seed: int) -> dict:
     return row
 
 
-def run_command_with_peak(path: Path, limit: float, workers: int, seed: int) -> dict:
+def run_command_with_peak(path: Path, limit: float, workers: int, seed: int, portfolio: int = 1) -> dict:
     """`run_command` with the peak RSS measured by a wrapper process of its own (so each
     instance's peak is its own, not the largest so far)."""
     code = ("import json,resource,sys;sys.path.insert(0,%r);"
             "from benchmarks.bench_iopddl import run_command;from pathlib import Path;"
-            "r=run_command(Path(%r),%r,%r,%r);"
+            "r=run_command(Path(%r),%r,%r,%r,%r);"
             "r['peak_mb']=round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024);"
-            "print(json.dumps(r))") % (str(ROOT), str(path), limit, workers, seed)
+            "print(json.dumps(r))") % (str(ROOT), str(path), limit, workers, seed, portfolio)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     if res.returncode != 0:
         raise RuntimeError(res.stderr[-2000:])
@@ -133,6 +134,7 @@ def main() -> None:
     ap.add_argument("--reference-limit", type=float, default=180.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--portfolio", type=int, default=1, help="`sticksat iopddl --portfolio N`")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--machine", default=None, help="machine description for the docs header")
     args = ap.parse_args()
@@ -143,7 +145,7 @@ def main() -> None:
     for spec in args.instances:
         path = instance_file(spec)
         ref, kind = reference(spec, path, args)
-        r = run_command_with_peak(path, args.time_limit, args.workers, args.seed)
+        r = run_command_with_peak(path, args.time_limit, args.workers, args.seed, args.portfolio)
         r.update(spec=spec, ref=ref, ref_kind=kind, nodes=None)
         m = re.match(r"synth:(\d+)", spec)
         r["nodes"] = int(m.group(1)) if m else {"B": 816, "G": 816, "V": 816, "S": 28526}.get(spec)

@@ -473,3 +473,21 @@ def test_time_limit_holds_on_a_large_synthetic_instance(tmp_path):
     assert wall < 25.0
     shares = [r["share"] for r in out["phases"]]
     assert all(x >= 0 for x in shares) and sum(shares) < 2.5
+
+
+def test_portfolio_keeps_the_best_of_its_searches_within_the_limit():
+    """`portfolio` runs two searches at once (a forked child with the next seed): its answer
+    is feasible, no worse than either search's, both answered, and it keeps the limit."""
+    import time
+
+    from solver.core.portfolio import portfolio
+
+    p = _random_instance(7, n=60)
+    t = time.perf_counter()
+    res = portfolio(p, 3.0, runs=2, seed=1)
+    wall = time.perf_counter() - t
+    found = res.stats["portfolio"]
+    assert set(found) == {"parent", "seed 2"}, found
+    assert res.feasible and evaluate(p, res.choice).cost == res.cost
+    assert all(c is not None and res.cost <= c for c in found.values()), found
+    assert wall < 3.0 + 2.0, wall

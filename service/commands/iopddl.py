@@ -25,6 +25,8 @@ def register(sub) -> None:
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds, all phases (default 60)")
     p.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--portfolio", type=int, default=1,
+                   help="searches run at once, seeds seed, seed+1, ...; the best answer kept (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON line instead of text")
     p.add_argument("--solution", default=None, help="write the strategy index per node (JSON list)")
     p.add_argument("--verbose", action="store_true", help="progress on stderr")
@@ -55,6 +57,7 @@ def _process_age() -> float:
 def run(args) -> int:
     # imported here, not at the top: `sticksat --help` imports every command module
     from solver.core.iopddl import evaluate_solution, load_best_known, load_instance
+    from solver.core.portfolio import portfolio
     from solver.core.search import optimize
 
     path = Path(args.file)
@@ -76,8 +79,11 @@ def run(args) -> int:
     t_read = time.perf_counter() - t0
     log = (lambda s: print(f"# {s}", file=sys.stderr, flush=True)) if args.verbose else None
     try:
-        result = optimize(problem, time_limit_s=args.time_limit, workers=args.workers, seed=args.seed,
-                          log=log, started=t0)
+        if getattr(args, "portfolio", 1) > 1:
+            result = portfolio(problem, args.time_limit, runs=args.portfolio, seed=args.seed, started=t0, log=log)
+        else:
+            result = optimize(problem, time_limit_s=args.time_limit, workers=args.workers, seed=args.seed,
+                              log=log, started=t0)
     except ValueError as e:  # e.g. a node with every strategy forbidden
         print(f"sticksat iopddl: {path}: {e}", file=sys.stderr)
         result = None

@@ -54,10 +54,10 @@ class PhaseClock:
 
     def table(self) -> list[dict]:
         """One row per phase in the order first seen, plus what no phase accounted for."""
-        rows = [{"phase": k, "seconds": round(v, 2), "share": round(v / self.limit_s, 4)}
+        rows = [{"phase": k, "seconds": round(v, 2), "share": round(v / self.limit_s, 4) if self.limit_s > 0 else None}
                 for k, v in self.seconds.items()]
         other = self.elapsed() - sum(self.seconds.values())
         if other > 0.005:
             rows.append({"phase": "other", "seconds": round(other, 2),
-                         "share": round(other / self.limit_s, 4)})
+                         "share": round(other / self.limit_s, 4) if self.limit_s > 0 else None})
         return rows

@@ -2,8 +2,9 @@
 chooses between the depth step and the single-graph planner.
 
 - The depth step (`solver.spyre.depth.plan_whole`, docs/depth.md): a graph made of repeated
-  blocks is planned by solving one block and reusing its plan, a large irregular one in
-  windows; it calls the single-graph planner for each piece.
+  blocks is planned by solving one block and reusing its plan (the single-graph planner
+  solves the block), a large irregular one (and what lies around a repeated block) whole
+  by the core's search over its strategy problem (`depth.core_search`).
 - Otherwise the single-graph planner (`solver.spyre.single.plan_graph`): one CP-SAT model of
   the whole graph, then the post-solve steps (docs/planner.md).
 - A hint that is a plan of another size of the same graph (`transfer.SizedPlan`) is carried

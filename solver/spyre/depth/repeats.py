@@ -47,6 +47,7 @@ from solver.plan import OpPlan, PlanDecisions
 from solver.spyre import budget
 from solver.spyre.depth.hint import checked_hint, reserve_s, timed_hint_report, whole_hint
 from solver.spyre.depth.segments import keep_part, merge, out_stick, reader_index, solve_segment
+from solver.spyre.depth.core_search import plan_pieces, uses_core_search
 from solver.spyre.depth.windows import plan_windows
 
 
@@ -502,7 +503,8 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         if not deterministic:
             share = min(share, max(0.0, t0 + limit - reserve - time.perf_counter()) * (
                 1.0 if k == 1 or not rest_idx[1] else len(idx) / rest_ops))
-        got, window_notes = plan_windows(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
+        plan_rest = plan_pieces if uses_core_search(deterministic) else plan_windows
+        got, window_notes = plan_rest(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
                                          budget_s=share, deterministic=deterministic, input_sticks=sticks,
                                          name="prologue" if k == 0 else "epilogue", readers=readers)
         notes += window_notes

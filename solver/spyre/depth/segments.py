@@ -6,7 +6,8 @@ by the single-graph CP-SAT planner, and plans of pieces put back together.
   its heuristic plan when its time is too short for a solve);
 - `keep_part`, `merge`: the decisions of the ops a piece decides, and one plan from the
   pieces (each piece starts a bundle);
-- `out_stick`, `reader_index`: the layout an op writes, and who reads each tensor.
+- `out_stick`, `reader_index`: the layout an op writes, and who reads each tensor;
+- `crossings`: how many tensors cross each position of an op order (where to cut it).
 """
 from __future__ import annotations
 
@@ -140,3 +141,25 @@ def merge(parts: list[tuple[PlanDecisions, list[str]]], planner: str = "cpsat") 
     return d
 
 
+def crossings(pg: PrimGraph, idx: list[int]) -> list[int]:
+    """Per position j of `idx`, the tensors produced at positions before j and read at or
+    after j (one sweep over a difference array)."""
+    diff = [0] * (len(idx) + 1)
+    last: dict[str, int] = {}
+    born: dict[str, int] = {}
+    for j, i in enumerate(idx):
+        op = pg.ops[i]
+        for a in op.inputs:
+            if a.tensor in born:
+                last[a.tensor] = j
+        born[op.output.tensor] = j
+    for t, p in born.items():
+        q = last.get(t)
+        if q is not None and q > p:
+            diff[p + 1] += 1
+            diff[q + 1] -= 1
+    out, acc = [], 0
+    for j in range(len(idx)):
+        acc += diff[j]
+        out.append(acc)
+    return out

@@ -17,8 +17,10 @@ consecutive ops, each kept range ending where the fewest tensors cross (`aligned
   emitted, validated and simulated, is faster; it stops at the deadline.
 Every CP-SAT model solved is one window's, so memory and model size are bounded by the
 window, not the graph.
-`plan_windowed` is the depth step for a large graph with nothing repeated: windows, then the
-large-neighbourhood search, never slower (simulated) than the whole graph's hint.
+`plan_windowed` is the depth step for a large graph with nothing repeated: in wall-clock mode
+the whole graph planned by the core's search (`solver.spyre.depth.core_search`), in
+deterministic mode (or with `core_search.USE_CORE_SEARCH` off) windows, then the
+large-neighbourhood search; never slower (simulated) than the whole graph's hint.
 """
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ from simulator.timing import time_program
 from solver.oracle import checked_program
 from solver.plan import PlanDecisions
 from solver.spyre import budget
+from solver.spyre.depth.core_search import plan_piece, uses_core_search
 from solver.spyre.depth.hint import checked_hint, reserve_s, timed_hint_report, whole_hint
-from solver.spyre.depth.segments import keep_part, merge, out_stick, reader_index, solve_segment
+from solver.spyre.depth.segments import crossings, keep_part, merge, out_stick, reader_index, solve_segment
 
 
 def windows_of(n: int, window: Optional[int] = None, overlap: Optional[int] = None) -> list[tuple[int, int, int, int]]:
@@ -81,30 +84,6 @@ def aligned_windows(crossing: list[int], window: Optional[int] = None,
         cut = min(range(lo, hi + 1), key=lambda i: (crossing[i], abs(i - nominal)))
         out.append((start, min(n, cut + overlap), start, cut))
         start = cut
-
-
-def crossings(pg: PrimGraph, idx: list[int]) -> list[int]:
-    """Per position j of `idx`, the tensors produced at positions before j and read at or
-    after j (one sweep over a difference array)."""
-    diff = [0] * (len(idx) + 1)
-    last: dict[str, int] = {}
-    born: dict[str, int] = {}
-    for j, i in enumerate(idx):
-        op = pg.ops[i]
-        for a in op.inputs:
-            if a.tensor in born:
-                last[a.tensor] = j
-        born[op.output.tensor] = j
-    for t, p in born.items():
-        q = last.get(t)
-        if q is not None and q > p:
-            diff[p + 1] += 1
-            diff[q + 1] -= 1
-    out, acc = [], 0
-    for j in range(len(idx)):
-        acc += diff[j]
-        out.append(acc)
-    return out
 
 
 def _stick_map(pg: PrimGraph, d: PlanDecisions, ids: list[int]) -> dict:
@@ -190,9 +169,10 @@ def improve_windows(pg: PrimGraph, hw, d: PlanDecisions, evaluate: Callable[[Pla
 
 def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
                   hint_d: Optional[PlanDecisions] = None) -> PlanDecisions:
-    """A graph with nothing repeated, planned in windows then improved by a large-
-    neighbourhood search over the whole plan (`plan_windows`, `improve_windows`), never slower
-    (simulated) than the whole graph's hint."""
+    """A graph with nothing repeated, planned whole by the core's search (`core_search.
+    plan_piece`; wall-clock mode), or in windows then improved by a large-neighbourhood
+    search over the whole plan (`plan_windows`, `improve_windows`; deterministic mode), never
+    slower (simulated) than the whole graph's hint."""
     n = len(pg.ops)
     limit = float(time_limit_s)
     hint_d = whole_hint(pg, hw, hint_d)
@@ -200,6 +180,10 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
     reserve = reserve_s(n, None if deterministic else post_s)
     avail = max(0.0, limit - reserve - (0.0 if deterministic else time.perf_counter() - t0))
     deadline = None if deterministic else t0 + limit - reserve
+    if uses_core_search(deterministic):
+        d, us, note = plan_piece(pg, list(range(n)), hw, time_limit_s=avail, hint_d=hint_d, name="whole graph")
+        notes = [f"core search: {n} ops, no repeated block, planned whole as a strategy problem", note]
+        return _finished(pg, hw, d, us, hint_d, hint_us, notes, t0)
     notes = [f"windows: {n} ops, no repeated block; windows of at most {budget.WINDOW_OPS} ops"]
     first_s = budget.WINDOWED_FIRST_SHARE * avail
     parts, window_notes = plan_windows(
@@ -218,20 +202,27 @@ def plan_windowed(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool
         d = replace(d, resident={}, restick_ops={})
         us = evaluate(d)
         notes.append("windowed plan invalid with its LX residencies: dropped")
-    us = float("inf") if us is None else us
-    if us < float("inf"):
+    if us is not None:
         d, us, lns_note = improve_windows(pg, hw, d, evaluate, us, deadline=deadline, deterministic=deterministic,
                                           rounds_budget_s=budget.WINDOWED_LNS_SHARE * avail)
         notes.append(lns_note)
+    return _finished(pg, hw, d, us, hint_d, hint_us, notes, t0)
+
+
+def _finished(pg: PrimGraph, hw, d: PlanDecisions, us: Optional[float], hint_d: PlanDecisions, hint_us: float,
+              notes: list[str], t0: float) -> PlanDecisions:
+    """The large graph's plan, or the whole graph's hint (validated) when it simulates
+    faster, with the stats the planner reports."""
+    us = float("inf") if us is None else us
     status = "FEASIBLE"
     if us > hint_us:
         hint_d, hint_us, hint_note = checked_hint(pg, hw, hint_d, hint_us)
         notes += [hint_note] if hint_note else []
     if us > hint_us:
-        notes.append(f"windowed plan simulated {us:.1f} us > hint {hint_us:.1f} us: returning the hint")
+        notes.append(f"large-graph plan simulated {us:.1f} us > hint {hint_us:.1f} us: returning the hint")
         d, us, status = replace(hint_d, planner="cpsat", stats={}, op_order=[]), hint_us, "HINT"
     else:
-        notes.append(f"windowed plan simulated {us:.1f} us (hint {hint_us:.1f} us)")
+        notes.append(f"large-graph plan simulated {us:.1f} us (hint {hint_us:.1f} us)")
     d.stats = dict(predicted_us=us, solver_status=status, solve_seconds=time.perf_counter() - t0, notes=notes)
     return d
 
