@@ -16,12 +16,18 @@ from solver.spyre.cpsat_planner import plan_cpsat
 from solver.spyre.split_k_hold import hold_for_split_k, split_k_candidates
 
 HW = load_target("spyre")
-# 4096 rows: the gate/up/product chain is a fused row-tiled kernel (row tiles re-read the
-# weights, which shorter rows do not repay) and the down projection, reading the product
-# split over the kernel's rows x columns, gains from holding it (1897 -> 1627 us simulated).
-# At 512 rows nothing is tiled and the solve itself already holds the product for a split-K
-# down projection, so the step has nothing left to do there.
-MLP = (4096, 1024, 2048)
+# 4096 rows: the gate/up projections and the activation are a fused row-tiled kernel (row
+# tiles re-read the weights, which shorter rows do not repay); the product, a kernel of its
+# own, reads `u` held in LX by it. The down projection, reading the product split over the
+# product's rows x columns (m16 x k2, the product re-split and `u` read from device memory),
+# gains from holding it (2865.5 -> 2454.9 us simulated, 2026-12-05 model). At 512 rows
+# nothing is tiled and the solve itself already holds the product for a split-K down
+# projection, so the step has nothing left to do there.
+MLP = (4096, 1024, 4096)
+# a narrower product: the solve fuses gate/up/act/product into one kernel at 4 row tiles,
+# the producing kernel whose tile count a split-K reader must not share (at MLP the product
+# is a kernel of its own, untiled)
+FUSED_MLP = (4096, 1024, 2048)
 
 
 def _without_split_k(monkeypatch):
@@ -77,6 +83,11 @@ def test_down_projection_reads_the_held_product_split_k(monkeypatch):
     program0, us0 = _simulated(pg, d0)
     assert not isinstance(program0.tensor_map()["h"].memory, LxMemory)
     assert us < 0.95 * us0
+    # the product was re-split away from the split the plan held `u` in LX on: `u` now
+    # crosses device memory (held, its slices would sit on other cores: lx_slice_mismatch)
+    assert isinstance(program0.tensor_map()["u"].memory, LxMemory)
+    assert d.ops["prod"].core_split != d0.ops["prod"].core_split
+    assert not isinstance(program.tensor_map()["u"].memory, LxMemory)
 
 
 def test_nothing_moves_when_the_result_has_another_reader(monkeypatch):
@@ -143,7 +154,7 @@ def test_reader_at_the_producing_kernels_tile_count_stays_a_kernel_of_its_own(mo
     from solver.spyre.tile_buffers import kernel_numbers
 
     assert HW.lx_persists_across_bundles
-    pg = gated_mlp(*MLP)
+    pg = gated_mlp(*FUSED_MLP)
     _without_split_k(monkeypatch)
     d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
     program, _ = _simulated(pg, d)
