@@ -21,6 +21,7 @@ from target.op_rules import matching_choice
 from target.primitives import PrimGraph
 from target.superdsc import LxMemory, Program
 from solver.baseline.passes import plan_heuristic
+from solver.baseline.propagate_layouts import UPSTREAM_BEAM_WIDTH
 from solver.naive import plan_naive
 from solver.oracle import checked_program
 from solver.plan import OpPlan, PlanDecisions, Residency, program_dim_orders
@@ -34,8 +35,12 @@ Hint = Union[PlanDecisions, Program, SizedPlan, None]
 def default_hint(pg: PrimGraph, hw, input_sticks: Optional[dict] = None) -> tuple[PlanDecisions, str]:
     """The default starting plan and its name: the heuristic's, planned around the layouts
     `input_sticks` fixes for boundary inputs (an op reading ANY layout splits under the
-    layout it gets)."""
-    return plan_heuristic(pg, hw, input_sticks=input_sticks), "heuristic"
+    layout it gets). Its stick layouts come from upstream's current layout search (beam
+    width 200 with the liveness merge: a restickify shared by many readers is found once);
+    its LX placement is the quick first fit and its dim orders row-major, since the solve
+    decides residency and dim orders itself."""
+    return plan_heuristic(pg, hw, input_sticks=input_sticks, beam_width=UPSTREAM_BEAM_WIDTH,
+                          liveness_merge=True), "heuristic"
 
 
 def naive_start(pg: PrimGraph, hw, input_sticks: Optional[dict] = None) -> tuple[PlanDecisions, Optional[Program]]:
