@@ -16,12 +16,18 @@ from solver.spyre.cpsat_planner import plan_cpsat
 from solver.spyre.split_k_hold import hold_for_split_k, split_k_candidates
 
 HW = load_target("spyre")
-# 4096 rows: the gate/up/product chain is a fused row-tiled kernel (row tiles re-read the
-# weights, which shorter rows do not repay) and the down projection, reading the product
-# split over the kernel's rows x columns, gains from holding it (1897 -> 1627 us simulated).
+# 4096 rows: the gate/up projections and the activation are a fused row-tiled kernel (row
+# tiles re-read the weights, which shorter rows do not repay); the product, a kernel of its
+# own, reads `u` held in LX by it (last test). The down projection, reading the product
+# split over the product's rows x columns (m16 x k2, the product re-split and `u` read from
+# device memory), gains from holding it (2865.5 -> 2454.9 us simulated, 2026-12-05 model).
 # At 512 rows nothing is tiled and the solve itself already holds the product for a split-K
 # down projection, so the step has nothing left to do there.
 MLP = (4096, 1024, 4096)
+# a narrower product: the solve fuses gate/up/act/product into one kernel at 4 row tiles,
+# the producing kernel whose tile count a split-K reader must not share (at MLP the product
+# is a kernel of its own, untiled)
+FUSED_MLP = (4096, 1024, 2048)
 
 
 def _without_split_k(monkeypatch):
@@ -143,7 +149,7 @@ def test_reader_at_the_producing_kernels_tile_count_stays_a_kernel_of_its_own(mo
     from solver.spyre.tile_buffers import kernel_numbers
 
     assert HW.lx_persists_across_bundles
-    pg = gated_mlp(*MLP)
+    pg = gated_mlp(*FUSED_MLP)
     _without_split_k(monkeypatch)
     d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
     program, _ = _simulated(pg, d)
@@ -192,3 +198,23 @@ def test_a_step_cut_by_the_deadline_says_so():
     assert fewer_tiles_pass(pg, HW, tr, None, 0.0)[1] == []
     assert fewer_tiles_pass(pg, HW, tr, time.perf_counter() - 1.0, 0.0)[1] == [
         "fewer tiles: stopped early (time limit) after 0 trials"]
+
+
+def test_a_resplit_product_reads_an_input_held_by_an_earlier_kernel_from_device_memory(monkeypatch):
+    """At MLP the solve leaves the product a kernel of its own reading `u`, held in LX by the
+    gate/up kernel on the product's planned split. Re-split for the split-K reader, the
+    product's cores would look for slices of `u` their LX does not hold (lx_slice_mismatch):
+    the variant reads `u` from device memory instead, and is faster."""
+    pg = gated_mlp(*MLP)
+    _without_split_k(monkeypatch)
+    d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    program, us = _simulated(pg, d)
+    held = [t for t in ("a", "u") if isinstance(program.tensor_map()[t].memory, LxMemory)]
+    assert held, "the premise: an input of the product is held in LX by an earlier kernel"
+    got = hold_for_split_k(pg, HW, d, program, us)
+    assert got.best is not None and got.us < us
+    plan, variant, _ = got.best
+    assert validate_program(variant, HW) == []
+    assert plan.ops["prod"].core_split != d.ops["prod"].core_split
+    assert isinstance(variant.tensor_map()["h"].memory, LxMemory)
+    assert not any(isinstance(variant.tensor_map()[t].memory, LxMemory) for t in held)

@@ -264,6 +264,16 @@ def _try(pg: PrimGraph, hw, d: PlanDecisions, members: list[str], splits: dict[s
         r = variant.resident.get(produced[m])
         if r is not None and r.per_tile:
             variant.resident.pop(produced[m])
+    # an input a re-split member reads from LX, written there by an earlier kernel on the
+    # member's old split, is no longer where the member's cores look (lx_slice_mismatch):
+    # it goes through device memory in the variant
+    made_here = {produced[m] for m in members}
+    by_id = {op.id: op for op in pg.ops}
+    for m in members:
+        if splits[m] != {k: v for k, v in d.ops[m].core_split.items() if v > 1} and m in by_id:
+            for a in by_id[m].inputs:
+                if a.tensor not in made_here:
+                    variant.resident.pop(a.tensor, None)
     variant.ops[reader.id] = replace(variant.op(reader.id), core_split=dict(r_split), temporal_tiles={free: tiles},
                                      core_slices=None)
     # a split reduction's output is combined into device memory; it joins no kernel
