@@ -16,17 +16,16 @@ from solver.spyre.cpsat_planner import plan_cpsat
 from solver.spyre.split_k_hold import hold_for_split_k, split_k_candidates
 
 HW = load_target("spyre")
-# 4096 rows: the gate/up projections and the activation are a fused row-tiled kernel (row
-# tiles re-read the weights, which shorter rows do not repay); the product, a kernel of its
-# own, reads `u` held in LX by it (last test). The down projection, reading the product
-# split over the product's rows x columns (m16 x k2, the product re-split and `u` read from
-# device memory), gains from holding it (2865.5 -> 2454.9 us simulated, 2026-12-05 model).
+# 4096 rows: the gate/up projections, the activation and the product are a fused row-tiled
+# kernel (row tiles re-read the weights, which shorter rows do not repay; the product joins
+# it once the merge with the up projection puts the activation on the product's split, last
+# test). The down projection, reading the product split over the product's rows x columns
+# (m16 x k2), gains from holding it (1667.1 -> 1540.5 us simulated, 2026-12-05 model).
 # At 512 rows nothing is tiled and the solve itself already holds the product for a split-K
 # down projection, so the step has nothing left to do there.
 MLP = (4096, 1024, 4096)
 # a narrower product: the solve fuses gate/up/act/product into one kernel at 4 row tiles,
-# the producing kernel whose tile count a split-K reader must not share (at MLP the product
-# is a kernel of its own, untiled)
+# the producing kernel whose tile count a split-K reader must not share
 FUSED_MLP = (4096, 1024, 2048)
 
 
@@ -201,16 +200,24 @@ def test_a_step_cut_by_the_deadline_says_so():
 
 
 def test_a_resplit_product_reads_an_input_held_by_an_earlier_kernel_from_device_memory(monkeypatch):
-    """At MLP the solve leaves the product a kernel of its own reading `u`, held in LX by the
-    gate/up kernel on the product's planned split. Re-split for the split-K reader, the
-    product's cores would look for slices of `u` their LX does not hold (lx_slice_mismatch):
-    the variant reads `u` from device memory instead, and is faster."""
+    """A product left a kernel of its own reads `u`, held in LX by the gate/up kernel on the
+    product's planned split. Re-split for the split-K reader, the product's cores would look
+    for slices of `u` their LX does not hold (lx_slice_mismatch): the variant reads `u` from
+    device memory instead, and is faster. The solve now brings the product into the gate/up
+    kernel at MLP (last test), and none of 69 gated MLP shapes tried (1024-16384 rows,
+    512-4096 x 2048-12288) leaves it out with an input held, so the plan is the one the merge
+    makes without trying its untiled members inside the kernel."""
+    from solver.spyre.fusion import merge
+    from solver.spyre.split_k_hold import _kernel_members
+
     pg = gated_mlp(*MLP)
     _without_split_k(monkeypatch)
+    monkeypatch.setattr(merge, "_with_joining_members", lambda *a: None)
     d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
     program, us = _simulated(pg, d)
     held = [t for t in ("a", "u") if isinstance(program.tensor_map()[t].memory, LxMemory)]
-    assert held, "the premise: an input of the product is held in LX by an earlier kernel"
+    assert held and _kernel_members(program, "prod") == ["prod"], \
+        "the premise: the product, a kernel of its own, reads an input held in LX by an earlier kernel"
     got = hold_for_split_k(pg, HW, d, program, us)
     assert got.best is not None and got.us < us
     plan, variant, _ = got.best
@@ -218,3 +225,25 @@ def test_a_resplit_product_reads_an_input_held_by_an_earlier_kernel_from_device_
     assert plan.ops["prod"].core_split != d.ops["prod"].core_split
     assert isinstance(variant.tensor_map()["h"].memory, LxMemory)
     assert not any(isinstance(variant.tensor_map()[t].memory, LxMemory) for t in held)
+
+
+def test_a_member_the_merge_puts_on_its_producers_split_joins_the_kernel(monkeypatch):
+    """At MLP the run gate -> act -> product keeps its planned splits (the product's differs
+    from the activation's, so the product stays untiled: it would read other cores' parts),
+    and merging it with the up projection's kernel re-splits gate and act onto the up
+    projection's split, the product's. The merge then tries the product inside the kernel
+    too: valid and faster than the plan that leaves it a kernel of its own."""
+    from solver.spyre.fusion import merge
+    from solver.spyre.split_k_hold import _kernel_members
+
+    pg = gated_mlp(*MLP)
+    _without_split_k(monkeypatch)
+    d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    program, us = _simulated(pg, d)
+    assert d.ops["prod"].temporal_tiles
+    assert {"gate", "act", "prod"} <= set(_kernel_members(program, "prod"))
+    monkeypatch.setattr(merge, "_with_joining_members", lambda *a: None)
+    d0 = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    program0, us0 = _simulated(pg, d0)
+    assert not d0.ops["prod"].temporal_tiles and _kernel_members(program0, "prod") == ["prod"]
+    assert us < 0.8 * us0

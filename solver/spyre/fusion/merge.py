@@ -12,8 +12,9 @@ from target.op_rules import legal_core_splits
 from target.primitives import PrimGraph
 from target.geometry import op_granules, parsed_prim
 from target.superdsc import Program, fused_group_key
-from solver.plan import PlanDecisions
-from solver.spyre.fusion.runs import find_runs, tile_dims
+from solver.emit import emit_program
+from solver.plan import OpPlan, PlanDecisions
+from solver.spyre.fusion.runs import OwnCores, assign_tiles, find_runs, tile_dims
 from solver.spyre.fusion.split_maps import from_head
 from solver.spyre.fusion.trial import issues_of, trial
 
@@ -53,6 +54,9 @@ def merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadline
             if aligned is not None:
                 cands.append(replace(fused_d, ops=aligned, bundle_starts=starts,
                                      resident={x: r for x, r in fused_d.resident.items() if not r.per_tile}))
+        # a member left untiled (it read a producer's result off its own cores) may read it
+        # on them once the merge re-split the producer: tried inside the kernel too
+        cands += [j for j in (_with_joining_members(pg, hw, c, a + b) for c in cands) if j is not None]
         for cand in cands:
             if deadline is not None and time.perf_counter() + trial_s > deadline:
                 return fused_d, prog, rep
@@ -60,6 +64,39 @@ def merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadline
             if out is not None and out[2].total_us < rep.total_us and not issues_of(out, hw):
                 fused_d, prog, rep = out
     return fused_d, prog, rep
+
+
+def _with_joining_members(pg: PrimGraph, hw, cand: PlanDecisions, members: list[str]
+                          ) -> Optional[PlanDecisions]:
+    """`cand` (two runs merged at one tile count) with its untiled members that can now take
+    that count tiled as well (`runs.assign_tiles` on the merged plan's program: a member
+    joins where its own cores wrote what it reads of the kernel's results); None when no
+    member joins, the plan does not emit, or the kernel's tiled members would be tiled
+    otherwise (a K-tiled head: the tiles the merge chose stay as they are)."""
+    tiled = {o: dict(cand.ops[o].temporal_tiles) for o in members
+             if o in cand.ops and cand.ops[o].temporal_tiles}
+    counts = {t for x in tiled.values() for t in x.values()}
+    if len(counts) != 1 or len(tiled) == len(members):
+        return None
+    try:
+        prog = emit_program(pg, hw, cand)
+    except ValueError:
+        return None
+    own = OwnCores(prog, hw)
+    got = assign_tiles(members, tile_dims(prog, hw), counts.pop(), own.prims, own)
+    if any(got.get(o) != x for o, x in tiled.items()):
+        return None
+    joining = {o: x for o, x in got.items() if o not in tiled}
+    if not joining:
+        return None
+    ops = dict(cand.ops)
+    for o, x in joining.items():
+        ops[o] = replace(ops.get(o, OpPlan()), temporal_tiles=dict(x))
+    # a result made inside the kernel and held whole in LX for a member now in it: the
+    # trial places tile buffers afresh
+    made = {op.output.tensor for op in pg.ops if op.id in set(members)}
+    return replace(cand, ops=ops, resident={t: r for t, r in cand.resident.items()
+                                            if not (t in made and not r.per_tile)})
 
 
 def _aligned_heads(prog: Program, hw, ops: dict, head_a: str, run_b: list[str]) -> Optional[dict]:
