@@ -161,16 +161,14 @@ def op_cost_parts(v: OpView, hw, may_reside: Optional[Sequence[bool]] = None,
 
 
 # -- whole programs ----------------------------------------------------------------------
-def predict_program_ns(program: Program, hw) -> float:
-    """The planner's prediction of a program: each op priced with its actual operand
-    residency, summed over ops, untiled (fused coarse-tiled groups are not seen here:
-    `solver.spyre.fusion` prices them by simulation)."""
+def program_op_views(program: Program):
+    """Each priced op of a program as (op, its OpView, inputs in LX, output in LX): what the
+    planner's whole-program predictions walk."""
     tmap = program.tensor_map()
     shapes = {t.id: t.shape for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}
     layouts = {t.id: t.layout for t in program.tensors}
     roles = {t.id: t.role for t in program.tensors}
-    total = 0.0
     for o in program.ops:
         if o.prim is None:
             continue
@@ -178,8 +176,15 @@ def predict_program_ns(program: Program, hw) -> float:
         view = OpView(prim, o.kind, shapes, dtypes, layouts, o.core_split, o.core_slices, o.alias, roles)
         in_lx = [isinstance(tmap[a.tensor].memory, LxMemory) for a in prim.inputs]
         out_lx = isinstance(tmap[prim.output.tensor].memory, LxMemory)
-        total += op_time(view, in_lx, out_lx, hw, o.prim).total_ns
-    return total
+        yield o, view, in_lx, out_lx
+
+
+def predict_program_ns(program: Program, hw) -> float:
+    """The planner's prediction of a program: each op priced with its actual operand
+    residency, summed over ops, untiled (fused coarse-tiled groups are not seen here:
+    `solver.spyre.fusion` prices them by simulation)."""
+    return sum(op_time(view, in_lx, out_lx, hw, o.prim).total_ns
+               for o, view, in_lx, out_lx in program_op_views(program))
 
 
 def predict_program_us(program: Program, hw) -> float:

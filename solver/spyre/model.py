@@ -56,7 +56,9 @@ from solver.spyre.cost_model import OpView, op_time, to_units
 from solver.spyre import budget
 from solver.spyre.fusion.prices import with_tile_classes
 from solver.spyre.layout_choice import candidate_orders, order_variants
-from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
+from solver.spyre.strategies import (
+    GraphContext, Strategy, align_strategies, compatible_residency, op_strategies, required_from,
+)
 
 
 class SpyreModel:
@@ -591,12 +593,8 @@ def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 4,
     naive_d = plan_naive(pg, hw)
     strategies = {}
     for op in pg.ops:
-        req = []
-        for src in (hint_d, naive_d):
-            p = src.ops.get(op.id, OpPlan())
-            req.append((p.stick or default_choice(op), {k: v for k, v in p.core_split.items() if v > 1},
-                        {}, p.alias))
-        strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident, required=req)
+        strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident,
+                                          required=required_from(op, (hint_d, naive_d)))
     strategies = align_strategies(pg, ctx, strategies)
     # the non-stick dim order of the intermediates some op prefers in another order
     ctx.alt_orders = candidate_orders(pg, ctx, strategies, hint_d.dim_orders)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from target.op_rules import (
-    ANY, StickChoice, check_split, copy_is_alias, legal_core_splits, split_granules, stick_options,
+    ANY, StickChoice, check_split, copy_is_alias, default_choice, legal_core_splits, split_granules, stick_options,
 )
 from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
 from target.geometry import (
@@ -292,6 +292,21 @@ def _input_bytes_per_core(op: PrimOp, ctx: GraphContext, split: Mapping[str, int
             n *= -(-size // f)
         total += n * DTYPE_BYTES[ctx.dtypes[acc.tensor]]
     return total
+
+
+def required_from(op: PrimOp, plans: Sequence) -> list[tuple]:
+    """`op_strategies`' `required` entries for the plans (PlanDecisions) whose strategies
+    the space must hold (the hint's and the naive plan's): each plan's stick choice, split
+    and alias of `op`."""
+    req = []
+    for d in plans:
+        p = d.ops.get(op.id)
+        if p is None:
+            req.append((default_choice(op), {}, {}, False))
+        else:
+            req.append((p.stick or default_choice(op), {k: v for k, v in p.core_split.items() if v > 1},
+                        {}, p.alias))
+    return req
 
 
 def op_strategies(op: PrimOp, ctx: GraphContext, keep: int = 4, keep_resident: int = 2,

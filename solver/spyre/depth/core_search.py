@@ -63,7 +63,9 @@ from solver.spyre.cost_model import to_units
 from solver.spyre.depth.segments import crossings, keep_part, merge, out_stick, reader_index, subgraph
 from solver.spyre.model import SpyreModel
 from solver.spyre.start import default_hint, valid_or_naive
-from solver.spyre.strategies import GraphContext, Strategy, align_strategies, compatible_residency, op_strategies
+from solver.spyre.strategies import (
+    GraphContext, Strategy, align_strategies, compatible_residency, op_strategies, required_from,
+)
 
 # The large-graph path: the core's search (True) or the windows heuristic before it
 # (`windows.plan_windows` + `improve_windows`; kept to measure against, and for deterministic
@@ -130,12 +132,7 @@ def spyre_strategies(pg: PrimGraph, hw, hint_d: PlanDecisions, ctx: GraphContext
     naive_d = plan_naive(pg, hw, input_sticks={t: s for t, s in ctx.input_sticks.items() if t in pg.inputs})
     out = {}
     for op in pg.ops:
-        req = []
-        for src in (hint_d, naive_d):
-            p = src.ops.get(op.id, OpPlan())
-            req.append((p.stick or default_choice(op), {k: v for k, v in p.core_split.items() if v > 1},
-                        {}, p.alias))
-        out[op.id] = op_strategies(op, ctx, required=req)
+        out[op.id] = op_strategies(op, ctx, required=required_from(op, (hint_d, naive_d)))
     return align_strategies(pg, ctx, out) if align else out
 
 

@@ -25,9 +25,9 @@ import dataclasses
 from typing import Optional
 
 from target.op_rules import split_units
-from target.geometry import core_ranges, op_granules, parsed_prim, reduction_split
-from target.superdsc import LxMemory, Program
-from solver.spyre.cost_model import OpCostParts, OpView, op_cost_parts, op_time
+from target.geometry import core_ranges, op_granules, reduction_split
+from target.superdsc import Program
+from solver.spyre.cost_model import OpCostParts, OpView, op_cost_parts, op_time, program_op_views
 from solver.spyre.strategies import Strategy
 
 # the K tile counts a strategy is priced at (the search tries these and smaller ones; the
@@ -55,19 +55,8 @@ def predict_fused_ns(program: Program, hw) -> float:
     """`cost_model.predict_program_ns` with every untiled matmul the search can K-tile at
     its tile class: the prediction the CP-SAT objective makes of the program (the planner
     compares its start, its solve and their polished forms by it)."""
-    tmap = program.tensor_map()
-    shapes = {t.id: t.shape for t in program.tensors}
-    dtypes = {t.id: t.dtype for t in program.tensors}
-    layouts = {t.id: t.layout for t in program.tensors}
-    roles = {t.id: t.role for t in program.tensors}
     total = 0.0
-    for o in program.ops:
-        if o.prim is None:
-            continue
-        prim = parsed_prim(o.prim)
-        view = OpView(prim, o.kind, shapes, dtypes, layouts, o.core_split, o.core_slices, o.alias, roles)
-        in_lx = [isinstance(tmap[a.tensor].memory, LxMemory) for a in prim.inputs]
-        out_lx = isinstance(tmap[prim.output.tensor].memory, LxMemory)
+    for o, view, in_lx, out_lx in program_op_views(program):
         ns = op_time(view, in_lx, out_lx, hw, o.prim).total_ns
         opt = None if o.temporal_tiles or o.alias else _k_options(view, o.core_split, hw)
         if opt is not None:
