@@ -84,6 +84,16 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
 
     def out_of_time() -> bool:
         return deadline is not None and time.perf_counter() > deadline
+    def best_of(candidates):
+        """The best of the candidate moves (trial picks, moved ops, `HoldMove` or None) that
+        beats the incumbent, as (objective, picks, residencies, op costs, needs); else None."""
+        found = None
+        for trial, moved_ops, hold in candidates:
+            val, res2, new_cost, new_need = try_move(trial, moved_ops, inputs, (), hold=hold)
+            if val is not None and val < (best if found is None else found[0]):
+                found = (val, trial, res2, new_cost, new_need)
+        return found
+
     def try_move(trial: dict, moved_ops, trial_inputs: dict, moved_inputs, hold=None):
         """(objective, residencies, op costs, restickify needs) after the move, or
         (None, ...) when it breaks a bundle window or an ANY operand's forbidden
@@ -163,12 +173,8 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
         for t in sorted(sm.ordv):
             if out_of_time():
                 break
-            best_order = None
-            for change in order_moves(sm, t, picks):
-                trial = dict(picks, **change)
-                val, res2, new_cost, new_need = try_move(trial, list(change), inputs, ())
-                if val is not None and val < (best if best_order is None else best_order[0]):
-                    best_order = (val, trial, res2, new_cost, new_need)
+            best_order = best_of((dict(picks, **change), list(change), None)
+                                 for change in order_moves(sm, t, picks))
             if best_order is not None:
                 best, picks, resident, new_cost, new_need = best_order
                 improved = True
@@ -179,12 +185,8 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
         for t in (holds.candidates if holds is not None else ()):
             if out_of_time():
                 break
-            best_hold = None
-            for mv in holds.moves(t, picks, resident):
-                trial = dict(picks, **dict(mv.picks))
-                val, res2, new_cost, new_need = try_move(trial, [o for o, _ in mv.picks], inputs, (), hold=mv)
-                if val is not None and val < (best if best_hold is None else best_hold[0]):
-                    best_hold = (val, trial, res2, new_cost, new_need)
+            best_hold = best_of((dict(picks, **dict(mv.picks)), [o for o, _ in mv.picks], mv)
+                                for mv in holds.moves(t, picks, resident))
             if best_hold is not None:
                 best, picks, resident, new_cost, new_need = best_hold
                 improved = True

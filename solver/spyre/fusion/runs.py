@@ -24,24 +24,36 @@ from solver.plan import OpPlan, PlanDecisions
 _FUSABLE_BODIES = frozenset({"pointwise", "reduce", "matmul"})
 
 
-def tile_dims(program: Program, hw) -> dict[str, list[tuple[str, int]]]:
-    """Per fusable op, the parallel iteration dims it can be tiled along, best first: (dim,
-    the most tiles it can take there = the fewest whole split units any of its cores has
-    on that dim)."""
+def _compute_ops(program: Program, hw, bodies):
+    """Each compute op of `program` (no alias) whose body kind is in `bodies`, as (op, its
+    primitive op, its split's factors above 1, its granules, the per-core iteration ranges,
+    the tensor layouts)."""
     layouts = {t.id: t.layout for t in program.tensors}
     dtypes = {t.id: t.dtype for t in program.tensors}
-    out: dict[str, list[tuple[str, int]]] = {}
     for o in program.ops:
         if o.kind != "compute" or o.alias or o.prim is None:
             continue
         prim = parsed_prim(o.prim)
-        if prim.body.kind not in _FUSABLE_BODIES:
+        if prim.body.kind not in bodies:
             continue
         split = {n: f for n, f in o.core_split.items() if f > 1}
+        gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
+        yield o, prim, split, gran, core_ranges(prim, split, o.core_slices, gran), layouts
+
+
+def _fewest_units(i: int, gran: dict, ranges: dict) -> int:
+    """The fewest whole split units any core has along iteration dim `i`."""
+    return min(split_units(r[i][1] - r[i][0], gran.get(i, 1)) for r in ranges.values())
+
+
+def tile_dims(program: Program, hw) -> dict[str, list[tuple[str, int]]]:
+    """Per fusable op, the parallel iteration dims it can be tiled along, best first: (dim,
+    the most tiles it can take there = the fewest whole split units any of its cores has
+    on that dim)."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for o, prim, split, gran, ranges, layouts in _compute_ops(program, hw, _FUSABLE_BODIES):
         if prim.body.kind == "matmul" and reduction_split(prim, split):
             continue  # partial sums are combined after the tile loop: no epilogue can fuse
-        gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
-        ranges = core_ranges(prim, split, o.core_slices, gran)
         # a coarse-tiled kernel walks row tiles: prefer a dim outside the output's stick dim,
         # so the members of a group tile the same rows
         st = layouts[prim.output.tensor].stick_dim
@@ -50,7 +62,7 @@ def tile_dims(program: Program, hw) -> dict[str, list[tuple[str, int]]]:
         for i, d in enumerate(prim.iter_dims):
             if d.kind != "parallel":
                 continue
-            units = min(split_units(r[i][1] - r[i][0], gran.get(i, 1)) for r in ranges.values())
+            units = _fewest_units(i, gran, ranges)
             if units >= 2:
                 cands.append((i != stick_iter, units, -i, d.name))
         if cands:
@@ -65,25 +77,15 @@ def reduction_tile_dims(program: Program, hw) -> dict[str, list[tuple[str, int]]
     partial sums stay on chip while they fit the LX the plan leaves free (the timing model
     charges them through device memory otherwise); its result is a partial until the last
     tile, so no member of its kernel may read it (the validator's kernel_tile_order)."""
-    layouts = {t.id: t.layout for t in program.tensors}
-    dtypes = {t.id: t.dtype for t in program.tensors}
     out: dict[str, list[tuple[str, int]]] = {}
-    for o in program.ops:
-        if o.kind != "compute" or o.alias or o.prim is None:
-            continue
-        prim = parsed_prim(o.prim)
-        if prim.body.kind not in ("matmul", "reduce"):
-            continue
-        split = {n: f for n, f in o.core_split.items() if f > 1}
+    for o, prim, split, gran, ranges, _ in _compute_ops(program, hw, ("matmul", "reduce")):
         if reduction_split(prim, split):
             continue
-        gran = op_granules(prim, layouts, dtypes, hw.stick_bytes)
-        ranges = core_ranges(prim, split, o.core_slices, gran)
         cands = []
         for i, d in enumerate(prim.iter_dims):
             if d.kind != "reduction":
                 continue
-            units = min(split_units(r[i][1] - r[i][0], gran.get(i, 1)) for r in ranges.values())
+            units = _fewest_units(i, gran, ranges)
             if units >= 2:
                 cands.append((units, d.name))
         if cands:
