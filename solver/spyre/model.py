@@ -167,13 +167,6 @@ class SpyreModel:
                     compat = [v for v, s in zip(self.pick[o], self.S[o])
                               if self.handoff_ok(t, S_p[k], s, slot)]
                     m.AddBoolOr([r.Not(), self.pick[p.id][k].Not()] + compat)
-            if t in self.handoffs:
-                # a fused kernel's run is cut by a restickify emitted inside it
-                a, b = self.window(t)
-                inside = {x.tensor for op in self.pg.ops[a + 1:b + 1] for x in op.inputs}
-                for (key, mv) in self.mat.items():
-                    if key[0] in inside:
-                        m.AddImplication(r, mv.Not())
             sticks = [self.lx_bytes(t, s) // stick_bytes for s in S_p]
             size = m.NewIntVar(0, max(sticks), f"size[{t}]")
             m.Add(size == sum(n * v for n, v in zip(sticks, self.pick[p.id])))
@@ -307,18 +300,20 @@ class SpyreModel:
     # -- LX hand-offs between the members of a fused kernel -----------------------------------
     def _handoff_candidates(self) -> set[str]:
         """Intermediates the fusion search can hand from one kernel member to the next on
-        chip: made by a pointwise or reduce op and read only by such ops, every op from the
-        producer to the last reader one too (a fused run is consecutive compute ops; a
-        matmul heads a run and, K-tiled, makes a partial sum until the kernel's last tile)."""
+        chip: made by a pointwise, reduce or matmul op and read only by pointwise or reduce
+        ops, every op after the producer up to the last reader one too (a fused run is
+        consecutive compute ops, a matmul only at its head; a matmul handing on its result
+        is priced untiled there, `fusion.prices`: K-tiled it is a partial sum until the
+        kernel's last tile)."""
         fusable = {"pointwise", "reduce"}
         out = set()
         outputs = set(self.pg.outputs)
         for t, readers in self.readers.items():
             p = self.producer.get(t)
-            if p is None or t in outputs or not readers or p.kind not in fusable:
+            if p is None or t in outputs or not readers or p.kind not in fusable | {"matmul"}:
                 continue
             a, b = self.window(t)
-            if all(op.kind in fusable for op in self.pg.ops[a:b + 1]):
+            if all(op.kind in fusable for op in self.pg.ops[a + 1:b + 1]):
                 out.add(t)
         return out
 
