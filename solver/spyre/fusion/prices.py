@@ -60,7 +60,7 @@ def predict_fused_ns(program: Program, hw) -> float:
     total = 0.0
     for o, view, in_lx, out_lx in program_op_views(program):
         ns = op_time(view, in_lx, out_lx, hw, o.prim).total_ns
-        opt = None if o.temporal_tiles or o.alias else _k_options(view, o.core_split, hw)
+        opt = None if o.temporal_tiles or o.alias or out_lx else _k_options(view, o.core_split, hw)
         if opt is not None:
             for t in K_TILE_COUNTS:
                 if t > opt[1]:
