@@ -71,7 +71,8 @@ def _transferred(source: SizedPlan, pg: PrimGraph, hw) -> tuple[Optional[PlanDec
     yardstick that follows the shape), its time at most `TRANSFER_RATIO_GROWTH` times the
     source's relative time (the lower bound when the heuristic has no valid plan)."""
     try:
-        moved = transfer_decisions(source.pg, program_decisions(source.pg, source.program), pg, hw)
+        moved = transfer_decisions(source.pg, program_decisions(source.pg, source.program), pg, hw,
+                                   src_program=source.program)
     except NotTransferable:
         return None, False
     if moved is None:
