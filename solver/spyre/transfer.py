@@ -12,6 +12,13 @@ split changed is dropped, and the LX residencies the validator rejects at the ne
 what was dropped is placed again at fresh LX addresses where it fits and the program gets
 faster (`solver.spyre.tile_buffers`).
 
+Some decisions are about size after all, and are re-derived for the new sizes: with splits
+following their dims, a parallel dim the source left unsplit is split by its growth (a
+one-core op at 8x the rows on 8 cores); a fused tiled kernel whose per-core tile grew gets
+that many times the tiles (`_retile_kernels`, so its tile buffers still fit); and an op the
+size change made slower than its work grew (K tiles whose partial sums no longer fit in LX)
+gets its tiles re-chosen on the whole program, a few validated trials (`_rederived`).
+
 The result is a complete plan for the new size (valid, or `None`): the planner can use it as
 it is, or as the start (hint) of a shorter search.
 """
