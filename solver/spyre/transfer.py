@@ -33,12 +33,15 @@ from simulator.timing import time_program
 from solver.oracle import checked_program, program_and_issues
 from solver.plan import OpPlan, PlanDecisions, Residency, program_dim_orders
 from solver.spyre.tile_buffers import LxRequest, add_tile_buffers, add_whole_residencies, place_first_fit
-from target.op_rules import check_split, matching_choice, split_granules, split_units
+from target.geometry import first_slice_spans
+from target.op_rules import check_split, legal_core_splits, matching_choice, split_granules, split_units
 from target.primitives import PrimGraph, PrimOp
 from target.superdsc import LxMemory, Program, lx_live_spans
 
 # rounds of dropping the residencies the validator names before all tile buffers go
 REPAIR_ROUNDS = 4
+# rounds of re-splitting the ops the validator names for a core's span over the limit
+SPAN_ROUNDS = 4
 # a split that follows its dims splits at most this many dims (as the strategy space does),
 # or as many as the source's split had
 MAX_SPLIT_DIMS = 2
@@ -398,12 +401,27 @@ def _transferred(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw, g
     restick = dict(src.restick_ops)
     d = _repacked(dst_pg, hw, replace(src, ops=ops, restick_ops=restick, resident=dict(src.resident), stats={}),
                   repairs)
-    program, issues = checked_program(dst_pg, hw, d)
+
+    def check(d: PlanDecisions) -> tuple[PlanDecisions, Optional[Program], list]:
+        # the validator names a core's span over the limit only for the ops it reached:
+        # each round re-splits those and checks again
+        program, issues = checked_program(dst_pg, hw, d)
+        for _ in range(SPAN_ROUNDS):
+            if program is not None or not any(getattr(i, "code", None) == "span_exceeded" for i in issues):
+                break
+            resplit = _within_spans(dst_pg, hw, d, issues, repairs)
+            if resplit is d:
+                break
+            d = resplit
+            program, issues = checked_program(dst_pg, hw, d)
+        return d, program, issues
+
+    d, program, issues = check(d)
     if program is None and restick:
         # a restickify's split was made for the old sizes: the emitter's default instead
         d = replace(d, restick_ops={})
         repairs.append("restickify splits left to the emitter")
-        program, issues = checked_program(dst_pg, hw, d)
+        d, program, issues = check(d)
     for _ in range(REPAIR_ROUNDS):
         if program is not None:
             break
@@ -412,22 +430,66 @@ def _transferred(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw, g
             break
         repairs.append(f"LX residencies dropped: {', '.join(sorted(named))}")
         d = replace(d, resident={t: r for t, r in d.resident.items() if t not in named})
-        program, issues = checked_program(dst_pg, hw, d)
+        d, program, issues = check(d)
     if program is None:
         repairs.append("tile buffers and temporal tiles dropped")
         d = replace(d, resident={t: r for t, r in d.resident.items() if not r.per_tile},
                     ops={k: replace(p, temporal_tiles={}) for k, p in d.ops.items()})
-        program, issues = checked_program(dst_pg, hw, d)
+        d, program, issues = check(d)
     if program is None:
         repairs.append("all LX residencies dropped")
         d = replace(d, resident={})
-        program, issues = checked_program(dst_pg, hw, d)
+        d, program, issues = check(d)
     if program is None:
         return None
     d, program = _replace_dropped(dst_pg, hw, src, d, program, repairs)
     policy = "splits following their dims" if grow else "splits keeping their factors"
     d.stats = {"notes": [f"transferred from a plan of another size, {policy} ({len(repairs)} repairs)"]}
     return Transferred(d, program, repairs)
+
+
+def _within_spans(pg: PrimGraph, hw, d: PlanDecisions, issues: list, repairs: list[str]) -> PlanDecisions:
+    """`d` with a new core split for every op the validator named for a core's access span
+    above `hw.per_core_span_bytes` (a split that was fine at the old size reaches across a
+    tensor grown past the span, as attention scores at 4x the tokens): among the op's legal
+    splits for its stick choice whose first slice spans fit, the one using the most cores,
+    then sharing the most split dims with the old one; tiles that no longer divide a core's
+    units dropped."""
+    named = {i.op for i in issues if getattr(i, "code", None) == "span_exceeded" and i.op in d.ops}
+    program, _ = program_and_issues(pg, hw, d)
+    if not named or program is None:
+        return d
+    tmap = program.tensor_map()
+    ops = dict(d.ops)
+    for op in pg.ops:
+        if op.id not in named:
+            continue
+        plan = ops[op.id]
+        gran = _granules(op, plan, pg, hw.stick_bytes)
+        names = [a.tensor for a in op.inputs] + [op.output.tensor]
+        if any(t not in tmap for t in names):
+            continue
+        layouts = {t: tmap[t].layout for t in names}
+        shapes = {t: pg.tensors[t].shape for t in names}
+        dtypes = {t: pg.tensors[t].dtype for t in names}
+
+        def rank(split: dict[str, int]) -> tuple:
+            used = 1
+            for f in split.values():
+                used *= f
+            return (-used, -len(set(split) & set(plan.core_split)), len(split))
+
+        fitting = [sp for sp in legal_core_splits(op, gran, hw.cores, max_split_dims=MAX_SPLIT_DIMS)
+                   if max(first_slice_spans(op, sp, gran, layouts, shapes, dtypes).values()) <= hw.per_core_span_bytes]
+        if not fitting:
+            continue
+        split = min(fitting, key=rank)
+        index = {x.name: i for i, x in enumerate(op.iter_dims)}
+        tiles = {n: t for n, t in plan.temporal_tiles.items() if n in index and
+                 (split_units(op.iter_dims[index[n]].size, gran.get(index[n], 1)) // split.get(n, 1)) % t == 0}
+        repairs.append(f"{op.id}: split {plan.core_split} -> {split} (a core's span over the limit)")
+        ops[op.id] = replace(plan, core_split=split, core_slices=None, temporal_tiles=tiles)
+    return replace(d, ops=ops) if ops != d.ops else d
 
 
 def _replace_dropped(pg: PrimGraph, hw, src: PlanDecisions, d: PlanDecisions, program: Program,
