@@ -198,3 +198,26 @@ def test_k_tiles_whose_partial_sums_no_longer_fit_are_re_chosen():
     tiles = next(o.temporal_tiles for o in moved.program.ops if o.id == mm[0].id)
     assert tiles.get(k, 1) < 16, (tiles, moved.repairs)
     assert any(r.startswith(f"{mm[0].id}: tiles") for r in moved.repairs), moved.repairs
+
+
+def test_a_split_whose_core_span_exceeds_the_limit_at_the_new_size_is_re_chosen():
+    """Attention scores split over query rows and key columns: at 2048 tokens a core's
+    access fits the per-core span, at 8192 (a 1 GB score tensor) it reaches across more
+    than the limit. The transfer re-splits the op (the validator names it) instead of
+    failing, and the plan validates."""
+    from dataclasses import replace
+
+    from solver.oracle import checked_program
+
+    src, _ = primgraphs.attention_scores(B=8, S=2048)
+    dst, _ = primgraphs.attention_scores(B=8, S=8192)
+    d = program_decisions(src, plan(src, HW, "cpsat", **FAST))
+    qk = next(op for op in src.ops if op.id == "qk")
+    d = replace(d, ops={**d.ops, qk.id: replace(d.ops[qk.id], core_split={"m": 8, "n": 4}, core_slices=None,
+                                                temporal_tiles={})}, resident={})
+    source, issues = checked_program(src, HW, d)
+    assert source is not None, issues
+    moved = transfer_decisions(src, d, dst, HW, src_program=source)
+    assert moved is not None and validate_program(moved.program, HW) == []
+    assert any(r.startswith(f"{qk.id}: split") and "span" in r for r in moved.repairs), moved.repairs
+    assert next(o.core_split for o in moved.program.ops if o.id == qk.id) != {"m": 8, "n": 4}
