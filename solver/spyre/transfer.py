@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from simulator.timing import time_program
+from solver.emit import emit_program
 from solver.oracle import checked_program, program_and_issues
 from solver.plan import OpPlan, PlanDecisions, Residency, program_dim_orders
 from solver.spyre.tile_buffers import LxRequest, add_tile_buffers, add_whole_residencies, place_first_fit
@@ -401,6 +402,7 @@ def _transferred(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw, g
     restick = dict(src.restick_ops)
     d = _repacked(dst_pg, hw, replace(src, ops=ops, restick_ops=restick, resident=dict(src.resident), stats={}),
                   repairs)
+    d = _within_spans(dst_pg, hw, d, None, repairs)
 
     def check(d: PlanDecisions) -> tuple[PlanDecisions, Optional[Program], list]:
         # the validator names a core's span over the limit only for the ops it reached:
@@ -448,16 +450,22 @@ def _transferred(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw, g
     return Transferred(d, program, repairs)
 
 
-def _within_spans(pg: PrimGraph, hw, d: PlanDecisions, issues: list, repairs: list[str]) -> PlanDecisions:
+def _within_spans(pg: PrimGraph, hw, d: PlanDecisions, issues: Optional[list], repairs: list[str]) -> PlanDecisions:
     """`d` with a new core split for every op the validator named for a core's access span
     above `hw.per_core_span_bytes` (a split that was fine at the old size reaches across a
     tensor grown past the span, as attention scores at 4x the tokens): among the op's legal
     splits for its stick choice whose first slice spans fit, the one using the most cores,
     then sharing the most split dims with the old one; tiles that no longer divide a core's
-    units dropped."""
-    named = {i.op for i in issues if getattr(i, "code", None) == "span_exceeded" and i.op in d.ops}
-    program, _ = program_and_issues(pg, hw, d)
-    if not named or program is None:
+    units dropped. `issues` None: every op whose first slice spans over the limit (what the
+    validator would name, found without validating)."""
+    named = {i.op for i in issues or () if getattr(i, "code", None) == "span_exceeded" and i.op in d.ops}
+    try:
+        program = emit_program(pg, hw, d)
+    except ValueError:
+        return d
+    if issues is None:   # every op whose first slice's span is over the limit, before validating
+        named = set(d.ops)
+    if not named:
         return d
     tmap = program.tensor_map()
     ops = dict(d.ops)
@@ -479,6 +487,9 @@ def _within_spans(pg: PrimGraph, hw, d: PlanDecisions, issues: list, repairs: li
                 used *= f
             return (-used, -len(set(split) & set(plan.core_split)), len(split))
 
+        if max(first_slice_spans(op, plan.core_split, gran, layouts, shapes, dtypes).values()) <= \
+                hw.per_core_span_bytes and issues is None:
+            continue
         fitting = [sp for sp in legal_core_splits(op, gran, hw.cores, max_split_dims=MAX_SPLIT_DIMS)
                    if max(first_slice_spans(op, sp, gran, layouts, shapes, dtypes).values()) <= hw.per_core_span_bytes]
         if not fitting:
