@@ -206,6 +206,7 @@ class GroupState:
         """Best-improvement single-group moves that keep memory feasible, until none
         improves (or the deadline). Returns the number of moves made."""
         moves = 0
+        fits = self.feasible_memory()  # kept: every move below keeps memory feasible
         order = list(groups) if groups is not None else list(range(self.gp.num_groups))
         dirty = set(order)
         for _ in range(max_passes):
@@ -221,8 +222,13 @@ class GroupState:
                 lc = self.local_cost(g)
                 if not (lc < lc[self.k[g]]).any():
                     continue  # no cheaper strategy: the memory check (the costly part) is moot
-                lc = np.where(self.memory_ok(g), lc, INF)
                 s = int(np.argmin(lc))
+                W = self.gp.W[g]
+                # from a feasible state a move that raises no segment stays feasible; only
+                # a rising one needs the peaks over g's segments
+                if not (fits and (not len(W) or (W[:, s] <= W[:, self.k[g]]).all())):
+                    lc = np.where(self.memory_ok(g), lc, INF)
+                    s = int(np.argmin(lc))
                 if lc[s] < lc[self.k[g]]:
                     self.move(g, s)
                     moves += 1
@@ -261,9 +267,12 @@ class GroupState:
     def _rise_ok(self, g: int) -> np.ndarray:
         """Per strategy of g: it raises none of g's segments above the limit."""
         W = self.gp.W[g]
-        segmax = np.maximum.reduceat(self.prof[self.steps[g]], self.offs[g])
         rise = W - W[:, self.k[g]][:, None]
-        return ~((rise > 0) & ((segmax[:, None] + rise) > self.limit)).any(axis=0)
+        up = rise > 0
+        if not up.any():  # no strategy raises a segment: the peaks (the costly part) are moot
+            return np.ones(W.shape[1], dtype=bool)
+        segmax = np.maximum.reduceat(self.prof[self.steps[g]], self.offs[g])
+        return ~(up & ((segmax[:, None] + rise) > self.limit)).any(axis=0)
 
     def repair(self, deadline: float, tabu: Optional[set] = None) -> bool:
         """Memory repair at the worst step: the usage-reducing moves of the groups live there,
