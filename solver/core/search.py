@@ -180,7 +180,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
              window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.6,
              kick_batch: float = 2.0, kick_slack: float = 0.01,
              lagrangian_share: float = 0.25, polish_starts: int = 3,
-             polish_share: float = 0.15, stagnation: float = 0.12, big_lagrangian_share: float = 0.5,
+             polish_share: float = 0.15, stagnation: float = 0.12,
              started: Optional[float] = None, start: Optional[Sequence[int]] = None) -> SearchResult:
     """Best feasible choice found within `time_limit_s` of wall clock counted from `started`
     (perf_counter seconds; default now): a caller that read the instance passes the time it
@@ -218,8 +218,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
                         time_share=time_share, window_terms=window_terms, merge=merge,
                         kick_batch=kick_batch, kick_slack=kick_slack,
                         lagrangian_share=lagrangian_share, polish_starts=polish_starts,
-                        polish_share=polish_share, stagnation=stagnation,
-                        big_lagrangian_share=big_lagrangian_share, start=given)
+                        polish_share=polish_share, stagnation=stagnation, start=given)
     except OutOfTime:
         stats["out_of_time"] = True
         say("out of time: answering with the best solution held")
@@ -241,7 +240,7 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
             solve_cap: float, full_share: float, full_pair_limit: int, time_share: float,
             window_terms: int, merge: bool, kick_batch: float, kick_slack: float,
             lagrangian_share: float, polish_starts: int, polish_share: float,
-            stagnation: float, big_lagrangian_share: float, start: Optional[list[int]]) -> Optional[float]:
+            stagnation: float, start: Optional[list[int]]) -> Optional[float]:
     """The phases of `optimize`; every solution it accepts is offered to `incumbent`.
     Returns the lower bound (None when the time ran out before it)."""
     deadline = clock.deadline
@@ -311,7 +310,7 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
     # on large instances min-sum decodes are the best starts by far (40k synthetic: 59.4 G
     # from the first decode against 68.7 G after 21 s of kicks from the least-peak start)
     # and a round takes seconds: half of the search's time
-    lag_share = lagrangian_share if not big else max(lagrangian_share, big_lagrangian_share)
+    lag_share = lagrangian_share if not big else max(lagrangian_share, 0.5)
     lag_deadline = min(deadline, time.perf_counter() + lag_share * time_limit_s)
     # trajectories: step sizes, then sweep orders breadth-first from random groups (the
     # decoding order changes which local optimum min-sum lands in: V 2.24-2.36 M)
@@ -506,7 +505,7 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
     stats.update(lns_status=status_counts, final_terms=int(terms_cap), lns_iterations=iters,
                  lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
     stats["restarts"] = restarts
-    stats["arms"] = {k: [int(v[0]), round(v[1], 1), v[2]] for k, v in arm_total.items()}
+    stats["arms"] = {k: [int(v[0]), round(v[1], 1), v[2]] for k, v in arm_total.items()}  # gain, seconds, batches
     if kept_cost < cur_cost:
         st.restore((np.array(kept_choice, dtype=np.int64), gp.profile(kept_choice), float(kept_cost)))
         cur_cost = kept_cost
