@@ -139,8 +139,8 @@ def _window_memory(st: GroupState, window: list[int], picks, model: cp_model.CpM
     covers, kept only when the window's highest usages could exceed it.
 
     Vectorized over the window's segments (a sweep building each step's signature as a
-    sorted tuple took 3 s per window on S, whose merged groups have hundreds of segments):
-    the elementary intervals between segment end points get their budget, lowest and
+    sorted tuple took 0.8-1.0 s per 120-group window on S, whose merged groups have hundreds
+    of segments): the elementary intervals between segment end points get their budget and
     highest window usage by running sums; only those that can bind are grouped by their live
     set (two 64-bit random keys per segment summed, then the set itself compared)."""
     gp = st.gp
@@ -160,7 +160,6 @@ def _window_memory(st: GroupState, window: list[int], picks, model: cp_model.CpM
     sa, sb = np.concatenate(seg_a).astype(np.int64), np.concatenate(seg_b).astype(np.int64)
     cur = np.array([gp.W[window[i]][j, st.k[window[i]]] for i, j in zip(si.tolist(), sj.tolist())],
                    dtype=np.int64)
-    lo = np.array([gp.W[window[i]][j].min() for i, j in zip(si.tolist(), sj.tolist())], dtype=np.int64)
     hi = np.array([gp.W[window[i]][j].max() for i, j in zip(si.tolist(), sj.tolist())], dtype=np.int64)
 
     def running(vals: np.ndarray) -> np.ndarray:  # per step: the sum over segments live there
@@ -171,9 +170,9 @@ def _window_memory(st: GroupState, window: list[int], picks, model: cp_model.CpM
 
     bg = st.prof - running(cur)
     pts = np.unique(np.concatenate([sa, sb]))
-    p, q = pts[:-1], pts[1:]
+    p = pts[:-1]  # the elementary intervals [p[x], pts[x + 1])
     budget = st.limit - np.maximum.reduceat(bg[:pts[-1]], p) if len(p) else np.zeros(0, np.int64)
-    lows, highs = running(lo)[p], running(hi)[p]
+    highs = running(hi)[p]
     bind = np.flatnonzero(highs > budget)
     if not len(bind):
         return
