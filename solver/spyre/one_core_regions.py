@@ -18,8 +18,9 @@ whole region moves at once, its restickifies included, and the simulator judges 
    read held in LX at first-fit addresses (`relayout.placed_in_lx`); residencies of the
    tensors crossing the region's edge are dropped (a producer or reader off the region
    runs on other cores);
-3. each region, largest first, is emitted, validated and simulated, and kept when the
-   program is valid and faster; the next region starts from the plan so far.
+3. each region, largest first (at most `MAX_REGION_TRIALS`), is emitted, validated and
+   simulated, and kept when the program is valid and faster; the next region starts from
+   the plan so far.
 Nothing here is keyed on op names or shapes.
 """
 from __future__ import annotations
@@ -37,6 +38,11 @@ from solver.spyre.relayout import placed_in_lx
 
 # the kinds of primitive op a region may hold (matmuls stay where the plan put them)
 _SMALL_KINDS = ("pointwise", "reduce", "copy")
+# regions tried per plan, the largest first: each trial emits the whole program twice (an
+# emission of a 1844-op T5 graph takes about 3 s), and a layer's regions that pay are its
+# few largest (the tiny layer graphs have 5-6 regions; a layer-sized region never fits one
+# core's LX, which `region_decisions` mostly sees before emitting)
+MAX_REGION_TRIALS = 8
 
 
 def _ends(op: OpDecl) -> tuple[list[str], Optional[str]]:
@@ -144,7 +150,7 @@ def regions_on_one_core(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
     base_us = best_us = time_program(program, hw).total_us
     notes: list[str] = []
     longest = 0.0
-    for region in small_regions(pg, program):
+    for region in small_regions(pg, program)[:MAX_REGION_TRIALS]:
         if deadline is not None and time.perf_counter() + 2 * longest > deadline:
             notes.append("one-core regions: stopped early (time limit)")
             break
