@@ -73,3 +73,30 @@ def test_a_region_too_large_for_one_core_is_not_offered():
     region = small_regions(pg, prog)[0]
     small_hw = dataclasses.replace(HW, lx_capacity_bytes=64)
     assert region_decisions(pg, small_hw, d, prog, region) is None
+
+
+def test_a_restickified_copy_of_a_graph_input_is_not_held():
+    """a = exp(x) read with x sticked on its rows, b = neg(a): the region (x's restickify,
+    a, b) holds a but not x's copy: where this graph is one copy of a repeated block, x is
+    one tensor every copy reads, and its copy would stay live across all of them."""
+    from target.op_rules import stick_options
+    from target.primitives import Access, Call, In, IterDim, PointwiseBody, PrimGraph, PrimOp, PrimTensor
+    from solver.naive import plan_naive
+    f = "float16"
+    ts = {n: PrimTensor(n, (64, 128), f, "user_input" if n == "x" else "intermediate") for n in ("x", "a", "b")}
+    dims = (IterDim("r", 64), IterDim("c", 128))
+    ops = [PrimOp("exp", dims, (Access("x", (0, 1)),), Access("a", (0, 1)), PointwiseBody(Call("exp", (In(0),)))),
+           PrimOp("neg", dims, (Access("a", (0, 1)),), Access("b", (0, 1)), PointwiseBody(Call("neg", (In(0),))))]
+    pg = PrimGraph("rows", ts, ops, ["x"], ["b"])
+    d = plan_naive(pg, HW)
+    for op in ops:
+        d.ops[op.id].stick = next(ch for ch in stick_options(op) if ch.output == 0)
+        d.ops[op.id].core_split = {"c": 32}
+    prog = emit_program(pg, HW, d)
+    restick = next(o for o in prog.ops if o.kind == "restickify")
+    assert restick.src == "x"
+    region = next(r for r in small_regions(pg, prog) if restick.id in r)
+    got = region_decisions(pg, HW, d, prog, region)
+    assert got is not None and "a" in got.resident and restick.dst not in got.resident
+    new, issues = checked_program(pg, HW, got)
+    assert new is not None and not issues

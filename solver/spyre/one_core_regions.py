@@ -117,10 +117,16 @@ def region_decisions(pg: PrimGraph, hw, d: PlanDecisions, program: Program, regi
         else:
             new_ops[oid] = replace(new_ops.get(oid, OpPlan()), core_split={}, core_slices=None, temporal_tiles={})
     outputs = set(pg.outputs)
+    produced = {op.output.tensor for op in pg.ops}
+    # a restickified copy of a graph input is not held: where this graph is a piece of a
+    # larger one (the depth step's repeated block), that input is one tensor every copy of
+    # the piece reads, and its one restickified copy is live across all of them
+    copied_from = {o.dst: o.src for o in program.ops if o.kind in ("restickify", "relayout")}
     keep = tuple(t for t in made if t not in outputs and readers.get(t)
-                 and all(r in region for r in readers[t]))
+                 and all(r in region for r in readers[t])
+                 and (t not in copied_from or copied_from[t] in produced))
     for t in keep:
-        if t in pg.tensors and pg.tensors[t].nbytes > hw.lx_capacity_bytes:
+        if pg.tensors[copied_from.get(t, t)].nbytes > hw.lx_capacity_bytes:
             return None  # one core's LX cannot hold it whole
     resident = {t: r for t, r in d.resident.items() if t not in touched}
     trial = replace(d, ops=new_ops, restick_ops=new_resticks, resident=resident)
