@@ -482,8 +482,8 @@ def _relabel_producer(pg: PrimGraph, program: Program, d: PlanDecisions, tensor:
                                           for i, a in enumerate(r.inputs) if a.tensor == tensor)
     if set(need) == set(made) and all(all(box_contains(made[c], b) for b in bs) for c, bs in need.items()):
         return None  # the readers read what their own cores made already: `_follow_split`'s case
-    if len(need) != len(made):
-        return None
+    if set(need) != set(made):
+        return None   # pi must permute the producer's own cores (a side op on more keeps the rest)
     pi: dict[int, int] = {}   # producer core -> reader core
     free = dict(made)
     for c in sorted(need):
