@@ -112,11 +112,16 @@ FUSION_MAX_SHARE = 0.5
 # us and ViT 396.2 -> 456.5 and did not narrow the prefill layers' seed spread (llama seeds
 # 1-4 off: 4339.4-4967.0 us; granite on: 4181.4-5091.1); docs/solver.md "Tile classes".
 TILE_CLASSES = False
-# On: an intermediate a pointwise/reduce op hands to pointwise/reduce readers inside one
-# consecutive run of such ops (a fused kernel of the search) may be "held" in the model at
-# one tile's LX (its per-core box / HANDOFF_TILES, the search's middle tile count), on one
-# core count, so the objective prices the chain's on-chip reads as the fused kernel runs
-# them; the read-back keeps it whole only where it fits (`SpyreModel.lx_bytes`).
+# On: an intermediate a pointwise/reduce/matmul op hands to pointwise/reduce readers inside
+# one consecutive run of such ops (a fused kernel of the search) may be "held" in the model
+# at one tile's LX (its per-core box / HANDOFF_TILES, the search's middle tile count), on
+# one core count, so the objective prices the chain's on-chip reads as the fused kernel runs
+# them; the read-back keeps it whole only where it fits (`SpyreModel.lx_bytes`). Off by
+# default: on 28a3e76 (2026-12-05, deterministic, prefill seeds 1-4) it brought the
+# objective of the plan handed to fusion from 1.7-2.2x to 1.1-1.7x the fused time (1.2-1.4x
+# with TILE_CLASSES) but the fused plans were slower (llama prefill mean 4602.5 -> 5150.6
+# us, granite 4270.0 -> 4425.7; with TILE_CLASSES 4901.2, 4549.2); bert, gpt2 and ViT slower
+# at seed 1; docs/results/solver-history.md "Fusion-aware objective".
 FUSED_HANDOFFS = False
 HANDOFF_TILES = 8
 
@@ -278,7 +283,7 @@ TABLE: tuple[Knob, ...] = (
     Knob("TILE_CLASSES", "model.build_model",
          "matmuls priced at their K-tiled time in the objective: the solve's ranking matches the fused program's, against pricing time"),
     Knob("FUSED_HANDOFFS", "model.SpyreModel",
-         "pointwise chains priced with their members' results handed on chip (a fused kernel's tile buffers): the solve's ranking matches the fused program's, against a model that may hold what fusion cannot form"),
+         "chains priced with their members' results handed on chip (a fused kernel's tile buffers): the objective nearer the fused program's time, against a model that may hold what fusion does not form (measured: no faster plans)"),
     Knob("HANDOFF_TILES", "model.SpyreModel.lx_bytes",
          "tiles a fused hand-off's LX is charged at: more hand-offs fit the model against over-promising LX"),
     Knob("SPLIT_K_SHARE", "steps.FusionSearch",

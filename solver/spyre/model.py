@@ -23,6 +23,10 @@ Variables and constraints:
   restickifies through device memory; `solver.spyre.relayout` tries on-chip relayouts after the
   solve), and the ops of its live window reference at most the bundle limit of
   device-memory tensors (the tensors resident there do not count).
+- fused hand-offs (`budget.FUSED_HANDOFFS`, off by default): a `res[t]` candidate the
+  fusion search could hand from member to member of one kernel (`_handoff_candidates`) is
+  charged one tile of LX (`lx_bytes`) and needs its producer and readers on one core count
+  (`handoff_ok`); the read-back keeps it whole only where it fits (`full_size_residencies`).
 - LX addresses per core in whole sticks: an optional interval over op steps x an optional
   interval over [addr, addr + size) per resident tensor, `AddNoOverlap2D`, so capacity and
   fragmentation are both real. Size = the producer strategy's per-core box.
