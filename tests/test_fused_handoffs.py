@@ -78,3 +78,44 @@ def test_the_read_back_keeps_whole_only_the_hand_offs_that_fit(monkeypatch):
     out = sm.decisions_of(picks, kept, {})
     prog, issues = checked_program(pg, HW, out)
     assert prog is not None and not issues
+
+
+def test_a_matmul_hands_on_its_result_only_where_its_k_tiled_price_is_known(monkeypatch):
+    """Priced untiled, a matmul's hand-off to its epilogue looks free while the search
+    K-tiles a prefill-sized matmul (its result then a partial sum until the last tile): the
+    hand-off counts only with the tile classes on, which price the held result untiled."""
+    from calibration.cases import matmul_graph
+    from target.primitives import PrimGraph
+    from solver.naive import plan_naive
+
+    base = matmul_graph(512, 4096, 4096)
+    mm = base.ops[0]
+    y = mm.output.tensor
+    shape = base.tensors[y].shape
+    ts = dict(base.tensors)
+    ts[y] = PrimTensor(y, shape, base.tensors[y].dtype, "intermediate")
+    ts["z"] = PrimTensor("z", shape, base.tensors[y].dtype, "intermediate")
+    neg = PrimOp("neg", tuple(IterDim(f"d{i}", n) for i, n in enumerate(shape)),
+                 (Access(y, tuple(range(len(shape)))),), Access("z", tuple(range(len(shape)))),
+                 PointwiseBody(Call("neg", (In(0),))))
+    pg = PrimGraph("mm_neg", ts, [mm, neg], list(base.inputs), ["z"])
+    hint = plan_naive(pg, HW)
+    monkeypatch.setattr(budget, "FUSED_HANDOFFS", True)
+    monkeypatch.setattr(budget, "TILE_CLASSES", False)
+    _, untiled, sm = build_model(pg, HW, hint)
+    assert sm.handoffs == set()
+    monkeypatch.setattr(budget, "TILE_CLASSES", True)
+    _, tiled, sm = build_model(pg, HW, hint)
+    assert sm.handoffs == {y}
+    # with its result held the matmul keeps its untiled price; in device memory the tile
+    # classes price it K-tiled, faster
+    before = {s.key(): s.parts.combos for s in untiled[mm.id]}
+    held = faster = 0
+    for s in tiled[mm.id]:
+        for key, c in s.parts.combos.items():
+            if key[-1]:
+                assert c.total_ns == before[s.key()][key].total_ns
+                held += 1
+            elif c.total_ns < before[s.key()][key].total_ns:
+                faster += 1
+    assert held and faster

@@ -308,13 +308,18 @@ class SpyreModel:
         ops, every op after the producer up to the last reader one too (a fused run is
         consecutive compute ops, a matmul only at its head; a matmul handing on its result
         is priced untiled there, `fusion.prices`: K-tiled it is a partial sum until the
-        kernel's last tile)."""
+        kernel's last tile). A matmul counts only with the tile classes on
+        (`budget.TILE_CLASSES`): priced untiled, its hand-off looks free, while the search
+        K-tiles a prefill-sized matmul, which breaks it (llama prefill, 2026-12-05: the
+        model priced the up projection's hand-off to the SiLU chain at 1.2 us, the fused
+        program read it from device memory, 161.8 us)."""
         fusable = {"pointwise", "reduce"}
+        heads = fusable | {"matmul"} if budget.TILE_CLASSES else fusable
         out = set()
         outputs = set(self.pg.outputs)
         for t, readers in self.readers.items():
             p = self.producer.get(t)
-            if p is None or t in outputs or not readers or p.kind not in fusable | {"matmul"}:
+            if p is None or t in outputs or not readers or p.kind not in heads:
                 continue
             a, b = self.window(t)
             if all(op.kind in fusable for op in self.pg.ops[a + 1:b + 1]):
