@@ -201,14 +201,14 @@ def test_point_error(pid):
 
 def test_errors_per_family_and_overall():
     s = summarize(list(RESULTS.values()))
-    # issue 27's target is 10%: missed (docs/simulator-timing.md "Calibration")
-    assert s["mean_abs_error"] <= 0.145
-    assert s["absolute"]["mean_abs_error"] <= 0.145
+    # issue 27's target is 10%: missed, 12.5% (docs/simulator-timing.md "Calibration")
+    assert s["mean_abs_error"] <= 0.13
+    assert s["absolute"]["mean_abs_error"] <= 0.13
     assert s["ratios"]["mean_abs_error"] <= 0.10
     assert s["points"] - s["within_25pct"] == len(MISSES)
     for f in s["families"]:
         # bmm and matmul carry the split sweep's attention @ V and projection rows
-        bound = {"tiling": 0.15, "bmm": 0.23, "matmul": 0.20}.get(f["family"], 0.08)
+        bound = {"tiling": 0.15, "bmm": 0.23, "matmul": 0.165}.get(f["family"], 0.08)
         assert f["mean_abs_error"] <= bound, f
 
 
