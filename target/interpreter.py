@@ -17,6 +17,7 @@ import numpy as np
 
 from target.primitives import (
     Access, Call, Const, CopyBody, Expr, FillBody, GatherBody, GroupedMatmulBody, In, MatmulBody, PointwiseBody, PrimGraph, PrimOp,
+    ScatterBody, index_iter_dims, scatter_problems,
     ReduceBody,
 )
 
@@ -370,6 +371,79 @@ def _run_gather(op, body: GatherBody, env, tensors, sizes, cdt):
     return table[tuple(index)]
 
 
+def scatter_rows(op: PrimOp, index_its: Sequence[np.ndarray], table_shape: Sequence[int],
+                 sizes: Sequence[int]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The rows a scatter stores, as (row point, destination): the row point indexes the op's
+    row dims (`index_iter_dims`, ascending) within `sizes`, the destination is the position
+    along each scattered table axis. Rows are taken in row-major order of the row dims;
+    each destination appears once, from the last row naming it; negative indices wrap, rows
+    outside the table are dropped. `index_its` are the index operands in iteration space
+    (`_to_iter_space` over `sizes`). Shared by the interpreter and the functional run."""
+    rows = sorted(index_iter_dims(op))
+    axes = op.body.table_axes
+    got: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for point in np.ndindex(*[sizes[d] for d in rows]):
+        at = dict(zip(rows, point))
+        dest = []
+        for ax, idx in zip(axes, index_its):
+            sel = tuple(at[d] if (d in at and idx.shape[d] != 1) else 0 for d in range(len(sizes)))
+            v = int(idx[sel])
+            n = int(table_shape[ax])
+            v = v + n if v < 0 else v
+            if not 0 <= v < n:
+                break
+            dest.append(v)
+        else:
+            got.pop(tuple(dest), None)
+            got[tuple(dest)] = point
+    return [(p, d) for d, p in got.items()]
+
+
+def scatter_row_value(op: PrimOp, values_it: np.ndarray, point: tuple[int, ...]) -> np.ndarray:
+    """A row of a scatter's values (iteration space, broadcast to the op's sizes) at row
+    point `point`, its dims in the table's order of the dims the table walks."""
+    rows = sorted(index_iter_dims(op))
+    sel: list = [slice(None)] * values_it.ndim
+    for d, p in zip(rows, point):
+        sel[d] = p
+    row = values_it[tuple(sel)]
+    rest = [d for d in range(values_it.ndim) if d not in rows]
+    axes = op.body.table_axes
+    walked = [d for j, d in enumerate(op.inputs[0].dims) if d is not None and j not in axes]
+    return np.transpose(row, [rest.index(d) for d in walked])
+
+
+def scatter_target(op: PrimOp, dest: tuple[int, ...], walked_ranges: Sequence[tuple[int, int]]) -> tuple:
+    """The table box a row lands in: the destination along the scattered axes, `walked_ranges`
+    (per iteration dim) along the dims the table walks, 0 on its size-1 unmapped dims."""
+    axes = op.body.table_axes
+    box = []
+    for j, d in enumerate(op.inputs[0].dims):
+        if j in axes:
+            p = dest[axes.index(j)]
+            box.append((p, p + 1))
+        elif d is None:
+            box.append((0, 1))
+        else:
+            box.append(tuple(walked_ranges[d]))
+    return tuple(box)
+
+
+def _run_scatter(op, body: ScatterBody, env, sizes):
+    bad = scatter_problems(op)
+    if bad:
+        raise InterpreterError(f"{op.id}: {bad[0]}")
+    out = np.array(env[op.inputs[0].tensor], copy=True)
+    vals = np.broadcast_to(_to_iter_space(env[op.inputs[1].tensor], op.inputs[1], sizes), tuple(sizes))
+    index_its = [_to_iter_space(env[a.tensor], a, sizes).astype(np.int64) for a in op.inputs[2:]]
+    whole = [(0, s) for s in sizes]
+    for point, dest in scatter_rows(op, index_its, out.shape, sizes):
+        box = scatter_target(op, dest, whole)
+        region = tuple(slice(a, b) for a, b in box)
+        out[region] = scatter_row_value(op, vals, point).reshape(out[region].shape)
+    return out
+
+
 def _run_copy(op, body: CopyBody, env, tensors, out_shape, out_dtype):
     out = np.full(out_shape, body.pad_value, dtype=_NP[out_dtype] if out_dtype != "bool" else np.float32)
     if out_dtype == "bool":
@@ -420,6 +494,8 @@ def run_op(op: PrimOp, env: Mapping[str, np.ndarray], tensors) -> np.ndarray:
         return store(_run_copy(op, body, env, tensors, out_t.shape, out_t.dtype), out_t.dtype)
     if isinstance(body, FillBody):
         return store(_run_fill(op, body, out_t.shape, None), out_t.dtype)
+    if isinstance(body, ScatterBody):
+        return store(_run_scatter(op, body, env, sizes), out_t.dtype)
     cdt = _compute_dtype(op, tensors)
     if isinstance(body, PointwiseBody):
         res = _run_pointwise(op, body, env, tensors, sizes, cdt)
