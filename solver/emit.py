@@ -132,7 +132,10 @@ def _build_items(pg: PrimGraph, hw, decisions: PlanDecisions) -> _Build:
         ch = _choice(op, decisions.ops.get(op.id, OpPlan()))
         choices[op.id] = ch
         stick_of[op.output.tensor] = ch.output
-    orders = decisions.dim_orders
+    # the orders the graph fixes (`PrimTensor.dim_order`: a layout that outlives the
+    # program is a contract, like a shape) over the planner's
+    orders = {**decisions.dim_orders,
+              **{t.id: list(t.dim_order) for t in pg.tensors.values() if t.dim_order is not None}}
     layouts: dict[str, Layout] = {
         t: _layout(t, shapes[t], dtypes[t], s, stick_bytes, orders) for t, s in stick_of.items()}
 
@@ -167,13 +170,9 @@ def _build_items(pg: PrimGraph, hw, decisions: PlanDecisions) -> _Build:
         table = in_place_table(it.prim) if it.kind == "compute" else None
         if table is None:
             continue
-        # an in-place op's output is its table's bytes: the table's layout (the op rule
-        # gives both one stick; the dim order follows the table's)
-        out = it.prim.output.tensor
-        if out in orders and list(orders[out]) != list(layouts[table].dim_order):
-            raise EmitError(f"{it.prim.id}: in-place output {out} asked for dim order {orders[out]}, its table "
-                            f"{table} has {layouts[table].dim_order}")
-        layouts[out] = layouts[table]
+        # an in-place op's output is its table's bytes: the table's layout whatever order
+        # a planner gave it (the op rule gives both one stick)
+        layouts[it.prim.output.tensor] = layouts[table]
     unknown = sorted(set(decisions.restick_ops) - set(restick_made))
     if unknown:
         raise EmitError(f"restickify plans for copies no consumer needs: {unknown[:5]}")

@@ -46,6 +46,12 @@ class PrimTensor:
     shape: tuple[int, ...]
     dtype: str
     role: TensorRole = "intermediate"
+    # The device dim order the graph fixes for this tensor (`superdsc.Layout.dim_order`:
+    # every dim once, the stick dim where its stick group goes), or None: the planner's
+    # choice. Set by the lowering for a tensor whose layout outlives the program (a paged
+    # KV cache, resident on the device across steps); the emitter lays the tensor out so
+    # whatever a planner asks (a layout that outlives the program is a contract).
+    dim_order: Optional[tuple[int, ...]] = None
 
     @property
     def numel(self) -> int:
@@ -461,11 +467,14 @@ def op_from_json(d: dict) -> PrimOp:
 
 
 def tensor_to_json(t: PrimTensor) -> dict:
-    return {"id": t.id, "shape": list(t.shape), "dtype": t.dtype, "role": t.role}
+    return {"id": t.id, "shape": list(t.shape), "dtype": t.dtype, "role": t.role,
+            **({"dim_order": list(t.dim_order)} if t.dim_order is not None else {})}
 
 
 def tensor_from_json(d: dict) -> PrimTensor:
-    return PrimTensor(d["id"], tuple(int(s) for s in d["shape"]), d["dtype"], d["role"])
+    order = d.get("dim_order")
+    return PrimTensor(d["id"], tuple(int(s) for s in d["shape"]), d["dtype"], d["role"],
+                      None if order is None else tuple(int(j) for j in order))
 
 
 def graph_to_json(g: PrimGraph) -> dict:

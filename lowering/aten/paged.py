@@ -34,6 +34,7 @@ block_size]` at offset `j % block_size`; a token's slot is `block * block_size +
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from lowering.aten.attention import lower_sdpa
@@ -48,6 +49,23 @@ def _check_cache(node: NodeArgs, key_cache: View, value_cache: View) -> tuple[in
         raise node.fail("shape_mismatch", f"paged KV caches {list(key_cache.shape)} and {list(value_cache.shape)} "
                                           "(need [blocks, block_size, kv_heads, head_size] each)")
     return key_cache.shape
+
+
+# The paged KV cache's device layout, [blocks, block_size, kv_heads, head_size] in the
+# order kv_heads, blocks, offsets, head_size: the cache lives on the device across steps,
+# so its layout is the graph's to fix, not a planner's. Every read and write of it is
+# addressed by data (block ids, slots) along blocks and offsets, so a core reaches any
+# block; what a core split can bound is the kv heads. With them outermost a core working
+# on h of KH heads reaches h/KH of the cache (a deployment's 537 MB cache: 67 MB a head,
+# inside the 256 MB per-core span), where the row-major order lets every core span it all.
+CACHE_DIM_ORDER = (2, 0, 1, 3)
+
+
+def _pin_cache_layout(ctx: Ctx, cache: View) -> None:
+    """Fix the device layout of the cache tensor `cache` views (`PrimTensor.dim_order`)."""
+    t = ctx.tensors[cache.base]
+    if t.dim_order is None and len(t.shape) == 4 and ctx.is_identity(cache):
+        ctx.tensors[t.id] = dataclasses.replace(t, dim_order=CACHE_DIM_ORDER)
 
 
 def _int(node: NodeArgs, v: View, what: str) -> View:
@@ -88,6 +106,7 @@ def _paged_store(ctx: Ctx, node: NodeArgs):
     for k, (new, cache) in enumerate(((key, key_cache), (value, value_cache))):
         iters, it = ctx.iter_dims_for((B, S) + tuple(cache.shape[2:]), prefix="d")
         table = ctx.materialize(cache, nid)   # the cache tensor itself (a copy only for a strided view)
+        _pin_cache_layout(ctx, table)
         t_acc = ctx.access(table, [None, None, it[2], it[3]], nid)
         acc = [t_acc, ctx.access(new, it, nid), ctx.access(block, [it[0], it[1]], nid),
                ctx.access(offset, [it[0], it[1]], nid)]
@@ -114,6 +133,8 @@ def _lower_paged_compute(ctx: Ctx, node: NodeArgs, sinks: Optional[View], slidin
                                           f"{list(tkv.shape)} / {list(start.shape)}")
     B, Lq, H, _ = q.shape
     T = table.shape[1]
+    for cache in (key_cache, value_cache):
+        _pin_cache_layout(ctx, cache)
     J = T * BS     # positions the block table can address
     if H % KH:
         raise node.fail("shape_mismatch", f"{H} query heads over {KH} kv heads")
