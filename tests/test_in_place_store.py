@@ -182,3 +182,26 @@ def test_a_v2_program_reads_as_v3():
     assert Program.model_validate(doc).version == 3 and validate_program(doc, HW) == []
     doc["version"] = 4
     assert _codes(doc) == {"version"}
+
+
+def test_backend_returns_a_new_cache_and_leaves_the_callers_as_fms_does():
+    """FMS's store is functional (it clones): through the backend the step returns the
+    updated caches, equal to FMS's, and the caller's cache tensors keep their old values,
+    although on the device the store updated the cache's bytes in place."""
+    from tests.test_paged_attention import _PagedStep, _paged_case
+
+    torch._dynamo.reset()
+    B, H, KH, D, BS, NB = 2, 4, 2, 64, 16, 6
+    q, kc, vc, tkv, start, table = _paged_case(5, B, 1, H, KH, D, BS, NB, [40, 23], [3, 0])
+    slots = torch.stack([table[i, (t - 1) // BS] * BS + (t - 1) % BS for i, t in enumerate(tkv.tolist())])[:, None]
+    g = torch.Generator().manual_seed(7)
+    args = (q.half(), torch.randn(B, 1, KH, D, generator=g).half(), torch.randn(B, 1, KH, D, generator=g).half(),
+            kc.half(), vc.half(), slots, tkv, start, table)
+    before = (args[3].clone(), args[4].clone())
+    with torch.no_grad():
+        want = _PagedStep()(*args)
+        got = torch.compile(_PagedStep(), backend="sticksat", dynamic=False,
+                            options={"planner": "heuristic", "strict": True})(*args)
+    assert torch.equal(args[3], before[0]) and torch.equal(args[4], before[1])
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    assert not torch.equal(got[1], before[0])
