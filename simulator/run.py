@@ -44,7 +44,7 @@ from typing import Mapping, Optional, Sequence, Union
 import numpy as np
 
 from target.interpreter import (
-    InterpreterError, _to_iter_space, run_op as reference_op, scatter_row_value, scatter_rows, scatter_target,
+    InterpreterError, to_iter_space, run_op as reference_op, scatter_row_value, scatter_rows, scatter_target,
 )
 from target.primitives import DTYPE_BYTES, Access, IterDim, PrimOp, PrimTensor
 from target.geometry import (
@@ -342,7 +342,7 @@ class Machine:
             for i in range(1, len(prim.inputs)):
                 t = tm[prim.inputs[i].tensor]
                 raw = from_storage(self.read(t, core, operand_box(prim, i, rng, t.shape)), t.dtype)
-                its.append(_to_iter_space(raw, prim.inputs[i], sizes))
+                its.append(to_iter_space(raw, prim.inputs[i], sizes))
             try:
                 values = np.broadcast_to(its[0], tuple(sizes))
                 rows = scatter_rows(prim, [a.astype(np.int64) for a in its[1:]], out_t.shape, sizes)

@@ -74,7 +74,7 @@ def _compute_dtype(op: PrimOp, tensors) -> np.dtype:
     return np.dtype(np.bool_)
 
 
-def _to_iter_space(arr: np.ndarray, acc: Access, sizes: Sequence[int]) -> np.ndarray:
+def to_iter_space(arr: np.ndarray, acc: Access, sizes: Sequence[int]) -> np.ndarray:
     """arr viewed with one axis per iteration dim (size 1 where the operand does not vary)."""
     if arr.ndim != len(acc.dims):
         raise InterpreterError(f"{acc.tensor}: rank {arr.ndim} vs access {acc.dims}")
@@ -246,7 +246,7 @@ def eval_expr(e: Expr, vals: Sequence[np.ndarray], cdt: np.dtype) -> np.ndarray:
 
 
 def _operands(op: PrimOp, env, tensors, sizes, cdt) -> list[np.ndarray]:
-    return [_to_iter_space(env[a.tensor], a, sizes).astype(cdt, copy=False) for a in op.inputs]
+    return [to_iter_space(env[a.tensor], a, sizes).astype(cdt, copy=False) for a in op.inputs]
 
 
 def _run_pointwise(op, body: PointwiseBody, env, tensors, sizes, cdt):
@@ -289,7 +289,7 @@ def _run_matmul(op, body: MatmulBody, env, tensors, sizes, cdt):
         raise InterpreterError(f"{op.id}: too many iteration dims")
     subs, arrays = [], []
     for acc in op.inputs:
-        a = _to_iter_space(env[acc.tensor], acc, sizes).astype(mdt, copy=False)
+        a = to_iter_space(env[acc.tensor], acc, sizes).astype(mdt, copy=False)
         own = sorted(d for d in acc.dims if d is not None)
         a = a.reshape([sizes[d] for d in own])
         subs.append("".join(letters[d] for d in own))
@@ -311,7 +311,7 @@ def _run_grouped_matmul(op, body: GroupedMatmulBody, env, tensors, sizes, cdt):
         raise InterpreterError(f"{op.id}: grouped matmul needs x, w and the group ids")
 
     def own(acc, want):
-        a = _to_iter_space(env[acc.tensor], acc, sizes)
+        a = to_iter_space(env[acc.tensor], acc, sizes)
         dims = [d for d in acc.dims if d is not None]
         if any(d not in want for d in dims):
             raise InterpreterError(f"{op.id}: {acc.tensor} indexes iteration dims outside {want}")
@@ -347,7 +347,7 @@ def _run_gather(op, body: GatherBody, env, tensors, sizes, cdt):
     t_acc = op.inputs[0]
     idx_of = {}
     for ax, acc in zip(axes, op.inputs[1:]):
-        idx = _to_iter_space(env[acc.tensor], acc, sizes).astype(np.int64)
+        idx = to_iter_space(env[acc.tensor], acc, sizes).astype(np.int64)
         n = table.shape[ax]
         if np.any((idx < -n) | (idx >= n)):
             raise InterpreterError(f"{op.id}: index out of range for table dim {ax} of size {n}")
@@ -378,7 +378,7 @@ def scatter_rows(op: PrimOp, index_its: Sequence[np.ndarray], table_shape: Seque
     along each scattered table axis. Rows are taken in row-major order of the row dims;
     each destination appears once, from the last row naming it; negative indices wrap, rows
     outside the table are dropped. `index_its` are the index operands in iteration space
-    (`_to_iter_space` over `sizes`). Shared by the interpreter and the functional run."""
+    (`to_iter_space` over `sizes`). Shared by the interpreter and the functional run."""
     rows = sorted(index_iter_dims(op))
     axes = op.body.table_axes
     got: dict[tuple[int, ...], tuple[int, ...]] = {}
@@ -434,8 +434,8 @@ def _run_scatter(op, body: ScatterBody, env, sizes):
     if bad:
         raise InterpreterError(f"{op.id}: {bad[0]}")
     out = np.array(env[op.inputs[0].tensor], copy=True)
-    vals = np.broadcast_to(_to_iter_space(env[op.inputs[1].tensor], op.inputs[1], sizes), tuple(sizes))
-    index_its = [_to_iter_space(env[a.tensor], a, sizes).astype(np.int64) for a in op.inputs[2:]]
+    vals = np.broadcast_to(to_iter_space(env[op.inputs[1].tensor], op.inputs[1], sizes), tuple(sizes))
+    index_its = [to_iter_space(env[a.tensor], a, sizes).astype(np.int64) for a in op.inputs[2:]]
     whole = [(0, s) for s in sizes]
     for point, dest in scatter_rows(op, index_its, out.shape, sizes):
         box = scatter_target(op, dest, whole)
