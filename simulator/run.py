@@ -265,7 +265,7 @@ class Machine:
             return  # the output shares its input's bytes: nothing moves
         prim = self.prim(k)
         if prim.body.kind == "scatter":
-            return self.run_scatter(k)
+            return self.run_scatter(k, tile)
         tm = self.tmap
         out_t = tm[prim.output.tensor]
         gran, ranges = self.geometry(k)
@@ -326,14 +326,18 @@ class Machine:
         for core, box, out in results:
             self.write(out_t, core, box, to_storage(out, out_t.dtype))
 
-    def run_scatter(self, k: int):
+    def run_scatter(self, k: int, tile: Optional[int] = None):
         """An in-place row store: each core reads its slice of the values and the indices and
         writes only the rows (its part of each row) into the output's bytes, which are the
-        table's (the validator's `in_place` rule): the rest of the table is not touched."""
+        table's (the validator's `in_place` rule): the rest of the table is not touched. In a
+        fused kernel's tile loop (`tile`), only that temporal tile of each core's slice."""
         prim = self.prim(k)
         tm = self.tmap
         out_t = tm[prim.output.tensor]
-        _, ranges = self.geometry(k)
+        gran, ranges = self.geometry(k)
+        if tile is not None:
+            ranges = {core: tile_ranges(prim, rng, self.p.ops[k].temporal_tiles, gran)[tile]
+                      for core, rng in ranges.items()}
         for core, rng in ranges.items():
             if any(b <= a for a, b in rng):
                 continue
