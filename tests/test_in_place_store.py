@@ -205,3 +205,37 @@ def test_backend_returns_a_new_cache_and_leaves_the_callers_as_fms_does():
     assert torch.equal(args[3], before[0]) and torch.equal(args[4], before[1])
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
     assert not torch.equal(got[1], before[0])
+
+
+def _span_variant(span_bytes: int):
+    """spyre.json with a smaller per-core span, so a small cache is a large one."""
+    from target.hardware import TARGETS_DIR, hardware_from_dict
+
+    doc = json.loads((TARGETS_DIR / "spyre.json").read_text())
+    doc["params"]["per_core_span_bytes"]["value"] = span_bytes
+    return hardware_from_dict(doc, origin="spyre with a small span")
+
+
+@pytest.mark.parametrize("planner", ["naive", "cpsat"])
+def test_the_caches_fixed_layout_bounds_a_cores_span(planner):
+    """A cache larger than a core's span (32 KB against 20 KB here; a deployment's 537 MB
+    against 256 MB): with the kv heads outermost (the layout the lowering fixes) a core
+    split over kv heads reaches half of it, and the store-and-attend step plans and
+    validates; laid out row-major no split fits (every core reaches every block)."""
+    import dataclasses
+
+    from solver.planners import PlannerFailed
+
+    hw = _span_variant(20 * 1024)
+    _, pg = _store_graph(8, 2, with_compute=True)
+    caches = [t for t in pg.tensors.values() if t.dim_order is not None]
+    assert caches and all(t.dim_order == (2, 0, 1, 3) for t in caches)
+    prog = plan(pg, hw, planner=planner, fallback=False, time_limit_s=5)   # validated inside
+    tm = prog.tensor_map()
+    for t in caches:
+        assert tm[t.id].layout.dim_order == [2, 0, 1, 3]
+    assert validate_program(prog, hw) == []
+    row_major = dataclasses.replace(pg, tensors={k: dataclasses.replace(t, dim_order=None)
+                                                 for k, t in pg.tensors.items()})
+    with pytest.raises(PlannerFailed, match="span_exceeded"):
+        plan(row_major, hw, planner="naive", fallback=False)
