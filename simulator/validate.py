@@ -4,7 +4,7 @@
 bad program (a client may send anything); each issue names the op and/or tensor it concerns.
 
 Codes (docs/simulator.md has the full table):
-  version             format name or version is not sticksat.superdsc v2 (or v1, read as v2)
+  version             format name or version is not sticksat.superdsc v3 (or v2 / v1, read as v3)
   schema              the document does not parse / duplicate ids / malformed loop nest
   hardware_mismatch   program targets another hardware name or digest
   unknown_tensor      an op, input or output names an undeclared tensor
@@ -16,7 +16,7 @@ Codes (docs/simulator.md has the full table):
   stick_alignment     stick elements not one stick, stick count not the stick dim in whole sticks,
                       or an address not stick aligned
   split_unknown_dim   core_split names a dim the loop nest does not have
-  split_uneven        a split is not even / not in whole sticks (or splits a scan)
+  split_uneven        a split is not even / not in whole sticks (or splits a scan or a scatter's rows)
   cores_over_limit    more cores than the hardware has (split product or a core id)
   multi_reduction_split more than one reduction dim split across cores
   core_slices         coreIdToWkSlice_ is not a bijection cores <-> work slices of the split
