@@ -239,3 +239,20 @@ def test_the_caches_fixed_layout_bounds_a_cores_span(planner):
                                                  for k, t in pg.tensors.items()})
     with pytest.raises(PlannerFailed, match="span_exceeded"):
         plan(row_major, hw, planner="naive", fallback=False)
+
+
+def test_the_lower_bound_charges_the_rows_stored_not_the_cache():
+    """An in-place store's compulsory bytes are its rows (and the indices), whatever the
+    cache's size, and the bound stays below the simulated time of the plans."""
+    from solver.lower_bound import lower_bound
+
+    bounds = {}
+    for NB in (8, 512):
+        _, pg = _store_graph(NB, 4)
+        lb = lower_bound(pg, HW)
+        bounds[NB] = lb.compulsory_bytes
+        for planner in ("naive", "heuristic"):
+            prog = plan(pg, HW, planner=planner, fallback=False)
+            assert lb.split_bound_us <= time_program(prog, HW).total_us * (1 + 1e-9)
+    assert bounds[8] == bounds[512]
+    assert bounds[8] < 8 * 16 * 2 * 64 * 2   # less than one cache of 8 blocks
