@@ -21,11 +21,11 @@ Every program is validated by `plan()` or by the transfer's own check before it 
 Granite-3.3-8B block (`GraniteBlock`, fp16) with `attn_name="spyre_paged_attn"`, one new
 token per sequence stored into and attending over a paged KV cache of `--cache-blocks`
 blocks of 64 tokens (the plugin sizes it for its largest batch at full context, plus the
-padding block), at batch 1 and 4 against KV lengths 1k-8k (and, with `--cache-blocks`
-above what those need, whatever fits). Per shape: the baseline's and the cold CP-SAT plan's
-simulated time, and the share of the latter in the paged store (which rewrites the whole
-cache) and in the paged attention; beside it the cold CP-SAT plan of the sdpa decode graph of
-the same shape (benchmarks/graphs/serving), planned in the same run.
+padding block), at batch 1, 4 and 32 against KV lengths 1k-8k, the shapes whose blocks fit
+the cache (batch 32 at 8k needs 4,097 blocks). Per shape: the baseline's and the cold CP-SAT
+plan's simulated time, and the share of the latter in the paged store (an in-place row store:
+the rows written) and in the paged attention; beside it the cold CP-SAT plan of the sdpa
+decode graph of the same shape (benchmarks/graphs/serving), planned in the same run.
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def run(time_limit_s: float, deterministic: bool, only: str = "") -> dict:
             "deterministic": deterministic, "rows": rows}
 
 
-PAGED_SHAPES = [(b, kv) for b in (1, 4) for kv in (1024, 2048, 4096, 8192)]
+PAGED_SHAPES = [(b, kv) for b in (1, 4, 32) for kv in (1024, 2048, 4096, 8192)]
 BLOCK = 64
 
 

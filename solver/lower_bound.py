@@ -8,7 +8,9 @@ Per primitive op:
   core; copies, gathers, fills and restickifies compute nothing;
 - compulsory device-memory bytes: every graph input (user inputs and weights) read by the
   program crosses device memory once, charged to its first reader, and every graph output
-  once, charged to its producer; intermediates could all stay in LX and cost nothing.
+  once, charged to its producer; intermediates could all stay in LX and cost nothing. An
+  in-place store (`scatter`) reads none of its table and writes only its rows into it, so
+  its output counts as those rows' bytes.
   Logical bytes (no stick padding), at the one-way bus rate with no read/write turnaround.
 
 Two totals:
@@ -57,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from target.op_rules import ANY, legal_core_splits, split_granules, stick_elems, stick_options
-from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
+from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp, in_place_table
 from target.geometry import core_ranges, default_core_slices, operand_box
 from simulator.timing_terms import best_matmul_rate_kind, grouped_experts_hit
 
@@ -136,13 +138,16 @@ def lower_bound(pg: PrimGraph, hw) -> LowerBound:
     ops: list[OpBound] = []
     for op in pg.ops:
         moved = 0
+        # an in-place store reads none of its table and writes only its rows into it
+        table = in_place_table(op)
         for acc in op.inputs:
             t = acc.tensor
-            if t not in produced and t not in loaded:
+            if t != table and t not in produced and t not in loaded:
                 loaded.add(t)
                 moved += _compulsory_bytes(pg, op, acc)
         if op.output.tensor in outputs:
-            moved += _logical_bytes(pg, op.output.tensor)
+            moved += (_logical_bytes(pg, op.output.tensor) if table is None
+                      else min(_logical_bytes(pg, op.inputs[1].tensor), _logical_bytes(pg, op.output.tensor)))
         ops.append(OpBound(op.id, _compute_ns(op, pg, hw, "sustained"), moved,
                            _compute_ns(op, pg, hw, "peak")))
 
