@@ -117,11 +117,12 @@ TILE_CLASSES = False
 # at one tile's LX (its per-core box / HANDOFF_TILES, the search's middle tile count), on
 # one core count, so the objective prices the chain's on-chip reads as the fused kernel runs
 # them; the read-back keeps it whole only where it fits (`SpyreModel.lx_bytes`). Off by
-# default: on 28a3e76 (2026-12-05, deterministic, prefill seeds 1-4) it brought the
-# objective of the plan handed to fusion from 1.7-2.2x to 1.1-1.7x the fused time (1.2-1.4x
-# with TILE_CLASSES) but the fused plans were slower (llama prefill mean 4602.5 -> 5150.6
-# us, granite 4270.0 -> 4425.7; with TILE_CLASSES 4901.2, 4549.2); bert, gpt2 and ViT slower
-# at seed 1; docs/results/solver-history.md "Fusion-aware objective".
+# default: on the judge of 1f6d2d1 (2026-12-05, deterministic, prefill seeds 1-4), with
+# TILE_CLASSES, it brought the objective of the plan handed to fusion from 1.75-2.3x to
+# 1.2-1.3x the fused time, but the fused plans were no faster (llama prefill mean 4644.5 ->
+# 4748.6 us, granite 4418.9 -> 4397.2) and bert, gpt2 and ViT slower at seed 1 (338.6 ->
+# 378.1, 333.4 -> 346.2, 262.6 -> 376.9); alone (28a3e76) slower on the prefill layers too;
+# docs/results/solver-history.md "Fusion-aware objective".
 FUSED_HANDOFFS = False
 HANDOFF_TILES = 8
 
