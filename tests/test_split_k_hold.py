@@ -3,6 +3,8 @@ intermediate along K takes, split over the producer's rows x columns, exactly wh
 wrote, and that result stays in LX instead of crossing device memory twice."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from target.primitives import Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph, PrimOp, PrimTensor
@@ -16,11 +18,13 @@ from solver.spyre.cpsat_planner import plan_cpsat
 from solver.spyre.split_k_hold import hold_for_split_k, split_k_candidates
 
 HW = load_target("spyre")
-# 4096 rows: the gate/up projections, the activation and the product are a fused row-tiled
-# kernel (row tiles re-read the weights, which shorter rows do not repay; the product joins
-# it once the merge with the up projection puts the activation on the product's split, last
-# test). The down projection, reading the product split over the product's rows x columns
-# (m16 x k2), gains from holding it (1667.1 -> 1540.5 us simulated, 2026-12-05 model).
+# 4096 rows: the solve's plan runs the gate projection, the activation and the product as one
+# row-tiled kernel (4 row tiles; row tiles re-read the weights, which shorter rows do not
+# repay) after an untiled up projection. The down projection, reading the product split over
+# the product's rows x columns (m16 x k2), gains from holding it (2107.8 -> 1946.0 us
+# simulated, 2026-12-05, judge of 1f6d2d1). The model has tied optima here and which one the
+# solve returns moves with the judge and the seed, so the last two tests set the solved plan
+# they need (`_product_on_the_up_split`) instead of taking the solve's.
 # At 512 rows nothing is tiled and the solve itself already holds the product for a split-K
 # down projection, so the step has nothing left to do there.
 MLP = (4096, 1024, 4096)
@@ -199,21 +203,54 @@ def test_a_step_cut_by_the_deadline_says_so():
         "fewer tiles: stopped early (time limit) after 0 trials"]
 
 
+def _product_on_the_up_split():
+    """The gated MLP at MLP and a solved plan of it whose product sits on the up projection's
+    core split (m8 x n4), not the activation's (the gate projection and the activation on
+    m4 x n8), untiled, with the down projection split-K (m8 x k4), the gate projection's
+    result and the product held whole in LX, bundle cuts before the gate projection and the
+    product. It is one of the model's tied optima on the judge of 1f6d2d1 (the CP-SAT solve
+    returns it at seed 3; at seed 1 the product takes the activation's split): set here
+    explicitly so the tests below do not depend on the solve's tie-break. The sticks and
+    input sticks are the solve's."""
+    from solver.plan import Residency
+
+    pg = gated_mlp(*MLP)
+    solved = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5, fuse=False)
+    splits = {"gate": {"m": 4, "n": 8}, "act": {"d0": 4, "d1": 8}, "up": {"m": 8, "n": 4},
+              "prod": {"d0": 8, "d1": 4}, "down": {"m": 8, "k": 4}}
+    d = replace(solved, ops={o: replace(solved.ops[o], core_split=split, temporal_tiles={}, core_slices=None)
+                             for o, split in splits.items()},
+                resident={"g": Residency(0), "h": Residency(0)}, bundle_starts=["gate", "prod"],
+                op_order=["up", "gate", "act", "prod", "down"], stats={})
+    _simulated(pg, d)   # valid as it stands
+    return pg, d
+
+
+def _after_the_solve(pg, d):
+    """`d` through the planner's post-solve steps without the split-K step (what
+    `plan_cpsat` does with a plan it solved; deterministic: no deadline)."""
+    from solver.spyre.model import build_model
+
+    strategies = build_model(pg, HW, d)[1]
+    kept = tuple(s for s in steps.POST_SOLVE_STEPS if s.name != "split-K")
+    return steps.post_solve(pg, HW, d, deadline=None, strategies=strategies, steps=kept).decisions
+
+
 def test_a_resplit_product_reads_an_input_held_by_an_earlier_kernel_from_device_memory(monkeypatch):
     """A product left a kernel of its own reads `u`, held in LX by the gate/up kernel on the
     product's planned split. Re-split for the split-K reader, the product's cores would look
     for slices of `u` their LX does not hold (lx_slice_mismatch): the variant reads `u` from
-    device memory instead, and is faster. The solve now brings the product into the gate/up
-    kernel at MLP (last test), and none of 69 gated MLP shapes tried (1024-16384 rows,
-    512-4096 x 2048-12288) leaves it out with an input held, so the plan is the one the merge
-    makes without trying its untiled members inside the kernel."""
+    device memory instead, and is faster. The merge brings the product into the gate/up kernel
+    (last test), and none of 69 gated MLP shapes tried (1024-16384 rows, 512-4096 x
+    2048-12288) leaves it out with an input held, so the plan is the one the post-solve steps
+    make of `_product_on_the_up_split` without trying the merge's untiled members inside
+    the kernel."""
     from solver.spyre.fusion import merge
     from solver.spyre.split_k_hold import _kernel_members
 
-    pg = gated_mlp(*MLP)
-    _without_split_k(monkeypatch)
+    pg, solved = _product_on_the_up_split()
     monkeypatch.setattr(merge, "_with_joining_members", lambda *a: None)
-    d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    d = _after_the_solve(pg, solved)
     program, us = _simulated(pg, d)
     held = [t for t in ("a", "u") if isinstance(program.tensor_map()[t].memory, LxMemory)]
     assert held and _kernel_members(program, "prod") == ["prod"], \
@@ -228,22 +265,21 @@ def test_a_resplit_product_reads_an_input_held_by_an_earlier_kernel_from_device_
 
 
 def test_a_member_the_merge_puts_on_its_producers_split_joins_the_kernel(monkeypatch):
-    """At MLP the run gate -> act -> product keeps its planned splits (the product's differs
-    from the activation's, so the product stays untiled: it would read other cores' parts),
-    and merging it with the up projection's kernel re-splits gate and act onto the up
-    projection's split, the product's. The merge then tries the product inside the kernel
-    too: valid and faster than the plan that leaves it a kernel of its own."""
+    """In `_product_on_the_up_split` the run gate -> act -> product keeps its planned splits
+    (the product's differs from the activation's, so the product stays untiled: it would read
+    other cores' parts), and merging it with the up projection's kernel re-splits gate and act
+    onto the up projection's split, the product's. The merge then tries the product inside
+    the kernel too: valid and faster than the plan that leaves it a kernel of its own."""
     from solver.spyre.fusion import merge
     from solver.spyre.split_k_hold import _kernel_members
 
-    pg = gated_mlp(*MLP)
-    _without_split_k(monkeypatch)
-    d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    pg, solved = _product_on_the_up_split()
+    d = _after_the_solve(pg, solved)
     program, us = _simulated(pg, d)
     assert d.ops["prod"].temporal_tiles
     assert {"gate", "act", "prod"} <= set(_kernel_members(program, "prod"))
     monkeypatch.setattr(merge, "_with_joining_members", lambda *a: None)
-    d0 = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
+    d0 = _after_the_solve(pg, solved)
     program0, us0 = _simulated(pg, d0)
     assert not d0.ops["prod"].temporal_tiles and _kernel_members(program0, "prod") == ["prod"]
     assert us < 0.8 * us0
