@@ -15,6 +15,8 @@
    `solver.spyre.post_solve.run_steps`), each kept only when valid and simulated faster;
 8. stats: predicted time (cost model of the plan as solved, less the steps' simulated
    gain), status, objective, bound, gap, notes;
+deterministic mode runs steps 5-7 as draws (`draw_count`, another CP-SAT seed each, the
+same model and start) while a solve stops unproven and keeps the fastest program;
 and last, never predicted slower than the hint as its own planner ordered it
 (`start.own_order_plan`): the hint in its own order is returned otherwise, with a note.
 """
