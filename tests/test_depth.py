@@ -126,11 +126,10 @@ def test_wall_clock_reserve_follows_the_measured_hint_simulation(llama6, heurist
 
 def test_representative_draws_and_seed(llama6, heuristic_us, monkeypatch):
     """The caller's seed reaches the representative's solve; in deterministic mode its
-    pipeline is asked for REPRESENTATIVE_MAX_DRAWS draws (single.plan_graph makes them while
-    its solves stop unproven, tests/test_draws.py); the result repeats on a second run and is
+    pipeline makes its own draws (single.plan_graph's default, as for a graph of its own,
+    tests/test_draws.py); the result repeats on a second run and is
     never slower than the heuristic."""
     from solver.oracle import checked_program
-    from solver.spyre import budget
     from solver.spyre.cpsat_planner import plan_cpsat
     from solver.spyre.depth import repeats
 
@@ -143,7 +142,7 @@ def test_representative_draws_and_seed(llama6, heuristic_us, monkeypatch):
     monkeypatch.setattr(repeats, "solve_segment", recording)
     d = plan_cpsat(llama6, HW, time_limit_s=6, deterministic=True, seed=3)
     reps = [c for c in calls if c[0].startswith("representative")]
-    assert reps and all(seed == 3 and draws == budget.REPRESENTATIVE_MAX_DRAWS for _, seed, draws in reps), calls
+    assert reps and all(seed == 3 and draws is None for _, seed, draws in reps), calls
     program, issues = checked_program(llama6, HW, d)
     assert program is not None, issues
     assert time_program(program, HW).total_us <= heuristic_us * (1 + 1e-9)

@@ -50,10 +50,11 @@ DETERMINISTIC_PER_SECOND = 0.15
 # Deterministic mode: nothing measured may shape the solve, so the wall limit is only a
 # safety net at this many times the caller's limit.
 DETERMINISTIC_WALL_FACTOR = 3.0
-# Deterministic mode: when a solve stops before its proof (status FEASIBLE), the plan it
-# stops at depends on CP-SAT's seed, and the fusion search turns those plans into programs
-# far apart (llama31_8b_prefill512, 10 s, 2026-12-05: seeds 1-8 fused to 4188-4977 us,
-# 18.8%; neither the objective nor the tile-class price ranks them as fused). So up to
+# Deterministic mode: the plan a solve stops at depends on CP-SAT's seed (unproven, or one
+# of tied optima), and the fusion search turns those plans into programs far apart
+# (llama31_8b_prefill512, 10 s, 2026-12-05: seeds 1-8 fused to 4188-4977 us, 18.8%; the
+# 62-op Llama block's proven optimum fused to 4488.3 us, the best of four seeds' optima to
+# 4144.6; neither the objective nor the tile-class price ranks them as fused). So up to
 # DETERMINISTIC_DRAWS draws (another seed each, the same model and start, each its own
 # solve, local search and post-solve steps) run and the fastest program is kept: the best
 # of four draws of those eight seeds was 4188.3 and 4229.7 us (1.0%). Each draw costs a
@@ -184,9 +185,9 @@ REPRESENTATIVE_LIMIT_SHARE = 0.95
 # with another seed, up to REPRESENTATIVE_MAX_DRAWS times, and the fastest is kept. Wall
 # clock: another draw when what is left is at least REPRESENTATIVE_DRAW_FACTOR times the
 # mean draw so far (there, with three draws at 30 s, 138.7 -> 133.6 ms, 2026-12-01);
-# deterministic: the representative's pipeline makes this many draws while its solves stop
-# unproven (as a one-layer graph's does at the default limit, DETERMINISTIC_DRAWS), at any
-# limit, so a copy is drawn as often as the one-layer plan it is compared with.
+# deterministic: the representative's pipeline makes its draws as for a graph of its own
+# (DETERMINISTIC_DRAWS, DETERMINISTIC_DRAW_S), so a copy is drawn as often as the one-layer
+# plan it is compared with.
 REPRESENTATIVE_MAX_DRAWS = 4
 REPRESENTATIVE_DRAW_FACTOR = 1.2
 # The hybrid (segments the hint runs faster take its decisions) is tried only when those
@@ -253,7 +254,7 @@ TABLE: tuple[Knob, ...] = (
     Knob("DETERMINISTIC_PER_SECOND", "solve.solve_rounds",
          "deterministic units per wall second: a deterministic solve's length against its quality"),
     Knob("DETERMINISTIC_DRAWS", "single.draw_count",
-         "deterministic draws (seeds) while a solve stops unproven, the fastest program kept: stability against wall"),
+         "deterministic draws (seeds) while a solve finds a plan, the fastest program kept: stability against wall"),
     Knob("DETERMINISTIC_DRAW_S", "single.draw_count",
          "budget seconds per deterministic draw: more draws against the deterministic wall"),
     Knob("DETERMINISTIC_WALL_FACTOR", "solve.solve_rounds",
@@ -314,8 +315,7 @@ TABLE: tuple[Knob, ...] = (
     Knob("REPRESENTATIVE_LIMIT_SHARE", "depth.repeats.plan_depth",
          "share of its seconds the representative's pipeline is given (wall clock): its quality against overrun"),
     Knob("REPRESENTATIVE_MAX_DRAWS", "depth.repeats.plan_depth",
-         "most CP-SAT seeds tried for the block (deterministic: the draws of its pipeline): a luckier optimum "
-         "against time per draw"),
+         "most CP-SAT seeds tried for the block (wall clock): a luckier optimum against time per draw"),
     Knob("REPRESENTATIVE_DRAW_FACTOR", "depth.repeats.plan_depth",
          "another draw when this many mean draws are left (wall clock): more draws against overrun"),
     Knob("HYBRID_MIN_GAIN", "depth.repeats.hybrid",

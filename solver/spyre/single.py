@@ -16,7 +16,7 @@
 8. stats: predicted time (cost model of the plan as solved, less the steps' simulated
    gain), status, objective, bound, gap, notes;
 deterministic mode runs steps 5-7 as draws (`draw_count`, another CP-SAT seed each, the
-same model and start) while a solve stops unproven and keeps the fastest program;
+same model and start) while the solves find a plan, and keeps the fastest program;
 and last, never predicted slower than the hint as its own planner ordered it
 (`start.own_order_plan`): the hint in its own order is returned otherwise, with a note.
 """
@@ -88,7 +88,7 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
     proven optimum stops a round early), kept for comparison
     (benchmarks/bench_compile_time.py). `seed` picks CP-SAT's seeds: in wall-clock mode the
     solve's seed; in deterministic mode the draws' (`draws`, default
-    `draw_count`: while a solve stops unproven, up to that many solves, each
+    `draw_count`: while the solves find a plan, up to that many solves, each
     with its own seed and post-solve steps, the fastest program kept; draw k of seed s uses
     CP-SAT seed draws x (s - 1) + 1 + k, so no two seeds share a draw)."""
     if budget_mode not in ("scaled", "fixed"):
@@ -163,7 +163,8 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
                  hint_prog=hint_prog, hint_ns=hint_ns, limit_s=limit_s, cap_s=cap_s, t0=t0, reserve_s=reserve_s,
                  fusion_s=fusion_s, deterministic=deterministic, num_workers=num_workers, max_rounds=max_rounds,
                  gaps=gaps, fuse=fuse, emit_s=emit_s, events=events)
-    # deterministic mode: while a solve stops before its proof, the plan depends on the seed
+    # deterministic mode: where a solve stops (unproven, or at one of tied optima) depends on
+    # the seed
     # (budget.DETERMINISTIC_DRAWS): more draws, the fastest program kept (the first on a tie).
     # Draw k of `seed` uses CP-SAT seed DRAWS x (seed - 1) + 1 + k, so two seeds never share
     # a draw. Wall clock: one draw with CP-SAT seed `seed` (the limit leaves no time for more)
@@ -180,7 +181,10 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
         if draws > 1:
             notes.append(f"draw {k + 1} of {draws} (CP-SAT seed {cp_seed}): {got.status}, "
                          f"predicted {got.final_ns / 1000:.1f} us")
-        if got.status != "FEASIBLE":   # proven (or nothing found): another seed decides nothing
+        # nothing found: another seed with the same time finds nothing either. A proven
+        # optimum is drawn again: the objective prices ops unfused, and tied optima (or one
+        # within the gap limits) fuse to programs apart
+        if got.status not in ("FEASIBLE", "OPTIMAL"):
             break
     notes.extend(best.notes)
     seconds.update(best.seconds)

@@ -406,10 +406,11 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
                  for i in block for a in pg.ops[i].inputs
                  if a.tensor in producer and producer_pos[a.tensor] < rep.start}
     rep_notes: list[str] = []
-    # deterministic: one solve of the whole share, whose pipeline makes its own draws while
-    # its solves stop unproven (REPRESENTATIVE_MAX_DRAWS, counts only); wall clock: draws
-    # here while the share lasts (below)
-    draws = budget.REPRESENTATIVE_MAX_DRAWS if deterministic else 1
+    # deterministic: one solve of the whole share, whose pipeline makes its own draws as it
+    # would for a graph of its own (`single.draw_count` of its budget: four for a prefill
+    # layer's block at 10 s, counts only); wall clock: draws here while the share lasts
+    # (below)
+    draws = None if deterministic else 1
     draw_s = rep_s
     rep_inputs = shared_in
     rep_d, note = solve_segment(pg, block, hw, time_limit_s=draw_s, deterministic=deterministic,
