@@ -2,7 +2,7 @@
 cold and with plan transfer, and the simulated time per token it gets.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_serving.py [--time-limit 10]
-        [--deterministic] [--only decode_b8] [--json out.json]
+        [--deterministic] [--only decode_b8] [--json out.json] [--baseline-json main.json]
 
 Graphs: benchmarks/graphs/serving/ (one layer each; make_graphs.py --suite serving). Per graph:
 - `heuristic`: the torch-spyre baseline's plan (simulated µs);
@@ -21,11 +21,11 @@ Every program is validated by `plan()` or by the transfer's own check before it 
 Granite-3.3-8B block (`GraniteBlock`, fp16) with `attn_name="spyre_paged_attn"`, one new
 token per sequence stored into and attending over a paged KV cache of `--cache-blocks`
 blocks of 64 tokens (the plugin sizes it for its largest batch at full context, plus the
-padding block), at batch 1 and 4 against KV lengths 1k-8k (and, with `--cache-blocks`
-above what those need, whatever fits). Per shape: the baseline's and the cold CP-SAT plan's
-simulated time, and the share of the latter in the paged store (which rewrites the whole
-cache) and in the paged attention; beside it the cold CP-SAT plan of the sdpa decode graph of
-the same shape (benchmarks/graphs/serving), planned in the same run.
+padding block), at batch 1, 4 and 32 against KV lengths 1k-8k, the shapes whose blocks fit
+the cache (batch 32 at 8k needs 4,097 blocks). Per shape: the baseline's and the cold CP-SAT
+plan's simulated time, and the share of the latter in the paged store (an in-place row store:
+the rows written) and in the paged attention; beside it the cold CP-SAT plan of the sdpa
+decode graph of the same shape (benchmarks/graphs/serving), planned in the same run.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -110,7 +111,7 @@ def run(time_limit_s: float, deterministic: bool, only: str = "") -> dict:
             "deterministic": deterministic, "rows": rows}
 
 
-PAGED_SHAPES = [(b, kv) for b in (1, 4) for kv in (1024, 2048, 4096, 8192)]
+PAGED_SHAPES = [(b, kv) for b in (1, 4, 32) for kv in (1024, 2048, 4096, 8192)]
 BLOCK = 64
 
 
@@ -221,6 +222,29 @@ def table(report: dict) -> str:
     return "\n".join(out)
 
 
+def compare_table(report: dict, baseline: dict) -> str:
+    """Transfer side by side: this run's rows with another run's (`--baseline-json`, e.g. the
+    same benchmark on another commit) transfer s, µs and their ratios to that run's cold."""
+    base = {r["graph"]: r for r in baseline["rows"]}
+    out = ["| graph | cold s | cold µs | transfer s | transfer µs | cold/transfer time | transfer/cold µs | "
+           "baseline run: cold s | transfer s | cold/transfer time | transfer/cold µs |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def cells(r: Optional[dict]) -> list[str]:
+        if r is None or not r.get("transfer_s"):
+            return ["-", "-", "-", "-"] if r is None else [f"{r['cold_s']:.2f}", "-", "-", "-"]
+        solved = "" if r.get("transfer_status") in (None, "TRANSFERRED") else " (solved)"
+        return [f"{r['cold_s']:.2f}", f"{r['transfer_s']:.2f}{solved}", f"{r['cold_s'] / r['transfer_s']:.1f}x",
+                f"{r['transfer_us'] / r['cold_us']:.3f}"]
+
+    for r in report["rows"]:
+        mine, theirs = cells(r), cells(base.get(r["graph"]))
+        us = f"{r['transfer_us']:,.1f}" if r.get("transfer_us") else "-"
+        out.append(f"| {r['graph']} | {mine[0]} | {r['cold_us']:,.1f} | {mine[1]} | {us} | {mine[2]} | {mine[3]} | "
+                   + " | ".join(theirs) + " |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=10.0, help="cold CP-SAT limit per graph, s")
@@ -229,14 +253,22 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write the report here")
     ap.add_argument("--paged", action="store_true", help="FMS paged decode graphs (continuous batching) instead")
     ap.add_argument("--cache-blocks", type=int, default=513, help="paged KV cache size, blocks of 64 tokens")
+    ap.add_argument("--from-json", type=Path, help="print the tables of this report instead of running")
+    ap.add_argument("--baseline-json", type=Path,
+                    help="a report of another run (another commit) to set the transfer columns beside")
     args = ap.parse_args(argv)
-    if args.paged:
+    if args.from_json:
+        report = json.loads(args.from_json.read_text())
+    elif args.paged:
         report = run_paged(args.cache_blocks, args.time_limit, args.deterministic)
     else:
         report = run(args.time_limit, args.deterministic, args.only)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     print(paged_table(report) if args.paged else table(report))
+    if args.baseline_json and not args.paged:
+        print()
+        print(compare_table(report, json.loads(args.baseline_json.read_text())))
     return 0
 
 

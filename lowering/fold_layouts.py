@@ -112,8 +112,8 @@ def _fold_perm(copy: PrimOp, producer: Optional[PrimOp], tensors: dict[str, Prim
     smap = body.maps[0]
     if any(body.out_offsets[0]) or tuple(smap.shape) != tuple(out.shape) or t.dtype != out.dtype:
         return None
-    if t.role != "intermediate" or src in outputs or reads.get(src, 0) != 1:
-        return None
+    if t.role != "intermediate" or src in outputs or reads.get(src, 0) != 1 or t.dim_order is not None:
+        return None   # (a layout the graph fixes is not re-shaped)
     if producer is None or producer.body.kind not in FOLDABLE_PRODUCERS:
         return None
     perm = permutation_of(t.shape, smap)

@@ -43,7 +43,9 @@ from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from target.interpreter import InterpreterError, run_op as reference_op
+from target.interpreter import (
+    InterpreterError, to_iter_space, run_op as reference_op, scatter_row_value, scatter_rows, scatter_target,
+)
 from target.primitives import DTYPE_BYTES, Access, IterDim, PrimOp, PrimTensor
 from target.geometry import (
     Box, core_ranges, op_granules, parsed_prim, operand_box, reduction_split, tile_ranges,
@@ -262,6 +264,8 @@ class Machine:
         if o.alias:
             return  # the output shares its input's bytes: nothing moves
         prim = self.prim(k)
+        if prim.body.kind == "scatter":
+            return self.run_scatter(k, tile)
         tm = self.tmap
         out_t = tm[prim.output.tensor]
         gran, ranges = self.geometry(k)
@@ -321,6 +325,37 @@ class Machine:
                 held[core] = box
         for core, box, out in results:
             self.write(out_t, core, box, to_storage(out, out_t.dtype))
+
+    def run_scatter(self, k: int, tile: Optional[int] = None):
+        """An in-place row store: each core reads its slice of the values and the indices and
+        writes only the rows (its part of each row) into the output's bytes, which are the
+        table's (the validator's `in_place` rule): the rest of the table is not touched. In a
+        fused kernel's tile loop (`tile`), only that temporal tile of each core's slice."""
+        prim = self.prim(k)
+        tm = self.tmap
+        out_t = tm[prim.output.tensor]
+        gran, ranges = self.geometry(k)
+        if tile is not None:
+            ranges = {core: tile_ranges(prim, rng, self.p.ops[k].temporal_tiles, gran)[tile]
+                      for core, rng in ranges.items()}
+        for core, rng in ranges.items():
+            if any(b <= a for a, b in rng):
+                continue
+            sizes = [b - a for a, b in rng]
+            its = []
+            for i in range(1, len(prim.inputs)):
+                t = tm[prim.inputs[i].tensor]
+                raw = from_storage(self.read(t, core, operand_box(prim, i, rng, t.shape)), t.dtype)
+                its.append(to_iter_space(raw, prim.inputs[i], sizes))
+            try:
+                values = np.broadcast_to(its[0], tuple(sizes))
+                rows = scatter_rows(prim, [a.astype(np.int64) for a in its[1:]], out_t.shape, sizes)
+            except (InterpreterError, ValueError, IndexError) as e:
+                raise RunError(f"{prim.id}: {e}") from e
+            for point, dest in rows:
+                box = scatter_target(prim, dest, rng)
+                row = scatter_row_value(prim, values, point).reshape([b - a for a, b in box])
+                self.write(out_t, core, box, to_storage(row, out_t.dtype))
 
     def read_output(self, name: str) -> np.ndarray:
         t = self.tmap[name]

@@ -57,6 +57,7 @@ from simulator.timing_terms import (grouped_compute_ns, grouped_operand_bytes, g
                                     k_collaborators_adjacent, matmul_batch_dims, matmul_layout_stall,
                                     reduction_tiles, tile_rereads, tile_share)
 from target.hardware import Hardware, load_target
+from target.interpreter import scatter_target
 from target.superdsc import LxMemory, OpDecl, Program, TensorDecl, fused_group_key, lx_live_spans, tile_count
 
 _GRAPH_INPUT_ROLES = ("user_input", "parameter", "buffer", "constant")
@@ -409,6 +410,8 @@ class OpTimer:
                 ot.effects.append("alias: no data moves")
             return ot
 
+        if op.kind == "compute" and parsed_prim(op.prim).body.kind == "scatter":
+            return scatter_store_timing(self, op, parsed_prim(op.prim), ot)
         g = self._geometry(op)
         prim, classes, split, n_cores = g.prim, g.classes, g.split, g.n_cores
         ot.cores = n_cores
@@ -749,6 +752,56 @@ class OpTimer:
         ot._body_ns = worst_ns  # type: ignore[attr-defined]
         ot.bound_by = _bound_by(worst_mem - repl_ns, repl_ns, worst_comp, ring_ns, overhead_ns)
         return ot
+
+
+def scatter_store_timing(timer: OpTimer, op: OpDecl, prim: PrimOp, ot: OpTiming) -> OpTiming:
+    """An in-place row store (`scatter`): its output is its table's bytes, so it moves only
+    the rows it writes. Each core reads its slice of the values and the whole of the indices
+    it needs, and writes its part of every row (in whole sticks: a row part is stored as the
+    sticks it covers). Priced as one device-memory kernel of those bytes on the op's cores
+    (`hw.dram_ns`); an operand held in LX moves no device-memory bytes. The rows actually
+    written are the index positions (every row is stored: duplicates and out-of-range rows
+    are data the timing does not see)."""
+    hw = timer.hw
+    tensors = timer.tensors
+    split = {n: f for n, f in op.core_split.items() if f > 1}
+    gran = op_granules(prim, timer.layouts, timer.dtypes, hw.stick_bytes)
+    ranges = core_ranges(prim, split, op.core_slices or [], gran)
+    n_rows = 1
+    for d in {d for a in prim.inputs[2:] for d in a.dims if d is not None}:
+        n_rows *= prim.iter_dims[d].size
+    out = tensors[prim.output.tensor]
+    dests = (0,) * len(prim.body.table_axes)
+    read = write = 0.0
+    per_core: dict[int, float] = {}
+    for core, rng in ranges.items():
+        b = 0.0
+        if any(hi <= lo for lo, hi in rng):
+            per_core[core] = 0.0
+            continue
+        row = box_lx_bytes(scatter_target(prim, dests, rng), out.layout, out.dtype)
+        write += n_rows * row
+        b += n_rows * row
+        for i in range(1, len(prim.inputs)):
+            td = tensors[prim.inputs[i].tensor]
+            if isinstance(td.memory, LxMemory):
+                continue
+            nb = box_lx_bytes(operand_box(prim, i, rng, td.shape), td.layout, td.dtype)
+            read += nb
+            b += nb
+        per_core[core] = b
+    n_cores = max(1, len(ranges))
+    mem_ns = timer.dram_ns(read, write, n_cores)
+    worst = max(per_core.values()) or 1.0
+    for core, b in per_core.items():
+        ot.per_core[core] = (mem_ns * b / worst / 1e3, 0.0)
+    ot.cores = n_cores
+    ot.hbm_read_bytes, ot.hbm_write_bytes = int(read), int(write)
+    ot.memory_us = mem_ns / 1e3
+    ot._body_ns = mem_ns  # type: ignore[attr-defined]
+    ot.bound_by = "memory" if mem_ns > 0 else "none"
+    ot.effects.append(f"in-place row store: {n_rows} rows")
+    return ot
 
 
 def _bound_by(mem: float, repl: float, comp: float, ring: float, overhead: float) -> str:

@@ -4,7 +4,7 @@
 bad program (a client may send anything); each issue names the op and/or tensor it concerns.
 
 Codes (docs/simulator.md has the full table):
-  version             format name or version is not sticksat.superdsc v2 (or v1, read as v2)
+  version             format name or version is not sticksat.superdsc v3 (or v2 / v1, read as v3)
   schema              the document does not parse / duplicate ids / malformed loop nest
   hardware_mismatch   program targets another hardware name or digest
   unknown_tensor      an op, input or output names an undeclared tensor
@@ -16,7 +16,7 @@ Codes (docs/simulator.md has the full table):
   stick_alignment     stick elements not one stick, stick count not the stick dim in whole sticks,
                       or an address not stick aligned
   split_unknown_dim   core_split names a dim the loop nest does not have
-  split_uneven        a split is not even / not in whole sticks (or splits a scan)
+  split_uneven        a split is not even / not in whole sticks (or splits a scan or a scatter's rows)
   cores_over_limit    more cores than the hardware has (split product or a core id)
   multi_reduction_split more than one reduction dim split across cores
   core_slices         coreIdToWkSlice_ is not a bijection cores <-> work slices of the split
@@ -47,6 +47,8 @@ Codes (docs/simulator.md has the full table):
   bundle_limit        a bundle takes more of the hardware's per-bundle tensor limit than it allows
                       (counted by hw.bundle_slots: the rule in the target file)
   alias_illegal       an alias claim whose bytes are not the output in its layout
+  in_place            an in-place op (scatter) whose output is not its table's bytes in the table's
+                      layout, or a read of the table's old value after the op updated it
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ from pydantic import ValidationError
 
 from simulator.lx_checks import LxChecks
 from target.op_rules import check_split, copy_is_alias, ex_unit, matching_choice, opfunc, split_units
-from target.primitives import DTYPE_BYTES, PrimOp
+from target.primitives import DTYPE_BYTES, PrimOp, in_place_table, scatter_problems
 from target.geometry import (
     LRU, box_contains, caches_enabled, core_ranges, flag, flat_key, op_granules, operand_box, parsed_prim,
     prim_key, put_dict, put_slices, put_tensor, reduction_split, tile_iteration_ranges, tile_operand_boxes,
@@ -342,15 +344,72 @@ class _Checker(LxChecks):
             if t in self.tmap and t not in written:
                 self.add("read_before_write", f"program output {t} is never produced", tensor=t)
         # an alias claim must come from an alias op
-        alias_ops = {self.prims[o.id].output.tensor for o in p.ops if o.alias and o.id in self.prims}
+        alias_ops = {self.prims[o.id].output.tensor for o in p.ops if o.id in self.prims
+                     and (o.alias or in_place_table(self.prims[o.id]) is not None)}
         for t in self.tmap.values():
             if isinstance(t.memory, HbmMemory) and t.memory.alias_of and t.id not in alias_ops:
-                self.add("alias_illegal", f"{t.id}: declared an alias but no alias copy produces it", tensor=t.id)
+                self.add("alias_illegal", f"{t.id}: declared an alias but no alias copy or in-place op produces it",
+                         tensor=t.id)
         self.written = written
+        self._check_in_place_hazards()
+
+    def _check_in_place(self, o, prim: PrimOp, table: str) -> None:
+        """An in-place op's output is its table's bytes: both in device memory, the output
+        declared `alias_of` the table's root, in the table's layout and dtype; the op's other
+        operands are not those bytes (a row read while rows are stored)."""
+        tm = self.tmap
+        tt, out = tm[table], tm[prim.output.tensor]
+        if not (isinstance(tt.memory, HbmMemory) and isinstance(out.memory, HbmMemory)):
+            self.add("in_place", f"{o.id}: an in-place op needs its table {table} and output {out.id} in device "
+                                 f"memory", op=o.id, tensor=out.id)
+            return
+        root = resolve_alias(tm, table)
+        if out.memory.alias_of != root or out.memory.offset != tt.memory.offset:
+            self.add("in_place", f"{o.id}: output {out.id} must be declared alias_of {root} (the table's bytes)",
+                     op=o.id, tensor=out.id)
+        if out.dtype != tt.dtype or out.layout != tt.layout:
+            self.add("in_place", f"{o.id}: output {out.id} must have its table {table}'s dtype and layout",
+                     op=o.id, tensor=out.id)
+        for a in prim.inputs[1:]:
+            if resolve_alias(tm, a.tensor) == root:
+                self.add("in_place", f"{o.id}: operand {a.tensor} shares the bytes the op updates", op=o.id,
+                         tensor=a.tensor)
+
+    def _check_in_place_hazards(self) -> None:
+        """After an in-place op updates a tensor's bytes, its old value is gone: no later op
+        reads it (nor any other view of those bytes made before the update), and no program
+        output names it (the host reads outputs after the program)."""
+        tm = self.tmap
+        stale: dict[str, str] = {}   # tensor -> the op whose update made it stale
+        for k, o in enumerate(self.p.ops):
+            prim = self.prims.get(o.id)
+            if prim is None:
+                continue
+            for a in prim.inputs:
+                if a.tensor in stale:
+                    self.add("in_place", f"{o.id}: reads {a.tensor} after {stale[a.tensor]} updated its bytes in "
+                                         f"place", op=o.id, tensor=a.tensor)
+            table = in_place_table(prim)
+            if table is None or not isinstance(tm[table].memory, HbmMemory):
+                continue
+            root = resolve_alias(tm, table)
+            for t in tm.values():   # every earlier view of those bytes (the new value is the output)
+                if t.id != prim.output.tensor and self.written.get(t.id, k) < k and \
+                        isinstance(t.memory, HbmMemory) and resolve_alias(tm, t.id) == root:
+                    stale.setdefault(t.id, o.id)
+        for t in self.p.outputs:
+            if t in stale:
+                self.add("in_place", f"program output {t} is the value {stale[t]} overwrote in place", tensor=t)
 
     def _check_shapes(self, op_id: str, prim: PrimOp) -> bool:
         ok = True
         n_it = len(prim.iter_dims)
+        if prim.kind == "scatter":
+            for msg in scatter_problems(prim):
+                self.add("schema", f"{op_id}: malformed scatter: {msg}", op=op_id)
+                ok = False
+            if not ok:
+                return False
         for role, acc in [("input", a) for a in prim.inputs] + [("output", prim.output)]:
             t = self.tmap[acc.tensor]
             if len(acc.dims) != len(t.shape):
@@ -364,10 +423,11 @@ class _Checker(LxChecks):
                                                f"the loop nest has {n_it}", op=op_id, tensor=acc.tensor)
                     ok = False
                 continue  # read whole through the copy's strided maps
+            table_like = (prim.kind == "gather" and role == "input" and acc is prim.inputs[0]) or \
+                (prim.kind == "scatter" and (role == "output" or acc is prim.inputs[0]))
             for j, d in enumerate(acc.dims):
                 if d is None:
-                    if t.shape[j] != 1 and not (prim.kind == "gather" and role == "input"
-                                                and acc is prim.inputs[0] and j in prim.body.table_axes):
+                    if t.shape[j] != 1 and not (table_like and j in prim.body.table_axes):
                         self.add("shape_mismatch", f"{op_id}: {acc.tensor} dim {j} unmapped but size {t.shape[j]}",
                                  op=op_id, tensor=acc.tensor)
                         ok = False
@@ -377,7 +437,7 @@ class _Checker(LxChecks):
                     ok = False
                 elif prim.kind in ("copy",) and role == "input":
                     continue
-                elif prim.kind == "gather" and acc is prim.inputs[0] and j in prim.body.table_axes:
+                elif table_like and j in prim.body.table_axes:
                     continue
                 elif prim.iter_dims[d].size != t.shape[j]:
                     self.add("shape_mismatch", f"{op_id}: {acc.tensor} dim {j} has size {t.shape[j]}, "
@@ -398,6 +458,9 @@ class _Checker(LxChecks):
             if matching_choice(prim, ins, out) is None:
                 self.add("op_rule", f"{o.id}: operand sticks {ins} -> {out} match none of the {prim.kind} "
                                     f"op's stick options", op=o.id)
+            table = in_place_table(prim)
+            if table is not None:
+                self._check_in_place(o, prim, table)
             if o.alias:
                 src = prim.inputs[0].tensor if prim.inputs else None
                 dst = prim.output.tensor

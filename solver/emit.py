@@ -27,7 +27,7 @@ from target.op_rules import (
     ANY, StickChoice, copy_is_alias, default_choice, ex_unit, opfunc, outermost_split,
     restickify_prim, stick_options,
 )
-from target.primitives import PrimGraph, PrimOp, op_to_json
+from target.primitives import PrimGraph, PrimOp, in_place_table, op_to_json
 from lowering.version import COMPILER_VERSION
 from target.geometry import (
     LRU, caches_enabled, core_ranges, default_core_slices, flat_key, largest_tile_lx_bytes, op_granules, prim_key,
@@ -132,7 +132,10 @@ def _build_items(pg: PrimGraph, hw, decisions: PlanDecisions) -> _Build:
         ch = _choice(op, decisions.ops.get(op.id, OpPlan()))
         choices[op.id] = ch
         stick_of[op.output.tensor] = ch.output
-    orders = decisions.dim_orders
+    # the orders the graph fixes (`PrimTensor.dim_order`: a layout that outlives the
+    # program is a contract, like a shape) over the planner's
+    orders = {**decisions.dim_orders,
+              **{t.id: list(t.dim_order) for t in pg.tensors.values() if t.dim_order is not None}}
     layouts: dict[str, Layout] = {
         t: _layout(t, shapes[t], dtypes[t], s, stick_bytes, orders) for t, s in stick_of.items()}
 
@@ -163,6 +166,13 @@ def _build_items(pg: PrimGraph, hw, decisions: PlanDecisions) -> _Build:
             op.id, op.iter_dims, tuple(new_inputs), op.output, op.body, op.source)
         items.append(_Item(prim, "compute", plan))
 
+    for it in items:
+        table = in_place_table(it.prim) if it.kind == "compute" else None
+        if table is None:
+            continue
+        # an in-place op's output is its table's bytes: the table's layout whatever order
+        # a planner gave it (the op rule gives both one stick)
+        layouts[it.prim.output.tensor] = layouts[table]
     unknown = sorted(set(decisions.restick_ops) - set(restick_made))
     if unknown:
         raise EmitError(f"restickify plans for copies no consumer needs: {unknown[:5]}")
@@ -239,7 +249,7 @@ def op_sequence(pg: PrimGraph, hw, decisions: PlanDecisions) -> tuple[OpSequence
     b = _build_items(pg, hw, decisions)
     alias_of: dict[str, str] = {}
     for it in b.items:
-        if it.kind == "compute" and it.plan.alias and it.prim.inputs:
+        if it.kind == "compute" and (it.plan.alias or in_place_table(it.prim)) and it.prim.inputs:
             src = it.prim.inputs[0].tensor
             alias_of[it.prim.output.tensor] = alias_of.get(src, src)
     seq = _op_sequence(pg, b.items, alias_of, b.resident, _live_ranges(b.items, b.resident))
@@ -296,6 +306,12 @@ def emit_program(pg: PrimGraph, hw, decisions: PlanDecisions) -> Program:
             if not copy_is_alias(it.prim, shapes[src], layouts[src].dim_order, shapes[dst],
                                  layouts[dst].dim_order, dtypes[src], dtypes[dst], hw.stick_bytes):
                 raise EmitError(f"{it.prim.id}: copy is not a free alias in these layouts")
+            alias_of[dst] = alias_of.get(src, src)
+        elif it.kind == "compute" and in_place_table(it.prim) is not None:
+            src, dst = in_place_table(it.prim), it.prim.output.tensor
+            if src in resident or dst in resident:
+                raise EmitError(f"{it.prim.id}: an in-place op updates device memory: neither {src} nor {dst} "
+                                f"can be LX-resident")
             alias_of[dst] = alias_of.get(src, src)
 
     memories: dict[str, object] = {}

@@ -8,7 +8,9 @@ Per primitive op:
   core; copies, gathers, fills and restickifies compute nothing;
 - compulsory device-memory bytes: every graph input (user inputs and weights) read by the
   program crosses device memory once, charged to its first reader, and every graph output
-  once, charged to its producer; intermediates could all stay in LX and cost nothing.
+  once, charged to its producer; intermediates could all stay in LX and cost nothing. An
+  in-place store (`scatter`) reads none of its table and writes only its rows into it, so
+  its output counts as those rows' bytes.
   Logical bytes (no stick padding), at the one-way bus rate with no read/write turnaround.
 
 Two totals:
@@ -28,7 +30,13 @@ accepts: it charges what every core split of a matmul costs in this machine mode
   (a graph input's already in M; an intermediate's read is charged here) and, past the free
   fan-out, its delivery costs `hw.shared_read_delivery_ns` (P). Only for an operand this
   matmul alone reads: a tensor several ops read may be delivered once, in one fused kernel,
-  at the narrowest fan-out any of its readers uses, so nothing is charged for it.
+  at the narrowest fan-out any of its readers uses, so nothing is charged for it. When
+  that operand is the result of a pointwise or reduce op (not a graph output) and the
+  matmul reads all of it, its producer wrote it to device memory (no other term charges
+  that write: M holds graph outputs only, and such a producer has no split term), and the
+  timing model charges reading back what a kernel of the program wrote there the write
+  drain (`hw.dram_raw_turnaround_ns_per_byte` per byte read): both go into P too (since
+  2026-12-05; a copy producer may be a free alias and a matmul's write is its own W).
 - Split reductions combine partials over the ring (`hw.ring_combine_ns`, R) into device
   memory (the validator's lx_reduction_split), so the output is written there, the kernel
   that reads its streamed weights and writes pays the read/write turnaround, and a reader
@@ -51,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from target.op_rules import ANY, legal_core_splits, split_granules, stick_elems, stick_options
-from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
+from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp, in_place_table
 from target.geometry import core_ranges, default_core_slices, operand_box
 from simulator.timing_terms import best_matmul_rate_kind, grouped_experts_hit
 
@@ -130,13 +138,16 @@ def lower_bound(pg: PrimGraph, hw) -> LowerBound:
     ops: list[OpBound] = []
     for op in pg.ops:
         moved = 0
+        # an in-place store reads none of its table and writes only its rows into it
+        table = in_place_table(op)
         for acc in op.inputs:
             t = acc.tensor
-            if t not in produced and t not in loaded:
+            if t != table and t not in produced and t not in loaded:
                 loaded.add(t)
                 moved += _compulsory_bytes(pg, op, acc)
         if op.output.tensor in outputs:
-            moved += _logical_bytes(pg, op.output.tensor)
+            moved += (_logical_bytes(pg, op.output.tensor) if table is None
+                      else min(_logical_bytes(pg, op.inputs[1].tensor), _logical_bytes(pg, op.output.tensor)))
         ops.append(OpBound(op.id, _compute_ns(op, pg, hw, "sustained"), moved,
                            _compute_ns(op, pg, hw, "peak")))
 
@@ -164,7 +175,7 @@ class _SplitTerm:
 
 
 def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int], produced: set[str],
-                 whole: "_WholeReads") -> list[_SplitTerm]:
+                 whole: "_WholeReads", forced_write=lambda t, op: False) -> list[_SplitTerm]:
     """Every core split any stick choice of matmul `op` allows. Logical bytes (no stick
     padding). `produced`: the tensors some op writes; `whole`: `_read_whole` per tensor."""
     dts = [pg.tensors[a.tensor].dtype for a in op.inputs] + [pg.tensors[op.output.tensor].dtype]
@@ -215,6 +226,10 @@ def _split_terms(op: PrimOp, pg: PrimGraph, hw, reads: dict[str, int], produced:
                 single_p += hw.shared_read_delivery_ns(logical, fanout)
                 if not graph_input:
                     single_p += logical / hw.dram_oneway_gbps
+                    if forced_write(t, op):
+                        # and its pointwise/reduce producer wrote it there, which nothing
+                        # else charges, and this read of an intermediate pays the write drain
+                        single_p += logical / hw.dram_oneway_gbps + logical * hw.dram_raw_turnaround_ns_per_byte
             elif graph_input:
                 streamed_inputs += _logical_bytes(pg, t)
         write = 0.0
@@ -276,6 +291,15 @@ def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> floa
     compute_other = 0.0
     produced = {o.output.tensor for o in pg.ops}
     whole = _WholeReads(pg)
+    writer = {o.output.tensor: o for o in pg.ops}
+
+    def forced_write(t: str, reader: PrimOp) -> bool:
+        # a shared box of t is in device memory: a pointwise or reduce producer wrote it
+        # there (a copy may be a free alias, a matmul's write is its own split term's), and
+        # the reader reads every element of it (the write drain is charged per byte read)
+        w = writer.get(t)
+        return (w is not None and w.body.kind in ("pointwise", "reduce") and t not in outputs
+                and _read_whole(pg, t, [reader]))
     # the terms depend only on the op's structure and its operands' shapes, dtypes, reader
     # counts and roles: the same matmul in every layer of a deep model is priced once
     cache: dict[tuple, list[_SplitTerm]] = {}
@@ -285,9 +309,10 @@ def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> floa
             out_t = pg.tensors[op.output.tensor]
             key = (op.iter_dims, op.body, op.output.dims, out_t.shape, out_t.dtype, out_t.id in outputs,
                    whole(out_t.id), tuple((a.dims, pg.tensors[a.tensor].shape, pg.tensors[a.tensor].dtype,
-                                           reads[a.tensor], a.tensor in produced) for a in op.inputs))
+                                           reads[a.tensor], a.tensor in produced, forced_write(a.tensor, op))
+                                          for a in op.inputs))
             if key not in cache:
-                cache[key] = _split_terms(op, pg, hw, reads, produced, whole)
+                cache[key] = _split_terms(op, pg, hw, reads, produced, whole, forced_write)
             terms[op.id] = cache[key]
         else:
             compute_other += ob.compute_ns

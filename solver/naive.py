@@ -74,8 +74,8 @@ def plan_naive(pg: PrimGraph, hw, input_sticks: Optional[dict] = None, **_ignore
         split = outermost_split(op, gran, hw.cores)
         names = [a.tensor for a in op.inputs] + [op.output.tensor]
         sticks = ins + [ch.output]
-        layouts = {n: make_layout(pg.tensors[n].shape, pg.tensors[n].dtype, s, hw.stick_bytes)
-                   for n, s in zip(names, sticks)}
+        layouts = {n: make_layout(pg.tensors[n].shape, pg.tensors[n].dtype, s, hw.stick_bytes,
+                                  pg.tensors[n].dim_order) for n, s in zip(names, sticks)}
         shapes = {n: pg.tensors[n].shape for n in names}
         dtypes = {n: pg.tensors[n].dtype for n in names}
         split = span_reduced_split(op, split, gran, layouts, shapes, dtypes, hw)

@@ -322,7 +322,10 @@ def operand_box(op: PrimOp, operand: int, ranges: Sequence[Range], shape: Sequen
         return copy_read_box(op, operand, out_box, shape)
     box = []
     for j, d in enumerate(acc.dims):
-        if operand == 0 and kind == "gather" and j in op.body.table_axes:
+        if kind in ("gather", "scatter") and (operand == 0 or (operand < 0 and kind == "scatter")) \
+                and j in op.body.table_axes:
+            # a gather reads any row of its table; a scatter may write any row (the rows it
+            # does write are data: the timing model and the functional run take them)
             box.append((0, shape[j]))
         elif d is None or d >= len(ranges):
             box.append((0, shape[j]))
@@ -534,7 +537,8 @@ def tile_operand_boxes(op: PrimOp, operand: int, lo: np.ndarray, hi: np.ndarray,
     bhi = np.zeros(out_shape, dtype=np.int64)
     for j, d in enumerate(acc.dims):
         whole = (operand >= 0 and kind == "copy") or d is None or d >= n_it \
-            or (operand == 0 and kind == "gather" and j in op.body.table_axes)
+            or (kind in ("gather", "scatter") and (operand == 0 or (operand < 0 and kind == "scatter"))
+                and j in op.body.table_axes)
         if whole:
             bhi[:, :, j] = shape[j]
         else:

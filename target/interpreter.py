@@ -17,6 +17,7 @@ import numpy as np
 
 from target.primitives import (
     Access, Call, Const, CopyBody, Expr, FillBody, GatherBody, GroupedMatmulBody, In, MatmulBody, PointwiseBody, PrimGraph, PrimOp,
+    ScatterBody, index_iter_dims, scatter_problems,
     ReduceBody,
 )
 
@@ -73,7 +74,7 @@ def _compute_dtype(op: PrimOp, tensors) -> np.dtype:
     return np.dtype(np.bool_)
 
 
-def _to_iter_space(arr: np.ndarray, acc: Access, sizes: Sequence[int]) -> np.ndarray:
+def to_iter_space(arr: np.ndarray, acc: Access, sizes: Sequence[int]) -> np.ndarray:
     """arr viewed with one axis per iteration dim (size 1 where the operand does not vary)."""
     if arr.ndim != len(acc.dims):
         raise InterpreterError(f"{acc.tensor}: rank {arr.ndim} vs access {acc.dims}")
@@ -245,7 +246,7 @@ def eval_expr(e: Expr, vals: Sequence[np.ndarray], cdt: np.dtype) -> np.ndarray:
 
 
 def _operands(op: PrimOp, env, tensors, sizes, cdt) -> list[np.ndarray]:
-    return [_to_iter_space(env[a.tensor], a, sizes).astype(cdt, copy=False) for a in op.inputs]
+    return [to_iter_space(env[a.tensor], a, sizes).astype(cdt, copy=False) for a in op.inputs]
 
 
 def _run_pointwise(op, body: PointwiseBody, env, tensors, sizes, cdt):
@@ -288,7 +289,7 @@ def _run_matmul(op, body: MatmulBody, env, tensors, sizes, cdt):
         raise InterpreterError(f"{op.id}: too many iteration dims")
     subs, arrays = [], []
     for acc in op.inputs:
-        a = _to_iter_space(env[acc.tensor], acc, sizes).astype(mdt, copy=False)
+        a = to_iter_space(env[acc.tensor], acc, sizes).astype(mdt, copy=False)
         own = sorted(d for d in acc.dims if d is not None)
         a = a.reshape([sizes[d] for d in own])
         subs.append("".join(letters[d] for d in own))
@@ -310,7 +311,7 @@ def _run_grouped_matmul(op, body: GroupedMatmulBody, env, tensors, sizes, cdt):
         raise InterpreterError(f"{op.id}: grouped matmul needs x, w and the group ids")
 
     def own(acc, want):
-        a = _to_iter_space(env[acc.tensor], acc, sizes)
+        a = to_iter_space(env[acc.tensor], acc, sizes)
         dims = [d for d in acc.dims if d is not None]
         if any(d not in want for d in dims):
             raise InterpreterError(f"{op.id}: {acc.tensor} indexes iteration dims outside {want}")
@@ -346,7 +347,7 @@ def _run_gather(op, body: GatherBody, env, tensors, sizes, cdt):
     t_acc = op.inputs[0]
     idx_of = {}
     for ax, acc in zip(axes, op.inputs[1:]):
-        idx = _to_iter_space(env[acc.tensor], acc, sizes).astype(np.int64)
+        idx = to_iter_space(env[acc.tensor], acc, sizes).astype(np.int64)
         n = table.shape[ax]
         if np.any((idx < -n) | (idx >= n)):
             raise InterpreterError(f"{op.id}: index out of range for table dim {ax} of size {n}")
@@ -368,6 +369,79 @@ def _run_gather(op, body: GatherBody, env, tensors, sizes, cdt):
     if not index:
         return table.reshape([1] * len(sizes))
     return table[tuple(index)]
+
+
+def scatter_rows(op: PrimOp, index_its: Sequence[np.ndarray], table_shape: Sequence[int],
+                 sizes: Sequence[int]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The rows a scatter stores, as (row point, destination): the row point indexes the op's
+    row dims (`index_iter_dims`, ascending) within `sizes`, the destination is the position
+    along each scattered table axis. Rows are taken in row-major order of the row dims;
+    each destination appears once, from the last row naming it; negative indices wrap, rows
+    outside the table are dropped. `index_its` are the index operands in iteration space
+    (`to_iter_space` over `sizes`). Shared by the interpreter and the functional run."""
+    rows = sorted(index_iter_dims(op))
+    axes = op.body.table_axes
+    got: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for point in np.ndindex(*[sizes[d] for d in rows]):
+        at = dict(zip(rows, point))
+        dest = []
+        for ax, idx in zip(axes, index_its):
+            sel = tuple(at[d] if (d in at and idx.shape[d] != 1) else 0 for d in range(len(sizes)))
+            v = int(idx[sel])
+            n = int(table_shape[ax])
+            v = v + n if v < 0 else v
+            if not 0 <= v < n:
+                break
+            dest.append(v)
+        else:
+            got.pop(tuple(dest), None)
+            got[tuple(dest)] = point
+    return [(p, d) for d, p in got.items()]
+
+
+def scatter_row_value(op: PrimOp, values_it: np.ndarray, point: tuple[int, ...]) -> np.ndarray:
+    """A row of a scatter's values (iteration space, broadcast to the op's sizes) at row
+    point `point`, its dims in the table's order of the dims the table walks."""
+    rows = sorted(index_iter_dims(op))
+    sel: list = [slice(None)] * values_it.ndim
+    for d, p in zip(rows, point):
+        sel[d] = p
+    row = values_it[tuple(sel)]
+    rest = [d for d in range(values_it.ndim) if d not in rows]
+    axes = op.body.table_axes
+    walked = [d for j, d in enumerate(op.inputs[0].dims) if d is not None and j not in axes]
+    return np.transpose(row, [rest.index(d) for d in walked])
+
+
+def scatter_target(op: PrimOp, dest: tuple[int, ...], walked_ranges: Sequence[tuple[int, int]]) -> tuple:
+    """The table box a row lands in: the destination along the scattered axes, `walked_ranges`
+    (per iteration dim) along the dims the table walks, 0 on its size-1 unmapped dims."""
+    axes = op.body.table_axes
+    box = []
+    for j, d in enumerate(op.inputs[0].dims):
+        if j in axes:
+            p = dest[axes.index(j)]
+            box.append((p, p + 1))
+        elif d is None:
+            box.append((0, 1))
+        else:
+            box.append(tuple(walked_ranges[d]))
+    return tuple(box)
+
+
+def _run_scatter(op, body: ScatterBody, env, sizes):
+    bad = scatter_problems(op)
+    if bad:
+        raise InterpreterError(f"{op.id}: {bad[0]}")
+    out = np.array(env[op.inputs[0].tensor], copy=True)
+    vals = np.broadcast_to(to_iter_space(env[op.inputs[1].tensor], op.inputs[1], sizes), tuple(sizes))
+    index_its = [to_iter_space(env[a.tensor], a, sizes).astype(np.int64) for a in op.inputs[2:]]
+    whole = [(0, s) for s in sizes]
+    for point, dest in scatter_rows(op, index_its, out.shape, sizes):
+        box = scatter_target(op, dest, whole)
+        region = tuple(slice(a, b) for a, b in box)
+        out[region] = scatter_row_value(op, vals, point).reshape(out[region].shape)
+    return out
 
 
 def _run_copy(op, body: CopyBody, env, tensors, out_shape, out_dtype):
@@ -420,6 +494,8 @@ def run_op(op: PrimOp, env: Mapping[str, np.ndarray], tensors) -> np.ndarray:
         return store(_run_copy(op, body, env, tensors, out_t.shape, out_t.dtype), out_t.dtype)
     if isinstance(body, FillBody):
         return store(_run_fill(op, body, out_t.shape, None), out_t.dtype)
+    if isinstance(body, ScatterBody):
+        return store(_run_scatter(op, body, env, sizes), out_t.dtype)
     cdt = _compute_dtype(op, tensors)
     if isinstance(body, PointwiseBody):
         res = _run_pointwise(op, body, env, tensors, sizes, cdt)

@@ -49,7 +49,7 @@ from math import gcd
 from typing import Iterable, Optional, Sequence
 
 from target.primitives import (
-    DTYPE_BYTES, Access, IterDim, PointwiseBody, PrimOp, In,
+    DTYPE_BYTES, Access, IterDim, PointwiseBody, PrimOp, In, index_iter_dims,
 )
 
 # An operand whose layout the op does not constrain (read whole / broadcast along the stick).
@@ -177,6 +177,19 @@ def _stick_options(op: PrimOp) -> list[StickChoice]:
             out.append(StickChoice(None, (_operand_spec(table, None),) + idx_specs,
                                    None if out_rank == 0 else out_rank - 1))
         return out
+    if kind == "scatter":
+        # in place: the output is the table's bytes, so both take one stick (never a
+        # scattered axis) and the values row is sticked along the same iteration dim
+        table, values, indices = op.inputs[0], op.inputs[1], op.inputs[2:]
+        idx_specs = tuple(_operand_spec(a, None) for a in indices)
+        out = []
+        for s in _out_iter_candidates(op):
+            j = _tensor_dim_of(table, s)
+            out.append(StickChoice(s, (j, _operand_spec(values, s)) + idx_specs, j))
+        if not out:
+            out.append(StickChoice(None, (_operand_spec(table, None), _operand_spec(values, None)) + idx_specs,
+                                   None if out_rank == 0 else out_rank - 1))
+        return out
     # copy, fill: any output dim, inputs read whole
     ins = tuple(_operand_spec(a, None) for a in op.inputs)
     if out_rank == 0:
@@ -224,7 +237,8 @@ def split_granules(op: PrimOp, input_sticks: Sequence[Optional[int]], output_sti
             continue
         if n < len(op.inputs) and op.body.kind == "copy":
             continue  # copy inputs are read whole through their strided maps
-        if n == 0 and op.body.kind == "gather" and st in getattr(op.body, "table_axes", (op.body.axis,)):
+        if (n == 0 or n == len(accesses) - 1) and op.body.kind in ("gather", "scatter") \
+                and st in getattr(op.body, "table_axes", (op.body.axis,)) and acc.dims[st] is None:
             continue
         it = acc.dims[st]
         if it is None:
@@ -242,6 +256,15 @@ def split_units(size: int, granule: int) -> int:
 
 def _is_scan(op: PrimOp) -> bool:
     return op.body.kind == "reduce" and op.body.fn == "cumsum"
+
+
+def _unsplittable(op: PrimOp) -> frozenset[int]:
+    """Iteration dims no core split may cut: a scan's reduction dims (each step needs the
+    last), a scatter's row dims (which of two rows naming one position lands last is their
+    order, which only one core keeps)."""
+    if _is_scan(op):
+        return frozenset(i for i, d in enumerate(op.iter_dims) if d.kind == "reduction")
+    return index_iter_dims(op)
 
 
 def check_split(op: PrimOp, core_split: dict[str, int], granules: dict[int, int],
@@ -272,6 +295,9 @@ def check_split(op: PrimOp, core_split: dict[str, int], granules: dict[int, int]
             red_split.append(name)
             if _is_scan(op):
                 issues.append(("split_uneven", f"{op.id}: scan dim {name} cannot be split across cores"))
+        elif i in _unsplittable(op):
+            issues.append(("split_uneven", f"{op.id}: {name} orders the rows of a scatter: it cannot be split "
+                                           f"across cores"))
     if product > cores:
         issues.append(("cores_over_limit", f"{op.id}: split uses {product} cores, hardware has {cores}"))
     if len(red_split) > 1:
@@ -287,8 +313,8 @@ def legal_core_splits(op: PrimOp, granules: dict[int, int], cores: int,
                       max_split_dims: Optional[int] = None) -> list[dict[str, int]]:
     """Every legal core split of `op` (iteration-dim name -> factor, factors of 1 omitted),
     the unsplit {} first. `granules` from `split_granules` for the chosen sticks."""
-    dims = [(i, d) for i, d in enumerate(op.iter_dims)
-            if not (d.kind == "reduction" and _is_scan(op))]
+    fixed = _unsplittable(op)
+    dims = [(i, d) for i, d in enumerate(op.iter_dims) if i not in fixed]
     results: list[dict[str, int]] = []
 
     def rec(pos: int, cur: dict[str, int], product: int, n_red: int):

@@ -17,6 +17,9 @@ for a size-1 broadcast dim). The body is one of a few kinds:
 - ``grouped_matmul``: out[m, n] = sum_k x[m, k] * w[group[m], k, n] (mixture-of-experts
   expert matmuls, PT array): a matmul whose weight is chosen per row by an integer group
   operand; the group (expert) dim is an iteration dim of its own, so it can be split.
+- ``scatter``: out = table with out[index[i...], d...] = values[i..., d...] (a slot-mapped
+  row store, the inverse of ``gather``). In place: on the device its output IS its table's
+  bytes (docs/superdsc.md, "In-place ops"), so it costs the rows it writes.
 
 All stick, split and residency decisions are expressed over iteration dims, so the
 solver and simulator never look at aten targets. The op rules (which iteration dim each
@@ -43,6 +46,12 @@ class PrimTensor:
     shape: tuple[int, ...]
     dtype: str
     role: TensorRole = "intermediate"
+    # The device dim order the graph fixes for this tensor (`superdsc.Layout.dim_order`:
+    # every dim once, the stick dim where its stick group goes), or None: the planner's
+    # choice. Set by the lowering for a tensor whose layout outlives the program (a paged
+    # KV cache, resident on the device across steps); the emitter lays the tensor out so
+    # whatever a planner asks (a layout that outlives the program is a contract).
+    dim_order: Optional[tuple[int, ...]] = None
 
     @property
     def numel(self) -> int:
@@ -180,6 +189,31 @@ class GatherBody:
 
 
 @dataclass(frozen=True)
+class ScatterBody:
+    """out = table, then out[index_0[i], index_1[i], ..., d...] = values[i..., d...]: the
+    rows of `values` stored at the positions the index operands name along table dims
+    `table_axes` (`axis`, then `extra_axes`), in row-major order of the index dims (when
+    two rows name one position the later one wins). Operand 0 is the table (the tensor
+    updated), 1 the values, 1 + 1 + j the index into table dim `table_axes[j]`. The table's
+    Access and the output's are the same: None at the scattered axes, the values' iteration
+    dims elsewhere. The iteration dims are the values' (all parallel). Negative indices wrap
+    as in torch; a row whose index lies outside the table is not stored.
+
+    In place: a program stores the output in the table's own bytes (`alias_of` the table,
+    same layout), so only the rows move. The dims an index operand indexes (the rows) are
+    never split across cores: which of two rows naming one position lands last is their
+    order, which one core keeps."""
+
+    axis: int
+    kind: Literal["scatter"] = "scatter"
+    extra_axes: tuple[int, ...] = ()
+
+    @property
+    def table_axes(self) -> tuple[int, ...]:
+        return (self.axis,) + tuple(self.extra_axes)
+
+
+@dataclass(frozen=True)
 class StridedMap:
     """out[i] = in_flat[offset + sum_j i_j * strides[j]], over the input's logical
     row-major element order."""
@@ -212,7 +246,7 @@ class FillBody:
     kind: Literal["fill"] = "fill"
 
 
-Body = Union[MatmulBody, PointwiseBody, ReduceBody, GatherBody, CopyBody, FillBody, GroupedMatmulBody]
+Body = Union[MatmulBody, PointwiseBody, ReduceBody, GatherBody, CopyBody, FillBody, GroupedMatmulBody, ScatterBody]
 
 
 _NOTHING = object()
@@ -289,7 +323,7 @@ class PrimGraph:
 _EXPR_TYPES = {"in": In, "const": Const, "call": Call}
 _BODY_TYPES = {b.__dataclass_fields__["kind"].default: b
                for b in (MatmulBody, PointwiseBody, ReduceBody, GatherBody, CopyBody, FillBody,
-                          GroupedMatmulBody)}
+                          GroupedMatmulBody, ScatterBody)}
 
 
 def _float_json(v: float):
@@ -344,7 +378,7 @@ def body_to_json(b: Body) -> dict:
         return {"kind": "matmul", "m": b.m, "n": b.n, "k": b.k}
     if isinstance(b, GroupedMatmulBody):
         return {"kind": "grouped_matmul", "m": b.m, "n": b.n, "k": b.k, "g": b.g}
-    return {"kind": "gather", "axis": b.axis,
+    return {"kind": b.kind, "axis": b.axis,
             **({"extra_axes": list(b.extra_axes)} if b.extra_axes else {})}
 
 
@@ -368,7 +402,46 @@ def body_from_json(d: dict) -> Body:
         return GroupedMatmulBody(int(d["m"]), int(d["n"]), int(d["k"]), int(d["g"]))
     if kind == "gather":
         return GatherBody(int(d["axis"]), extra_axes=tuple(int(a) for a in d.get("extra_axes", ())))
+    if kind == "scatter":
+        return ScatterBody(int(d["axis"]), extra_axes=tuple(int(a) for a in d.get("extra_axes", ())))
     raise ValueError(f"unknown body kind {kind!r}")
+
+
+def in_place_table(op: PrimOp) -> Optional[str]:
+    """The tensor an in-place op updates (its output is stored in that tensor's bytes), or
+    None for an op that writes a fresh tensor."""
+    return op.inputs[0].tensor if op.body.kind == "scatter" and op.inputs else None
+
+
+def index_iter_dims(op: PrimOp) -> frozenset[int]:
+    """A scatter's row dims: the iteration dims its index operands index (never split)."""
+    if op.body.kind != "scatter":
+        return frozenset()
+    return frozenset(d for a in op.inputs[2:] for d in a.dims if d is not None)
+
+
+def scatter_problems(op: PrimOp) -> list[str]:
+    """What makes a scatter's loop nest malformed ([] when well formed): operand count, the
+    output's access not the table's, a mapped scattered axis, an iteration dim that is
+    neither a row dim nor one the table walks (two rows' elements would land on one
+    position of a row), or a reduction dim."""
+    body = op.body
+    axes = body.table_axes
+    out: list[str] = []
+    if len(op.inputs) != 2 + len(axes):
+        return [f"a scatter along {len(axes)} axes has {len(op.inputs)} operands, needs {2 + len(axes)}"]
+    table = op.inputs[0]
+    if tuple(table.dims) != tuple(op.output.dims):
+        out.append("the output's access is not the table's")
+    if any(a < 0 or a >= len(table.dims) or table.dims[a] is not None for a in axes):
+        out.append(f"scattered axes {list(axes)} must be unmapped table dims")
+    rows = index_iter_dims(op)
+    walked = {d for j, d in enumerate(table.dims) if d is not None and j not in axes}
+    if rows & walked or (rows | walked) != set(range(len(op.iter_dims))):
+        out.append("every iteration dim must be a row dim (indexed by the indices) or a dim the table walks")
+    if any(d.kind != "parallel" for d in op.iter_dims):
+        out.append("a scatter has parallel iteration dims only")
+    return out
 
 
 def op_to_json(op: PrimOp) -> dict:
@@ -394,11 +467,14 @@ def op_from_json(d: dict) -> PrimOp:
 
 
 def tensor_to_json(t: PrimTensor) -> dict:
-    return {"id": t.id, "shape": list(t.shape), "dtype": t.dtype, "role": t.role}
+    return {"id": t.id, "shape": list(t.shape), "dtype": t.dtype, "role": t.role,
+            **({"dim_order": list(t.dim_order)} if t.dim_order is not None else {})}
 
 
 def tensor_from_json(d: dict) -> PrimTensor:
-    return PrimTensor(d["id"], tuple(int(s) for s in d["shape"]), d["dtype"], d["role"])
+    order = d.get("dim_order")
+    return PrimTensor(d["id"], tuple(int(s) for s in d["shape"]), d["dtype"], d["role"],
+                      None if order is None else tuple(int(j) for j in order))
 
 
 def graph_to_json(g: PrimGraph) -> dict:

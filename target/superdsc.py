@@ -23,9 +23,10 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROGRAM_FORMAT = "sticksat.superdsc"
-PROGRAM_VERSION = 2
-# Versions a reader accepts: a v1 document is read as its v2 equivalent (`upgrade_v1`).
-READABLE_VERSIONS = (1, 2)
+PROGRAM_VERSION = 3
+# Versions a reader accepts: a v1 document is read as its v3 equivalent (`upgrade_v1`), a v2
+# document as it is (v3 added the in-place `scatter` op; nothing a v2 program says changed).
+READABLE_VERSIONS = (1, 2, 3)
 
 _MAX = 200_000
 
@@ -85,8 +86,11 @@ def upgrade_v1_layout(d):
 
 
 def upgrade_v1(doc):
-    """A format-v1 program document read as v2: every layout re-expressed (`upgrade_v1_layout`),
-    nothing else changes. Any other document is returned as it is."""
+    """A format-v1 program document read as the current version: every layout re-expressed
+    (`upgrade_v1_layout`), nothing else changes. A v2 document reads as it is (v3 only added
+    the in-place `scatter`). Any other document is returned as it is."""
+    if isinstance(doc, dict) and type(doc.get("version")) is int and doc["version"] == 2:
+        return dict(doc, version=PROGRAM_VERSION)
     if not isinstance(doc, dict) or type(doc.get("version")) is not int or doc["version"] != 1:
         return doc  # (True == 1 and 1.0 == 1 in Python: only the integer 1 is v1)
     out = dict(doc)
@@ -101,7 +105,8 @@ def upgrade_v1(doc):
 class HbmMemory(_Model):
     kind: Literal["hbm"] = "hbm"
     offset: int  # bytes from the start of the program's device-memory segment
-    # A free view shares its source's bytes: same offset, its own layout.
+    # Shares another tensor's bytes (same offset): the output of a free alias copy (its own
+    # layout) or of an in-place op (its table's layout: the table's bytes after the update).
     alias_of: Optional[str] = None
 
 
@@ -262,7 +267,7 @@ class PlanStats(_Model):
 
 class Program(_Model):
     format: Literal["sticksat.superdsc"] = PROGRAM_FORMAT
-    version: Literal[2] = PROGRAM_VERSION
+    version: Literal[3] = PROGRAM_VERSION
     graph_name: str = ""
     graph_hash: str = ""
     hardware: str  # target name

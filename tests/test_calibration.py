@@ -4,8 +4,8 @@ validated, timed and compared. docs/simulator-timing.md "Calibration" has the ta
 
 Targets (issue 27): mean |error| <= 10%, no point beyond +-25%, leave-one-source-out mean
 |error| <= 15%, the reserved PR #4302 pairs within +-20% (ratio and absolute). The bounds
-below are what the model achieves with a margin (today every target but the reserved retiled
-times is missed: docs/simulator-timing.md "Calibration"); the points past +-25% are listed in the
+below are what the model achieves with a margin (today leave-one-source-out and the reserved
+retiled times meet their targets, the others are missed: docs/simulator-timing.md "Calibration"); the points past +-25% are listed in the
 docs and `MISSES` names them, so a new miss fails here. The reserved points are evaluated
 and reported, never fitted: a test below changes their measured times and checks the fit
 does not move.
@@ -34,7 +34,7 @@ RESULTS = {r.id: r for r in evaluate(DATASET, HW, PROGRAMS)}
 # (docs/simulator-timing.md says why): a new miss, or a listed one 10 points worse, fails here.
 MISSES = {
     "bwmicro-mulscalar-1mb": -0.37,
-    "canon2-psum-n4096-n8k4-kf": +0.29,
+    "canon2-psum-n4096-n8k4-kf": +0.33,
     "cube-bmm-b2-1024x2048x1024-ad-bd-cd": +0.45,
     "cube-bmm-b2-1024x2048x1024-ad-bd-co": +0.47,
     "cube-bmm-b2-1024x2048x1024-ad-bo-cd": +0.32,
@@ -42,7 +42,7 @@ MISSES = {
     "gsweep-attnv-decode-b16m1n2k1": -0.42,
     "gsweep-attnv-decode-b16m2n1k1": -0.40,
     "gsweep-attnv-decode-b1m32n1k1": -0.52,
-    "gsweep-attnv-decode-b2m16n1k1": -0.37,
+    "gsweep-attnv-decode-b2m16n1k1": -0.36,
     "gsweep-attnv-decode-b2m8n2k1": +0.65,
     "gsweep-attnv-decode-b32m1n1k1": -0.79,
     "gsweep-attnv-decode-b4m4n2k1": +0.56,
@@ -52,10 +52,10 @@ MISSES = {
     "gsweep-attnv-prefill-b1m2n2k8": +0.52,
     "gsweep-attnv-prefill-b1m4n2k4": +0.45,
     "gsweep-attnv-prefill-b1m8n2k2": +0.52,
-    "gsweep-attnv-prefill-b2m4n2k2": +0.49,
+    "gsweep-attnv-prefill-b2m4n2k2": +0.48,
     "gsweep-attnv-prefill-b2m8n2k1": +0.35,
     "gsweep-attnv-prefill-b32m1n1k1": -0.84,
-    "gsweep-attnv-prefill-b4m1n2k4": -0.29,
+    "gsweep-attnv-prefill-b4m1n2k4": -0.30,
     "gsweep-attnv-prefill-b4m2n1k4": -0.33,
     "gsweep-attnv-prefill-b4m4n2k1": +0.39,
     "gsweep-attnv-prefill-b8m1n1k4": -0.34,
@@ -67,8 +67,8 @@ MISSES = {
     "gsweep-kv-prefill-m2n16k1": +0.45,
     "gsweep-kv-prefill-m2n1k16": -0.35,
     "gsweep-kv-prefill-m32n1k1": +0.43,
-    "gsweep-kv-prefill-m4n8k1": +0.41,
-    "gsweep-kv-prefill-m8n4k1": +0.37,
+    "gsweep-kv-prefill-m4n8k1": +0.42,
+    "gsweep-kv-prefill-m8n4k1": +0.38,
     "gsweep-mlpdown-decode-m16n1k2": -0.32,
     "gsweep-mlpdown-prefill-m16n2k1": +0.26,
     "gsweep-mlpdown-prefill-m1n16k2": -0.57,
@@ -76,11 +76,9 @@ MISSES = {
     "gsweep-mlpdown-prefill-m1n8k4": -0.55,
     "gsweep-mlpdown-prefill-m2n16k1": -0.26,
     "gsweep-mlpdown-prefill-m32n1k1": +0.30,
-    "gsweep-mlpdown-prefill-m4n8k1": +0.34,
-    "gsweep-mlpup-decode-m1n1k32": +1.02,
+    "gsweep-mlpdown-prefill-m4n8k1": +0.35,
     "gsweep-mlpup-decode-m32n1k1": -0.60,
     "gsweep-mlpup-decode-m8n2k2": +0.27,
-    "gsweep-mlpup-prefill-m1n1k32": +3.34,
     "gsweep-mlpup-prefill-m1n2k16": -0.40,
     "gsweep-mlpup-prefill-m1n4k8": -0.50,
     "gsweep-mlpup-prefill-m1n8k4": -0.56,
@@ -89,16 +87,15 @@ MISSES = {
     "gsweep-qo-decode-m1n4k8": -0.73,
     "gsweep-qo-prefill-m16n2k1": +0.30,
     "gsweep-qo-prefill-m1n16k2": -0.54,
-    "gsweep-qo-prefill-m1n1k32": +2.44,
     "gsweep-qo-prefill-m1n2k16": -0.41,
     "gsweep-qo-prefill-m1n4k8": -0.50,
     "gsweep-qo-prefill-m1n8k4": -0.51,
     "gsweep-qo-prefill-m2n1k16": -0.40,
-    "gsweep-qo-prefill-m32n1k1": +0.34,
+    "gsweep-qo-prefill-m32n1k1": +0.35,
     "gsweep-qo-prefill-m4n8k1": +0.33,
     "report-matmul-row-tiling-2048x2048x2048-t2": +0.37,
     "report-matmul-row-tiling-2048x2048x4096-t8": +0.29,
-    "report-matmul-row-tiling-4096x2048x512-t1": +0.31,
+    "report-matmul-row-tiling-4096x2048x512-t1": +0.32,
     "report-matmul-row-tiling-8192x2048x2048-t4": -0.29,
     "report-mmwd-4096x2048x4096-m8n4": -0.26,
 }
@@ -204,14 +201,14 @@ def test_point_error(pid):
 
 def test_errors_per_family_and_overall():
     s = summarize(list(RESULTS.values()))
-    # issue 27's target is 10%: missed (docs/simulator-timing.md "Calibration")
-    assert s["mean_abs_error"] <= 0.145
-    assert s["absolute"]["mean_abs_error"] <= 0.145
+    # issue 27's target is 10%: missed, 12.5% (docs/simulator-timing.md "Calibration")
+    assert s["mean_abs_error"] <= 0.13
+    assert s["absolute"]["mean_abs_error"] <= 0.13
     assert s["ratios"]["mean_abs_error"] <= 0.10
     assert s["points"] - s["within_25pct"] == len(MISSES)
     for f in s["families"]:
         # bmm and matmul carry the split sweep's attention @ V and projection rows
-        bound = {"tiling": 0.15, "bmm": 0.23, "matmul": 0.20}.get(f["family"], 0.08)
+        bound = {"tiling": 0.15, "bmm": 0.23, "matmul": 0.165}.get(f["family"], 0.08)
         assert f["mean_abs_error"] <= bound, f
 
 
@@ -249,7 +246,7 @@ def test_leave_one_source_out_generalises():
 
 
 # what leave-one-source-out reaches (docs/simulator-timing.md "Calibration"); issue 27 target 15%
-LOSO_BOUND = 0.16   # measured 15.4% (2026-12-05 evening): the target is missed
+LOSO_BOUND = 0.155  # measured 14.8% (2026-12-05 night; the CLI, 12 iterations: 14.8%): the 15% target is met
 
 
 def test_reserved_points_are_reported_and_never_fitted():
@@ -350,6 +347,35 @@ def test_split_k_partials_follow_the_cores_order(monkeypatch):
     assert spilled > 2 * base["gsweep-mlpup-prefill-m1n2k16"].total_us
     # the k-fast probes (canon2, K collaborators adjacent) keep their spill
     assert any(e.startswith("psum spill") for o in base["canon2-psum-n8192-n8k4-kf"].ops for e in o.effects)
+
+
+def test_a_split_over_k_alone_combines_per_tile(monkeypatch):
+    # a split over the reduction alone puts every core in one collaborator group, adjacent in
+    # any order: the order says nothing, and the compiler's default emission combines per
+    # output tile (no spill). Priced as held partial boxes (the model before 2026-12-05
+    # night), only the K-only points move, and the prefill ones past LX spill again
+    import simulator.timing as timing
+    import simulator.timing_terms as terms
+    base = {pid: time_program(b.program, HW) for pid, b in FITTED.items()}
+    real = terms.k_collaborators_adjacent
+
+    def held(prim, op):
+        split = {k for k, v in op.core_split.items() if v > 1}
+        red = {d.name for d in prim.iter_dims if d.kind == "reduction"}
+        return True if split and split <= red else real(prim, op)
+
+    monkeypatch.setattr(timing, "k_collaborators_adjacent", held)
+    own = set()
+    for pid, built in FITTED.items():
+        change = time_program(built.program, HW).total_us / base[pid].total_us - 1
+        split = {k for k, v in (DATASET.by_id()[pid].case.get("split") or {}).items() if int(v) > 1}
+        if DATASET.by_id()[pid].case["kind"] in ("matmul", "bmm") and split == {"k"}:
+            own.add(pid)
+        else:
+            assert abs(change) <= 0.005, (pid, change)
+    assert len(own) >= 6
+    assert time_program(FITTED["gsweep-mlpup-prefill-m1n1k32"].program, HW).total_us > \
+        3 * base["gsweep-mlpup-prefill-m1n1k32"].total_us
 
 
 def test_core_slices_of_torch_spyre_put_k_collaborators_apart():

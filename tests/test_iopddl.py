@@ -329,6 +329,66 @@ def test_window_solve_is_memory_feasible_and_never_worse():
     assert used >= 3
 
 
+def test_window_memory_rows_are_exact():
+    """The window model's optimum (memory rows from the elementary intervals of the window's
+    segments, the rest fixed) equals brute force over the window's choices with the memory
+    profile checked step by step: the rows neither cut a feasible choice nor admit one over
+    the limit."""
+    checked = 0
+    for seed, (p, red) in enumerate(_feasible_instances(500, 24, n=30, tight=0.3)):
+        gp = group_problem(p, red)
+        st = GroupState(gp, least_peak_start(gp))
+        if not st.repair(1e18) or st.cur == float("inf"):
+            continue
+        rng = random.Random(seed)
+        win = ball(st, [rng.randrange(gp.num_groups)], 5, rng)
+        if np.prod([len(gp.cost[g]) for g in win]) > 2000:
+            continue
+        best = None
+        for combo in itertools.product(*[range(len(gp.cost[g])) for g in win]):
+            k = st.k.copy()
+            k[win] = combo
+            if (gp.profile(k) <= gp.limit).all():
+                c = gp.cost_of(list(k))
+                if c < FORBIDDEN_COST and (best is None or c < best):
+                    best = c
+        model, picks = window_model(st, win, pair_limit=4096)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        assert solver.Solve(model) == cp_model.OPTIMAL
+        k = st.k.copy()
+        k[win] = [next(s for s, v in enumerate(picks[i]) if solver.BooleanValue(v)) for i in range(len(win))]
+        assert (gp.profile(k) <= gp.limit).all()
+        assert gp.cost_of(list(k)) == best
+        checked += 1
+    assert checked >= 8
+
+
+def test_costly_group_weights_follow_moves():
+    """The per-group weights `costly_group` draws by, kept between draws and updated where the
+    choice changed, equal a recount after random moves and restores."""
+    for seed, (p, red) in enumerate(_feasible_instances(600, 3, n=50)):
+        gp = group_problem(p, red)
+        st = GroupState(gp, least_peak_start(gp))
+        rng = np.random.default_rng(seed)
+
+        def recount():
+            w = np.array([min(float(st.cost[g][st.k[g]]), FORBIDDEN_COST) for g in range(gp.num_groups)])
+            for (a, b), t in zip(gp.edges, gp.tables):
+                w[a] += float(t[st.k[a], st.k[b]]) / 2
+                w[b] += float(t[st.k[a], st.k[b]]) / 2
+            return w
+        saved = st.copy_choice()
+        for step in range(40):
+            g = int(rng.integers(gp.num_groups))
+            st.move(g, int(rng.integers(len(gp.cost[g]))))
+            if step % 7 == 0:
+                assert np.allclose(st.group_weights(), recount(), rtol=1e-12)
+            if step == 20:
+                st.restore(saved)
+        assert np.allclose(st.group_weights(), recount(), rtol=1e-12)
+
+
 @pytest.mark.skipif(not (DATA / "asplos-2025-iopddl-V.json.gz").exists(), reason="contest instances not present")
 def test_real_instance_groups_and_lagrangian_starts_agree_with_the_evaluator():
     """V: merging collapses followers, group costs and usage equal the evaluator's on the

@@ -279,7 +279,7 @@ def test_v1_program_reads_as_the_same_bytes_in_v2(path):
     raw = doc["program"]
     assert raw["version"] == 1
     prog = Program.model_validate(raw)
-    assert prog.version == PROGRAM_VERSION == 2
+    assert prog.version == PROGRAM_VERSION == 3
     assert Program.from_json(json.dumps(raw)) == prog
     rng = np.random.default_rng(0)
     for t1, t2 in zip(raw["tensors"], prog.tensors):

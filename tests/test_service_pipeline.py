@@ -88,10 +88,11 @@ def test_a_new_size_transfers_from_the_store_after_a_restart(tmp_path):
 
     path = tmp_path / "s.sqlite"
     pipeline._sized_plans.clear()
-    # Sizes whose plans use every core: a plan of a few rows now runs on one or a few cores
-    # (cheap on today's timing model), and the transfer keeps an unsplit op unsplit, so its
-    # guard rightly rejects carrying that plan to 4x the rows (the cold solve then starts
-    # from it); this test is about finding the source in the store, not about that.
+    # Sizes whose plans use every core: a plan of a few rows runs on one or a few cores
+    # (cheap on today's timing model); the transfer splits such a chain over the cores at
+    # 4x the rows but does not fuse it into the tiled kernel a cold solve forms, so its
+    # guard rightly solves from it (docs/planner.md, the transfer's known limits); this
+    # test is about finding the source in the store, not about that.
     small, first = serve(path, 4096)
     assert first.stats["solver_status"] != "TRANSFERRED"
     pipeline._sized_plans.clear()            # a restarted service: its memory of plans is gone

@@ -136,3 +136,88 @@ def test_the_compile_driver_transfers_a_new_size_of_a_graph_it_compiled_before()
     assert second["stats"]["solver_status"] == "TRANSFERRED"
     third = pipeline.compile_in_process(_mlp_document(512), planner="cpsat", time_limit_s=5, deterministic=True)
     assert third["stats"]["solver_status"] != "TRANSFERRED"
+
+
+def _chain(rows: int):
+    from lowering import lower_document
+    from lowering.graph_format import GraphDocument
+    from tests.service_helpers import chain_graph
+
+    return lower_document(GraphDocument.model_validate(chain_graph(rows=rows, n_ops=4)))
+
+
+def test_an_op_on_one_core_at_the_small_size_is_split_over_the_cores_at_eight_times_the_rows():
+    """The source runs every op of a 4-op chain of 128 rows on one core; at 1024 rows the
+    transfer splits them (a parallel dim the source left unsplit is split by its growth:
+    8x the rows on 8 cores), which is faster than carrying them unsplit (the transfer keeps
+    the faster of its two split policies)."""
+    from dataclasses import replace
+
+    from solver.oracle import checked_program
+
+    src, dst = _chain(128), _chain(1024)
+    d = program_decisions(src, plan(src, HW, "cpsat", **FAST))
+    d = replace(d, ops={k: replace(p, core_split={}, core_slices=None, temporal_tiles={}) for k, p in d.ops.items()},
+                restick_ops={}, resident={})
+    one_core, issues = checked_program(src, HW, d)
+    assert one_core is not None, issues
+    assert all(o.core_split == {} or max(o.core_split.values()) == 1 for o in one_core.ops if o.kind == "compute")
+    moved = transfer_decisions(src, d, dst, HW, src_program=one_core)
+    assert moved is not None and validate_program(moved.program, HW) == []
+    cores = {}
+    for o in moved.program.ops:
+        if o.kind == "compute":
+            n = 1
+            for f in o.core_split.values():
+                n *= f
+            cores[o.id] = n
+    assert min(cores.values()) >= 8, cores
+    res = simulate(moved.program, HW, inputs=primgraphs.inputs_for(dst), graph=dst, numerics=True)
+    assert res.valid and res.max_rel_err < 2e-2, res.errors
+
+
+def test_k_tiles_whose_partial_sums_no_longer_fit_are_re_chosen():
+    """A matmul tiled along K at a few rows keeps its partial sums in LX; at many times the
+    rows they no longer fit and every K tile would send them through device memory. The
+    transfer re-derives the op's tiles (fewer or none) instead of carrying the K tiles."""
+    from dataclasses import replace
+
+    from solver.oracle import checked_program
+
+    src, _ = primgraphs.mlp(M=256, K=2048, N=2048)
+    dst, _ = primgraphs.mlp(M=8192, K=2048, N=2048)
+    d = program_decisions(src, plan(src, HW, "heuristic"))
+    mm = [op for op in src.ops if any(x.kind == "reduction" for x in op.iter_dims)]
+    assert mm
+    k = next(x.name for x in mm[0].iter_dims if x.kind == "reduction")
+    d = replace(d, ops={**d.ops, mm[0].id: replace(d.ops[mm[0].id], temporal_tiles={k: 16})}, resident={})
+    source, issues = checked_program(src, HW, d)
+    assert source is not None, issues
+    moved = transfer_decisions(src, d, dst, HW, src_program=source)
+    assert moved is not None and validate_program(moved.program, HW) == []
+    tiles = next(o.temporal_tiles for o in moved.program.ops if o.id == mm[0].id)
+    assert tiles.get(k, 1) < 16, (tiles, moved.repairs)
+    assert any(r.startswith(f"{mm[0].id}: tiles") for r in moved.repairs), moved.repairs
+
+
+def test_a_split_whose_core_span_exceeds_the_limit_at_the_new_size_is_re_chosen():
+    """Attention scores split over query rows and key columns: at 2048 tokens a core's
+    access fits the per-core span, at 8192 (a 1 GB score tensor) it reaches across more
+    than the limit. The transfer re-splits the op (the validator names it) instead of
+    failing, and the plan validates."""
+    from dataclasses import replace
+
+    from solver.oracle import checked_program
+
+    src, _ = primgraphs.attention_scores(B=8, S=2048)
+    dst, _ = primgraphs.attention_scores(B=8, S=8192)
+    d = program_decisions(src, plan(src, HW, "cpsat", **FAST))
+    qk = next(op for op in src.ops if op.id == "qk")
+    d = replace(d, ops={**d.ops, qk.id: replace(d.ops[qk.id], core_split={"m": 8, "n": 4}, core_slices=None,
+                                                temporal_tiles={})}, resident={})
+    source, issues = checked_program(src, HW, d)
+    assert source is not None, issues
+    moved = transfer_decisions(src, d, dst, HW, src_program=source)
+    assert moved is not None and validate_program(moved.program, HW) == []
+    assert any(r.startswith(f"{qk.id}: split") and "span" in r for r in moved.repairs), moved.repairs
+    assert next(o.core_split for o in moved.program.ops if o.id == qk.id) != {"m": 8, "n": 4}

@@ -62,7 +62,7 @@ def test_valid_programs_pass(naive_mlp, lx_softmax):
 
 def test_version_and_schema(naive_mlp):
     d = _d(naive_mlp)
-    d["version"] = 3
+    d["version"] = 4
     assert codes(d) == {"version"}
     d["version"] = "2"
     assert codes(d) == {"version"}

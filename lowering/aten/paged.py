@@ -7,12 +7,14 @@ block_size]` at offset `j % block_size`; a token's slot is `block * block_size +
 
 - `spyre.paged_attn_store(key, value, key_cache, value_cache, slot_mapping)` returns new
   caches (the op is functional: FMS declares it non-mutating and clones): token (b, s)
-  writes its key/value row to slot `slot_mapping[b, s]`; when two tokens name one slot
-  the later one in (b, s) order wins, as FMS's loop. Lowered as a scatter read the other
-  way round: per cache slot the last token writing it (`reduce max` over [blocks,
-  offsets, b, s] of `where(slot == block*block_size + offset, b*S + s, -1)`), a `gather`
-  of those tokens' rows, and a pointwise `where` against the old cache. The store thus
-  rewrites the whole cache (the graph is functional; the IR has no in-place row store).
+  writes its key/value row to slot `slot_mapping[b, s]`, block `slot // block_size`,
+  offset `slot % block_size` (Python's floor semantics, as FMS computes them); when two
+  tokens name one slot the later one in (b, s) order wins, as FMS's loop. Lowered as one
+  `scatter` per cache (target/primitives.py): in place on the device (the new cache is
+  the old cache's bytes, the program's output aliases its input), so a step moves the
+  rows it writes, not the cache. The caller still gets a new cache, as FMS's clone gives:
+  the host's input tensor is not written (backend/region.py copies inputs in and outputs
+  out).
 - `spyre.paged_attn_compute(query, key_cache, value_cache, scale, current_tkv_mask,
   left_padded_prompt_mask, block_table)`: per sequence i the keys at positions
   j in [left_padded_prompt_mask[i], current_tkv_mask[i]) through the block table, queries
@@ -32,14 +34,14 @@ block_size]` at offset `j % block_size`; a token's slot is `block * block_size +
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from lowering.aten.attention import lower_sdpa
 from lowering.aten.context import INT_DTYPES, Ctx, NodeArgs, View, expr_fn, register
 from lowering.aten.indexing import emit_gather, int_iota
 from lowering.aten.pointwise import emit_pointwise
-from lowering.aten.views import reshape
-from target.primitives import Access, Const, In, ReduceBody
+from target.primitives import Access, Const, ScatterBody
 
 
 def _check_cache(node: NodeArgs, key_cache: View, value_cache: View) -> tuple[int, int, int, int]:
@@ -47,6 +49,23 @@ def _check_cache(node: NodeArgs, key_cache: View, value_cache: View) -> tuple[in
         raise node.fail("shape_mismatch", f"paged KV caches {list(key_cache.shape)} and {list(value_cache.shape)} "
                                           "(need [blocks, block_size, kv_heads, head_size] each)")
     return key_cache.shape
+
+
+# The paged KV cache's device layout, [blocks, block_size, kv_heads, head_size] in the
+# order kv_heads, blocks, offsets, head_size: the cache lives on the device across steps,
+# so its layout is the graph's to fix, not a planner's. Every read and write of it is
+# addressed by data (block ids, slots) along blocks and offsets, so a core reaches any
+# block; what a core split can bound is the kv heads. With them outermost a core working
+# on h of KH heads reaches h/KH of the cache (a deployment's 537 MB cache: 67 MB a head,
+# inside the 256 MB per-core span), where the row-major order lets every core span it all.
+CACHE_DIM_ORDER = (2, 0, 1, 3)
+
+
+def _pin_cache_layout(ctx: Ctx, cache: View) -> None:
+    """Fix the device layout of the cache tensor `cache` views (`PrimTensor.dim_order`)."""
+    t = ctx.tensors[cache.base]
+    if t.dim_order is None and len(t.shape) == 4 and ctx.is_identity(cache):
+        ctx.tensors[t.id] = dataclasses.replace(t, dim_order=CACHE_DIM_ORDER)
 
 
 def _int(node: NodeArgs, v: View, what: str) -> View:
@@ -62,9 +81,9 @@ def _per_seq(v: View, rank: int) -> View:
 
 # -- store ---------------------------------------------------------------------------------
 @register("spyre.paged_attn_store.default",
-          doc=("per cache slot the last token writing it (`reduce max` over [blocks, offsets, batch, tokens] of"
-               " `where(slot == block*block_size + offset, token, -1)`), `gather` of those tokens' key and value"
-               " rows, pointwise `where` against the old caches (returns new caches; rewrites them whole)"))
+          doc=("in place: the slot's block and offset (`floordiv` / `remainder` of the slot by the block size),"
+               " one `scatter` per cache of the new key / value rows into the cache's own bytes (cost: the rows"
+               " written; the later of two tokens naming one slot wins, as FMS's loop)"))
 def _paged_store(ctx: Ctx, node: NodeArgs):
     key, value = node.arg(0, "key"), node.arg(1, "value")
     key_cache, value_cache = node.arg(2, "key_cache"), node.arg(3, "value_cache")
@@ -77,28 +96,24 @@ def _paged_store(ctx: Ctx, node: NodeArgs):
                                           f"slots {list(slots.shape)} into caches {list(key_cache.shape)}")
     B, S = slots.shape
     nid = node.id
-    # last[blk, off] = max{b*S + s : slots[b, s] == blk*BS + off}, -1 when no token writes it
-    shape = (NB, BS, B, S)
-    iters, it = ctx.iter_dims_for(shape, kinds=("parallel", "parallel", "reduction", "reduction"))
-    blk, off = int_iota(ctx, node, NB, "blocks"), int_iota(ctx, node, BS, "offsets")
-    tok = int_iota(ctx, node, B * S, "tokens")
-    acc = [ctx.access(slots, [it[2], it[3]], nid), ctx.access(blk, [it[0]], nid), ctx.access(off, [it[1]], nid),
-           ctx.access(reshape(ctx, node, tok, (B, S), f"{nid}.tokens"), [it[2], it[3]], nid)]
-    slot_here = expr_fn("add", expr_fn("mul", In(1), Const(float(BS))), In(2))
-    expr = expr_fn("where", expr_fn("eq", In(0), slot_here), In(3), Const(-1.0))
-    last_t = ctx.new_tensor(f"{nid}.last", (NB, BS), "int64")
-    ctx.emit(last_t, iters, acc, Access(last_t, (it[0], it[1])), ReduceBody("max", expr), nid)
-    last = ctx.tensor_view(last_t)
-    row = emit_pointwise(ctx, node, [last], lambda e: expr_fn("maximum", e[0], Const(0.0)), "int64",
-                         out_id=f"{nid}.row")
-    last_b = last.with_((NB, BS, 1, 1), last.strides + (0, 0))
+    # slot -> (block, offset) with Python's floor semantics, as FMS's loop computes them
+    # (a negative slot wraps to the last blocks, as its indexing does)
+    block = emit_pointwise(ctx, node, [slots], lambda e: expr_fn("floordiv", e[0], Const(float(BS))), "int64",
+                           out_id=f"{nid}.block")
+    offset = emit_pointwise(ctx, node, [slots], lambda e: expr_fn("remainder", e[0], Const(float(BS))), "int64",
+                            out_id=f"{nid}.offset")
     outs = []
     for k, (new, cache) in enumerate(((key, key_cache), (value, value_cache))):
-        rows = reshape(ctx, node, new, (B * S,) + tuple(new.shape[2:]), f"{nid}.rows{k}")
-        picked = emit_gather(ctx, node, rows, cache.shape, [None, 2, 3], [(0, row, 0)], f"{nid}.new{k}")
-        outs.append(emit_pointwise(ctx, node, [last_b, picked, cache],
-                                   lambda e: expr_fn("where", expr_fn("ge", e[0], Const(0.0)), e[1], e[2]),
-                                   cache.dtype, out_shape=cache.shape, out_id=f"{nid}:{k}" if k else nid))
+        iters, it = ctx.iter_dims_for((B, S) + tuple(cache.shape[2:]), prefix="d")
+        table = ctx.materialize(cache, nid)   # the cache tensor itself (a copy only for a strided view)
+        _pin_cache_layout(ctx, table)
+        t_acc = ctx.access(table, [None, None, it[2], it[3]], nid)
+        acc = [t_acc, ctx.access(new, it, nid), ctx.access(block, [it[0], it[1]], nid),
+               ctx.access(offset, [it[0], it[1]], nid)]
+        name = f"{nid}:{k}" if k else nid
+        out = ctx.new_tensor(name, cache.shape, cache.dtype)
+        ctx.emit(out, iters, acc, Access(out, t_acc.dims), ScatterBody(0, extra_axes=(1,)), nid)
+        outs.append(ctx.tensor_view(out, name))
     return outs
 
 
@@ -118,6 +133,8 @@ def _lower_paged_compute(ctx: Ctx, node: NodeArgs, sinks: Optional[View], slidin
                                           f"{list(tkv.shape)} / {list(start.shape)}")
     B, Lq, H, _ = q.shape
     T = table.shape[1]
+    for cache in (key_cache, value_cache):
+        _pin_cache_layout(ctx, cache)
     J = T * BS     # positions the block table can address
     if H % KH:
         raise node.fail("shape_mismatch", f"{H} query heads over {KH} kv heads")

@@ -95,13 +95,18 @@ def linear_weight_sticks(pg: PrimGraph) -> dict[str, int]:
     return out
 
 
-def _grouped_span_split(op: PrimOp, split: dict[str, int], gran, sticks, ch, shapes, dtypes, hw) -> dict[str, int]:
-    """A grouped matmul's split brought under the per-core span limit the way torch-spyre's
-    span-reduction pass does (solver/naive.py: span_reduced_split): its expert weights
-    exceed the limit unless the experts (or their rows) are divided among the cores."""
+def _grouped_span_split(op: PrimOp, split: dict[str, int], gran, sticks, ch, shapes, dtypes, hw,
+                        fixed_orders: Optional[dict] = None) -> dict[str, int]:
+    """A grouped matmul's (or a gather's or scatter's) split brought under the per-core
+    span limit the way torch-spyre's span-reduction pass does (solver/naive.py:
+    span_reduced_split): expert weights, or a table addressed by data, exceed the limit
+    unless the experts (or the table's other dims) are divided among the cores.
+    `fixed_orders`: device dim orders the graph fixes (`PrimTensor.dim_order`)."""
     names = [a.tensor for a in op.inputs] + [op.output.tensor]
     all_sticks = list(sticks) + [ch.output]
-    layouts = {n: make_layout(shapes[n], dtypes[n], s, hw.stick_bytes) for n, s in zip(names, all_sticks)}
+    fixed_orders = fixed_orders or {}
+    layouts = {n: make_layout(shapes[n], dtypes[n], s, hw.stick_bytes, fixed_orders.get(n))
+               for n, s in zip(names, all_sticks)}
     return span_reduced_split(op, split, gran, layouts, {n: shapes[n] for n in names},
                               {n: dtypes[n] for n in names}, hw)
 
@@ -203,6 +208,7 @@ def divide_steps(pg: PrimGraph, hw, layouts, stick_of: dict, shapes: dict, dtype
     restickify's step (the heuristic's LX relayout keeps its producer's ownership).
     `stick_of`, `shapes`, `dtypes` gain the restickified copies."""
     stick_bytes = hw.stick_bytes
+    fixed_orders = {t.id: t.dim_order for t in pg.tensors.values() if t.dim_order is not None}
     out = DividedSteps([], [], {}, {})
     producer_step: dict[str, WorkStep] = {}
     for op in pg.ops:
@@ -232,8 +238,8 @@ def divide_steps(pg: PrimGraph, hw, layouts, stick_of: dict, shapes: dict, dtype
         dts = [dtypes[a.tensor] for a in op.inputs] + [dtypes[op.output.tensor]]
         gran = split_granules(op, effective, ch.output, dts, stick_bytes)
         split = divide_work(op, gran, hw, dts)
-        if op.body.kind == "grouped_matmul":
-            split = _grouped_span_split(op, split, gran, effective, ch, shapes, dtypes, hw)
+        if op.body.kind in ("grouped_matmul", "gather", "scatter"):
+            split = _grouped_span_split(op, split, gran, effective, ch, shapes, dtypes, hw, fixed_orders)
         alias = _free_alias(op, stick_of, shapes, dtypes, stick_bytes)
         if alias:
             split = {}  # nothing moves

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from target.op_rules import split_units
-from target.primitives import DTYPE_BYTES, PrimOp
+from target.primitives import DTYPE_BYTES, PrimOp, index_iter_dims
 
 # Upstream's own tuning of its matmul split chooser (torch_spyre/_inductor/work_division.py,
 # the constants above `_matmul_execution_cost`). They rank splits; they are not facts about
@@ -71,7 +71,10 @@ def greedy_split(op: PrimOp, granules: Mapping[int, int], cores: int) -> dict[st
         # a scan dim is never split across cores, though a cumsum writes along it
         if d is not None and d not in out_dims and not (scan and op.iter_dims[d].kind == "reduction"):
             out_dims.append(d)
-    red_dims = [] if scan else [i for i in range(len(op.iter_dims)) if i not in out_dims]
+    # a scatter's row dims are never split either: which of two rows naming one position
+    # lands last is their order (target.op_rules)
+    rows = index_iter_dims(op)
+    red_dims = [] if scan else [i for i in range(len(op.iter_dims)) if i not in out_dims and i not in rows]
     out_dims.sort(key=lambda i: units[i], reverse=True)  # stable: ties keep loop order
     red_dims.sort(key=lambda i: units[i], reverse=True)
     split: dict[str, int] = {}

@@ -390,7 +390,13 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
     nrng = np.random.default_rng(seed)
     ms_stats = [0, 0, 0.0]
 
+    arm_total: dict[str, list[float]] = {k: [0.0, 0.0, 0] for k in arm}  # gain, seconds, tries
+
     def credit(name: str, gain: float, secs: float) -> None:
+        tot = arm_total[name]
+        tot[0] += gain
+        tot[1] += secs
+        tot[2] += 1
         a = arm[name]
         a[0] = 0.7 * a[0] + gain
         a[1] = 0.7 * a[1] + secs
@@ -499,6 +505,7 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
     stats.update(lns_status=status_counts, final_terms=int(terms_cap), lns_iterations=iters,
                  lns_improvements=accepted, final_window=size, lns_cost=cur_cost)
     stats["restarts"] = restarts
+    stats["arms"] = {k: [int(v[0]), round(v[1], 1), v[2]] for k, v in arm_total.items()}  # gain, seconds, batches
     if kept_cost < cur_cost:
         st.restore((np.array(kept_choice, dtype=np.int64), gp.profile(kept_choice), float(kept_cost)))
         cur_cost = kept_cost

@@ -136,56 +136,83 @@ def window_model(st: GroupState, window: list[int], pair_limit: int):
 def _window_memory(st: GroupState, window: list[int], picks, model: cp_model.CpModel) -> None:
     """Fixed groups' usage is a per-step background; one row per distinct live signature
     (which segment of which window group is live) with the tightest budget over the steps it
-    covers, kept only when the window's highest usages could exceed it."""
+    covers, kept only when the window's highest usages could exceed it.
+
+    Vectorized over the window's segments (a sweep building each step's signature as a
+    sorted tuple took 0.8-1.0 s per 120-group window on S, whose merged groups have hundreds
+    of segments): the elementary intervals between segment end points get their budget and
+    highest window usage by running sums; only those that can bind are grouped by their live
+    set (two 64-bit random keys per segment summed, then the set itself compared)."""
     gp = st.gp
     n_steps = gp.tl.n_steps
-    diff = np.zeros(n_steps + 1, dtype=np.int64)
-    segs = []  # (start, end, window index, segment index)
+    seg_i, seg_j, seg_a, seg_b = [], [], [], []
     for i, g in enumerate(window):
-        W = gp.W[g]
-        if not len(W):
+        if not len(gp.W[g]):
             continue
-        cur = W[:, st.k[g]]
-        np.add.at(diff, gp.seg_start[g], cur)
-        np.add.at(diff, gp.seg_end[g], -cur)
-        for j, (a, b) in enumerate(zip(gp.seg_start[g], gp.seg_end[g])):
-            segs.append((int(a), int(b), i, j))
-    if not segs:
+        n = len(gp.seg_start[g])
+        seg_i.append(np.full(n, i))
+        seg_j.append(np.arange(n))
+        seg_a.append(gp.seg_start[g])
+        seg_b.append(gp.seg_end[g])
+    if not seg_i:
         return
-    bg = st.prof - np.cumsum(diff)[:n_steps]
-    pts = sorted({p for a, b, _, _ in segs for p in (a, b)})
-    # sweep: live segments between consecutive points
-    starts: dict[int, list] = {}
-    ends: dict[int, list] = {}
-    for sg in segs:
-        starts.setdefault(sg[0], []).append(sg)
-        ends.setdefault(sg[1], []).append(sg)
-    live: dict[tuple[int, int], None] = {}
-    rows: dict[tuple, int] = {}
-    for p, q in zip(pts[:-1], pts[1:]):
-        for sg in ends.get(p, []):
-            live.pop((sg[2], sg[3]), None)
-        for sg in starts.get(p, []):
-            live[(sg[2], sg[3])] = None
-        if not live:
-            continue
-        sig = tuple(sorted(live))
-        budget = st.limit - int(bg[p:q].max())
-        if sig not in rows or budget < rows[sig]:
-            rows[sig] = budget
-    for sig, budget in rows.items():
-        lows = highs = 0
-        for i, j in sig:
-            w = gp.W[window[i]][j]
-            lows += int(w.min())
-            highs += int(w.max())
-        if highs <= budget:
-            continue
-        vs, cs = [], []
-        for i, j in sig:
-            w = gp.W[window[i]][j]
+    si, sj = np.concatenate(seg_i), np.concatenate(seg_j)
+    sa, sb = np.concatenate(seg_a).astype(np.int64), np.concatenate(seg_b).astype(np.int64)
+    cur = np.array([gp.W[window[i]][j, st.k[window[i]]] for i, j in zip(si.tolist(), sj.tolist())],
+                   dtype=np.int64)
+    hi = np.array([gp.W[window[i]][j].max() for i, j in zip(si.tolist(), sj.tolist())], dtype=np.int64)
+
+    def running(vals: np.ndarray) -> np.ndarray:  # per step: the sum over segments live there
+        d = np.zeros(n_steps + 1, dtype=vals.dtype)
+        np.add.at(d, sa, vals)
+        np.add.at(d, sb, -vals)
+        return np.cumsum(d)[:n_steps]
+
+    bg = st.prof - running(cur)
+    pts = np.unique(np.concatenate([sa, sb]))
+    p = pts[:-1]  # the elementary intervals [p[x], pts[x + 1])
+    budget = st.limit - np.maximum.reduceat(bg[:pts[-1]], p) if len(p) else np.zeros(0, np.int64)
+    highs = running(hi)[p]
+    bind = np.flatnonzero(highs > budget)
+    if not len(bind):
+        return
+    rng = np.random.default_rng(len(sa))
+    keys = rng.integers(0, 1 << 62, size=(2, len(sa)), dtype=np.int64)
+    key = []
+    for r in range(2):
+        d = np.zeros(len(pts) + 1, dtype=np.uint64)
+        np.add.at(d, np.searchsorted(pts, sa), keys[r].astype(np.uint64))
+        np.subtract.at(d, np.searchsorted(pts, sb), keys[r].astype(np.uint64))
+        key.append(np.cumsum(d, dtype=np.uint64)[:len(p)][bind])
+    rows: dict[tuple, tuple[int, list[int]]] = {}  # key -> (budget, live segments)
+    for x, h1, h2 in zip(bind.tolist(), key[0].tolist(), key[1].tolist()):
+        b = int(budget[x])
+        live = np.flatnonzero((sa <= p[x]) & (sb > p[x]))
+        got = rows.get((h1, h2))
+        if got is not None:
+            if not np.array_equal(got[1], live):  # never seen: a collision of 128-bit keys
+                rows[(h1, h2, x)] = (b, live)
+            elif b < got[0]:
+                rows[(h1, h2)] = (b, got[1])
+        else:
+            rows[(h1, h2)] = (b, live)
+    terms: dict[int, tuple[list, list, int]] = {}  # segment -> (booleans, coefficients, least usage)
+
+    def seg_terms(x: int) -> tuple[list, list, int]:
+        got = terms.get(x)
+        if got is None:
+            i, w = int(si[x]), gp.W[window[int(si[x])]][int(sj[x])]
             m = int(w.min())
-            for s in np.flatnonzero(w > m):
-                vs.append(picks[i][int(s)])
-                cs.append(int(w[s] - m))
-        model.Add(cp_model.LinearExpr.WeightedSum(vs, cs) <= budget - lows)
+            up = np.flatnonzero(w > m)
+            got = terms[x] = ([picks[i][s_] for s_ in up.tolist()], (w[up] - m).tolist(), m)
+        return got
+
+    for b, live in rows.values():
+        vs, cs = [], []
+        low = 0
+        for x in live.tolist():
+            v, c, m = seg_terms(x)
+            vs += v
+            cs += c
+            low += m
+        model.Add(cp_model.LinearExpr.WeightedSum(vs, cs) <= b - low)

@@ -70,15 +70,18 @@ def _transferred(source: SizedPlan, pg: PrimGraph, hw) -> tuple[Optional[PlanDec
     """The source plan carried to `pg` (None when it does not transfer), and whether it is
     kept as the plan: measured against the baseline heuristic's plan of each size (a
     yardstick that follows the shape), its time at most `TRANSFER_RATIO_GROWTH` times the
-    source's relative time (the lower bound when the heuristic has no valid plan)."""
+    source's relative time (both against their lower bounds when the heuristic has no valid
+    plan of either size)."""
     try:
-        moved = transfer_decisions(source.pg, program_decisions(source.pg, source.program), pg, hw)
+        moved = transfer_decisions(source.pg, program_decisions(source.pg, source.program), pg, hw,
+                                   src_program=source.program)
     except NotTransferable:
         return None, False
     if moved is None:
         return None, False
-    src_ratio = time_program(source.program, hw).total_us / _yardstick_us(source.pg, hw)
-    ratio = time_program(moved.program, hw).total_us / _yardstick_us(pg, hw)
+    src_yard, yard = _yardsticks_us(source.pg, pg, hw)
+    src_ratio = time_program(source.program, hw).total_us / src_yard
+    ratio = time_program(moved.program, hw).total_us / yard
     d = moved.decisions
     d.planner = "cpsat"
     d.stats["notes"] += [f"transfer: {r}" for r in moved.repairs[:8]]
@@ -90,10 +93,15 @@ def _transferred(source: SizedPlan, pg: PrimGraph, hw) -> tuple[Optional[PlanDec
     return d, True
 
 
-def _yardstick_us(pg: PrimGraph, hw) -> float:
-    """The simulated time of the heuristic baseline's plan of `pg`, else `pg`'s lower bound."""
+def _yardsticks_us(src_pg: PrimGraph, pg: PrimGraph, hw) -> tuple[float, float]:
+    """The yardsticks of the source and the new size, of one kind: the simulated times of
+    the heuristic baseline's plans, or both graphs' lower bounds when the baseline has no
+    valid plan of either (a ratio to a plan and a ratio to a bound do not compare)."""
+    src_us = simulated_us(src_pg, hw, default_hint(src_pg, hw)[0])
     us = simulated_us(pg, hw, default_hint(pg, hw)[0])
-    return us if us is not None else max(1e-9, lower_bound(pg, hw).lower_bound_us)
+    if src_us is not None and us is not None:
+        return src_us, us
+    return (max(1e-9, lower_bound(src_pg, hw).lower_bound_us), max(1e-9, lower_bound(pg, hw).lower_bound_us))
 
 
 register("cpsat", plan_cpsat)

@@ -8,7 +8,7 @@ an on-chip relayout (each core walks its own slice at `lx_relayout_gbps_per_core
 the plan, as a pipeline of small steps:
 1. `relayout_candidates`: restickifies whose source the program produces (not a graph
    input or output), with the copy in device memory;
-2. `_placed`: the plan with the source and the copy in LX, at first-fit addresses around
+2. `placed_in_lx`: the plan with the source and the copy in LX, at first-fit addresses around
    every other live LX buffer (`tile_buffers.place_first_fit`; sizes and live ranges as
    the emitter derives them);
 3. the validator judges (each core's relayout reads what that core's producer wrote; every
@@ -45,7 +45,7 @@ def relayout_candidates(pg: PrimGraph, program: Program) -> list[tuple[str, str]
     return out
 
 
-def _placed(pg: PrimGraph, hw, d: PlanDecisions, names: tuple[str, ...]) -> Optional[PlanDecisions]:
+def placed_in_lx(pg: PrimGraph, hw, d: PlanDecisions, names: tuple[str, ...]) -> Optional[PlanDecisions]:
     """`d` with `names` LX-resident at first-fit addresses (None when they do not fit or the
     plan does not emit). The emitter sizes each buffer and sets its live range; a first
     emission with provisional addresses reads them off."""
@@ -91,7 +91,7 @@ def add_lx_relayouts(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
             notes.append("lx relayout: stopped early (time limit)")
             break
         started = time.perf_counter()
-        trial = _placed(pg, hw, d, (src, copy))
+        trial = placed_in_lx(pg, hw, d, (src, copy))
         if trial is not None:
             prog = valid_program(pg, hw, trial)
             if prog is not None:

@@ -11,7 +11,9 @@ In order:
 4. `HoldAfterSplitK`: results held in LX once more after a split-K reader moved;
 5. `FewerTiles`: the one last fewer-tiles pass over kernels that underfill;
 6. `SplitKRunnerUp`: the split-K step's fastest slower variant, judged after the same pass;
-7. `LxRelayouts`: restickifies as on-chip relayouts (`solver.spyre.relayout`).
+7. `OneCoreRegions`: regions of small ops on one core, their intermediates (restickified
+   copies too) held in LX (`solver.spyre.one_core_regions`);
+8. `LxRelayouts`: restickifies as on-chip relayouts (`solver.spyre.relayout`).
 Steps 1-6 apply only when the planner fuses (`fuse=True`). To add a step: write a class with
 the four attributes and two methods, and put an instance where it belongs in
 `POST_SOLVE_STEPS` (docs/planner.md "Adding a post-solve step").
@@ -36,6 +38,7 @@ from solver.spyre.fusion.hold import hold_in_lx
 from solver.spyre.fusion.retile import fewer_tiles_pass
 from solver.spyre.fusion.trial import issues_of
 from solver.spyre.post_solve import Outcome, PostSolveState, run_steps
+from solver.spyre.one_core_regions import regions_on_one_core, small_regions
 from solver.spyre.relayout import add_lx_relayouts, relayout_candidates
 from solver.spyre.split_k_hold import hold_for_split_k, split_k_candidates
 from solver.spyre.strategies import Strategy
@@ -245,6 +248,26 @@ class SplitKRunnerUp:
             f"{alt[2].total_us:.1f} us ({runner_up[2].total_us:.1f} before the pass)"])
 
 
+class OneCoreRegions:
+    """Regions of small ops (and their restickifies) on one core with every intermediate
+    held in LX, where that validates and simulates faster (`solver.spyre.one_core_regions`)."""
+
+    name = "one-core regions"
+    share = 1.0
+    reserve = 0.0
+    min_trials = 0
+
+    def applies(self, state: PostSolveState) -> bool:
+        return True
+
+    def run(self, state: PostSolveState) -> Optional[Outcome]:
+        prog = state.checked()
+        if prog is None or not small_regions(state.pg, prog):
+            return None
+        got = regions_on_one_core(state.pg, state.hw, state.decisions, prog, state.deadline)
+        return Outcome(got.decisions, got.us, log=got.notes, before_us=got.base_us, program=got.program)
+
+
 class LxRelayouts:
     """Restickifies turned into on-chip LX relayouts where that validates and simulates
     faster (`solver.spyre.relayout`)."""
@@ -274,6 +297,7 @@ POST_SOLVE_STEPS = (
     HoldAfterSplitK(),
     FewerTiles(),
     SplitKRunnerUp(),
+    OneCoreRegions(),
     LxRelayouts(),
 )
 

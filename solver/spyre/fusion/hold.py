@@ -1,6 +1,7 @@
 """Holding results in LX (a step of the search, `hold_in_lx`): results still handed from a
 kernel to later ops through device memory are held whole in LX where their readers can take
-(`_follow_split`), or their producer (`_lead_split`) or the reading kernel
+(`_follow_split`), or their producer's side can take their core order (`_relabel_producer`),
+or their producer (`_lead_split`) or the reading kernel
 (`_kernel_follows`) can give, the split that reads what each core made, or where both sides
 can meet on one (`meet.meet_splits`)."""
 from __future__ import annotations
@@ -23,9 +24,11 @@ from solver.spyre.fusion.trial import issues_of, trial
 from solver.spyre.tile_buffers import add_whole_residencies, kernel_numbers, whole_candidates
 
 # results handed between kernels through device memory that `hold_in_lx` tries to keep in
-# LX (the largest first), and the smallest it tries
+# LX (the largest first), and the smallest it tries: 256 KiB since 2026-12-05 (1 MiB
+# before), so the small encoders' 197-512 token activations (0.3-0.8 MB) are tried too; the
+# prefill layers' largest results come first, so their trials are the same
 HOLD_TRIALS = 6
-HOLD_MIN_BYTES = 1 << 20
+HOLD_MIN_BYTES = 1 << 18
 
 
 def hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float,
@@ -33,7 +36,10 @@ def hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s:
     """Results that go from one kernel to later ops through device memory (written whole,
     read back) held whole in LX instead: the readers take the split that reads what each
     core made (`_follow_split`), the tensor gets LX the plan leaves free over its live range
-    (`tile_buffers.add_whole_residencies`, validator-judged). The largest `limit` such
+    (`tile_buffers.add_whole_residencies`, validator-judged); where the readers read what
+    one producer core made but on another core, the producer's side takes their core order
+    instead (`_relabel_producer`, tried first: the readers keep their own LX chains). The
+    largest `limit` such
     results (at least `HOLD_MIN_BYTES`) whose readers can follow are tried one at a time,
     each kept where the whole program simulates faster (also with the moved kernels keeping
     their tile counts, `_tiles_kept`); then, in `limit` trials more, those whose producing
@@ -62,6 +68,10 @@ def hold_in_lx(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s:
             follow = _follow_split(pg, prog, fused_d, t, hw)
             alternatives = [] if follow is None else [(*follow, [], False)] + [
                 (ops, follow[1], [], True) for ops in _tiles_kept(pg, prog, fused_d, follow[0], hw)]
+            relabelled = _relabel_producer(pg, prog, fused_d, t, hw)
+            if relabelled is not None:
+                # the readers stay as they are (their own LX chains kept): tried first
+                alternatives.insert(0, (relabelled, set(), [], False))
         best = None
         for ops, drop, starts, retile in alternatives:
             if tried[kind] >= limit or (deadline is not None and time.perf_counter() + 2 * trial_s > deadline):
@@ -425,3 +435,89 @@ def _kernel_follows(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: s
             return []
         ops[oid] = replace(ops.get(oid, OpPlan()), core_split=w, core_slices=None)
     return [ops]
+
+
+def _slices_of(prim: PrimOp, plan: OpPlan) -> list[tuple[int, dict]]:
+    split = {k: v for k, v in plan.core_split.items() if v > 1}
+    if plan.core_slices is not None:
+        return [(c, dict(sl)) for c, sl in plan.core_slices]
+    return [(cs.core, dict(cs.slice)) for cs in default_core_slices(prim, split)]
+
+
+def _relabel_producer(pg: PrimGraph, program: Program, d: PlanDecisions, tensor: str, hw) -> Optional[dict]:
+    """When `tensor`'s readers (pointwise, reduce or copy ops) each read, on every core, a box
+    some one core of its producer makes, but on another core than the one that made it
+    (the producer's and the readers' natural core orders enumerate the same slices in
+    another order: a bias add split rows x columns feeding a head permute split heads x
+    rows): `d.ops` with the producer's side relabelled instead of the readers moved. The
+    side is every op joined to the producer through an LX-resident tensor other than
+    `tensor` (whole or a tile buffer, both ways: a kernel's members, a held operand's
+    producer and its other readers); each of its ops runs the work slice it ran on core h
+    on core pi(h) now, pi the matching under which each reader core reads what its own core
+    made. Every read inside the side stays a same-core read (the whole side moves alike);
+    device memory does not care which core reads it. None when there is no such matching,
+    the side reaches a reader of `tensor`, or a side op is a restickify or an alias."""
+    prims = {op.id: op for op in pg.ops}
+    producer = next((op for op in pg.ops if op.output.tensor == tensor), None)
+    if producer is None or producer.id not in d.ops:
+        return None
+    layouts = {t.id: t.layout for t in program.tensors}
+    dtypes = {t.id: t.dtype for t in program.tensors}
+    shapes = {t.id: tuple(t.shape) for t in program.tensors}
+    readers = [op for op in pg.ops if any(a.tensor == tensor for a in op.inputs)]
+    if not readers or any(r.body.kind not in ("pointwise", "reduce", "copy") or d.ops.get(r.id, OpPlan()).alias
+                          for r in readers):
+        return None
+    made = _made_boxes(producer, d.ops[producer.id], shapes, layouts, dtypes, hw)
+    # per reader core, every box it reads of `tensor`
+    need: dict[int, list] = {}
+    for r in readers:
+        plan = d.ops.get(r.id, OpPlan())
+        split = {k: v for k, v in plan.core_split.items() if v > 1}
+        slices = ([CoreSlice(core=c, slice=dict(sl)) for c, sl in plan.core_slices] if plan.core_slices is not None
+                  else default_core_slices(r, split))
+        ranges = core_ranges(r, split, slices, op_granules(r, layouts, dtypes, hw.stick_bytes))
+        for c, rg in ranges.items():
+            need.setdefault(c, []).extend(operand_box(r, i, rg, shapes[tensor], copy_reads=r.body.kind == "copy")
+                                          for i, a in enumerate(r.inputs) if a.tensor == tensor)
+    if set(need) == set(made) and all(all(box_contains(made[c], b) for b in bs) for c, bs in need.items()):
+        return None  # the readers read what their own cores made already: `_follow_split`'s case
+    if set(need) != set(made):
+        return None   # pi must permute the producer's own cores (a side op on more keeps the rest)
+    pi: dict[int, int] = {}   # producer core -> reader core
+    free = dict(made)
+    for c in sorted(need):
+        h = next((h for h, m in sorted(free.items()) if all(box_contains(m, b) for b in need[c])), None)
+        if h is None:
+            return None
+        del free[h]
+        pi[h] = c
+    # the producer's side: ops joined to it through held tensors other than `tensor`
+    by_tensor_readers: dict[str, list[str]] = {}
+    for op in pg.ops:
+        for a in op.inputs:
+            by_tensor_readers.setdefault(a.tensor, []).append(op.id)
+    writer = {op.output.tensor: op.id for op in pg.ops}
+    reader_ids = {r.id for r in readers}
+    side, queue = {producer.id}, [producer.id]
+    while queue:
+        o = queue.pop()
+        for t in [a.tensor for a in prims[o].inputs] + [prims[o].output.tensor]:
+            if t == tensor or t not in d.resident:
+                continue
+            for x in [writer.get(t)] + by_tensor_readers.get(t, []):
+                if x is None or x in side:
+                    continue
+                if x in reader_ids or d.ops.get(x, OpPlan()).alias:
+                    return None
+                side.add(x)
+                queue.append(x)
+    outs = {prims[o].output.tensor for o in side}
+    if any(o.src in outs and o.dst in d.resident for o in program.ops if o.kind in ("restickify", "relayout")):
+        return None   # a held restickified copy on the side: its slices are not relabelled here
+    ops = dict(d.ops)
+    for o in side:
+        plan = ops.get(o, OpPlan())
+        ops[o] = replace(plan, core_slices=sorted(((pi.get(c, c), sl) for c, sl in _slices_of(prims[o], plan)),
+                                                  key=lambda x: x[0]))
+    return ops
