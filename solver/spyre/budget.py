@@ -125,6 +125,19 @@ FUSION_MAX_SHARE = 0.5
 # us and ViT 396.2 -> 456.5 and did not narrow the prefill layers' seed spread (llama seeds
 # 1-4 off: 4339.4-4967.0 us; granite on: 4181.4-5091.1); docs/solver.md "Tile classes".
 TILE_CLASSES = False
+# On: an intermediate a pointwise/reduce/matmul op hands to pointwise/reduce readers inside
+# one consecutive run of such ops (a fused kernel of the search) may be "held" in the model
+# at one tile's LX (its per-core box / HANDOFF_TILES, the search's middle tile count), on
+# one core count, so the objective prices the chain's on-chip reads as the fused kernel runs
+# them; the read-back keeps it whole only where it fits (`SpyreModel.lx_bytes`). Off by
+# default: on the judge of 1f6d2d1 (2026-12-05, deterministic, prefill seeds 1-4), with
+# TILE_CLASSES, it brought the objective of the plan handed to fusion from 1.75-2.3x to
+# 1.2-1.3x the fused time, but the fused plans were no faster (llama prefill mean 4644.5 ->
+# 4748.6 us, granite 4418.9 -> 4397.2) and bert, gpt2 and ViT slower at seed 1 (338.6 ->
+# 378.1, 333.4 -> 346.2, 262.6 -> 376.9); alone (28a3e76) slower on the prefill layers too;
+# docs/results/solver-history.md "Fusion-aware objective".
+FUSED_HANDOFFS = False
+HANDOFF_TILES = 8
 
 # -- the post-solve steps (`solver.spyre.steps`) ----------------------------------------------
 # Of the time left when fusion starts, the share kept for the split-K step after it when the
@@ -287,6 +300,10 @@ TABLE: tuple[Knob, ...] = (
          "most share kept for the post-solve steps: a slow machine's emits cannot starve the solve"),
     Knob("TILE_CLASSES", "model.build_model",
          "matmuls priced at their K-tiled time in the objective: the solve's ranking matches the fused program's, against pricing time"),
+    Knob("FUSED_HANDOFFS", "model.SpyreModel",
+         "chains priced with their members' results handed on chip (a fused kernel's tile buffers): the objective nearer the fused program's time, against a model that may hold what fusion does not form (measured: no faster plans)"),
+    Knob("HANDOFF_TILES", "model.SpyreModel.lx_bytes",
+         "tiles a fused hand-off's LX is charged at: more hand-offs fit the model against over-promising LX"),
     Knob("SPLIT_K_SHARE", "steps.FusionSearch",
          "time left kept for the split-K step when it applies: split-K gains against fusion search"),
     Knob("HOLD_AFTER_SPLIT_K_SHARE", "steps.HoldAfterSplitK",

@@ -23,6 +23,10 @@ Variables and constraints:
   restickifies through device memory; `solver.spyre.relayout` tries on-chip relayouts after the
   solve), and the ops of its live window reference at most the bundle limit of
   device-memory tensors (the tensors resident there do not count).
+- fused hand-offs (`budget.FUSED_HANDOFFS`, off by default): a `res[t]` candidate the
+  fusion search could hand from member to member of one kernel (`_handoff_candidates`) is
+  charged one tile of LX (`lx_bytes`) and needs its producer and readers on one core count
+  (`handoff_ok`); the read-back keeps it whole only where it fits (`full_size_residencies`).
 - LX addresses per core in whole sticks: an optional interval over op steps x an optional
   interval over [addr, addr + size) per resident tensor, `AddNoOverlap2D`, so capacity and
   fragmentation are both real. Size = the producer strategy's per-core box.
@@ -142,13 +146,14 @@ class SpyreModel:
                     rhs = [self.mat[key]] + ([lit] if lit is not False else [])
                     m.Add(sum(vs) <= sum(rhs))
         # residency candidates
+        self.handoffs = self._handoff_candidates() if budget.FUSED_HANDOFFS else set()
         for t, readers in self.readers.items():
             p = self.producer.get(t)
             if p is None or t in outputs or not readers:
                 continue
             S_p = self.S[p.id]
             ok = [k for k, s in enumerate(S_p) if not s.reduction_split and not s.alias
-                  and s.out_lx_bytes <= hw.lx_capacity_bytes]
+                  and self.lx_bytes(t, s) <= hw.lx_capacity_bytes]
             if not ok:
                 continue
             if any(all(s.alias for s in self.S[o]) for o, _ in readers):
@@ -164,9 +169,9 @@ class SpyreModel:
             for o, slot in readers:
                 for k in ok:
                     compat = [v for v, s in zip(self.pick[o], self.S[o])
-                              if compatible_residency(S_p[k], s, slot)]
+                              if self.handoff_ok(t, S_p[k], s, slot)]
                     m.AddBoolOr([r.Not(), self.pick[p.id][k].Not()] + compat)
-            sticks = [s.out_lx_bytes // stick_bytes for s in S_p]
+            sticks = [self.lx_bytes(t, s) // stick_bytes for s in S_p]
             size = m.NewIntVar(0, max(sticks), f"size[{t}]")
             m.Add(size == sum(n * v for n, v in zip(sticks, self.pick[p.id])))
             addr = m.NewIntVar(0, cap_sticks, f"addr[{t}]")
@@ -295,6 +300,79 @@ class SpyreModel:
         layouts = {t: ctx.layout(t, src_stick), rid: ctx.layout(t, stick)}
         view = OpView(prim, "restickify", shapes, dtypes, layouts, split, [])
         return to_units(op_time(view, (False,), False, hw).total_ns)
+
+    # -- LX hand-offs between the members of a fused kernel -----------------------------------
+    def _handoff_candidates(self) -> set[str]:
+        """Intermediates the fusion search can hand from one kernel member to the next on
+        chip: made by a pointwise, reduce or matmul op and read only by pointwise or reduce
+        ops, every op after the producer up to the last reader one too (a fused run is
+        consecutive compute ops, a matmul only at its head; a matmul handing on its result
+        is priced untiled there, `fusion.prices`: K-tiled it is a partial sum until the
+        kernel's last tile). A matmul counts only with the tile classes on
+        (`budget.TILE_CLASSES`): priced untiled, its hand-off looks free, while the search
+        K-tiles a prefill-sized matmul, which breaks it (llama prefill, 2026-12-05: the
+        model priced the up projection's hand-off to the SiLU chain at 1.2 us, the fused
+        program read it from device memory, 161.8 us)."""
+        fusable = {"pointwise", "reduce"}
+        heads = fusable | {"matmul"} if budget.TILE_CLASSES else fusable
+        out = set()
+        outputs = set(self.pg.outputs)
+        for t, readers in self.readers.items():
+            p = self.producer.get(t)
+            if p is None or t in outputs or not readers or p.kind not in heads:
+                continue
+            a, b = self.window(t)
+            if all(op.kind in fusable for op in self.pg.ops[a + 1:b + 1]):
+                out.add(t)
+        return out
+
+    def lx_bytes(self, t: str, s: Strategy) -> int:
+        """The LX a residency of t made by strategy `s` takes per core in the model: its
+        per-core box, or for a fused hand-off one tile of it at `budget.HANDOFF_TILES`
+        tiles (the fusion search keeps such a result as a per-tile buffer; the read-back
+        keeps it whole where it fits, `full_size_residencies`)."""
+        if t not in self.handoffs:
+            return s.out_lx_bytes
+        sb = self.hw.stick_bytes
+        sticks = -(-s.out_lx_bytes // sb)
+        return -(-sticks // budget.HANDOFF_TILES) * sb
+
+    def handoff_ok(self, t: str, producer: Strategy, reader: Strategy, slot: int) -> bool:
+        """`compatible_residency`, and for a fused hand-off also one core count (a fused
+        run is on one)."""
+        if not compatible_residency(producer, reader, slot):
+            return False
+        if t in self.handoffs:
+            return math.prod(producer.core_split.values()) == math.prod(reader.core_split.values())
+        return True
+
+    def full_size_residencies(self, resident: dict[str, Residency],
+                              sizes: dict[str, int]) -> dict[str, Residency]:
+        """`resident` with every fused hand-off at its whole per-core size (`sizes`), placed
+        first-fit after the other residencies in window order; a hand-off that does not
+        fit whole is left to the fusion search (device memory in the plan as solved, a
+        per-tile buffer once its run is a kernel)."""
+        if not any(t in self.handoffs for t in resident):
+            return resident
+        kept = {t: r for t, r in resident.items() if t not in self.handoffs}
+        placed = self.canonical_addresses(kept)
+        if placed is kept and kept:   # first-fit failed: keep the model's packing, no hand-offs
+            return kept
+        for t in sorted((t for t in resident if t in self.handoffs), key=lambda t: (self.window(t), t)):
+            trial = self.canonical_addresses(dict(placed, **{t: Residency(0, sizes[t])}))
+            if all(trial[u].lx_address + trial[u].size_per_core <= self.hw.lx_capacity_bytes for u in trial) \
+                    and self._first_fit_ok(trial):
+                placed = trial
+        return placed
+
+    def _first_fit_ok(self, resident: dict[str, Residency]) -> bool:
+        """No two residencies with overlapping windows overlap in LX."""
+        items = [(self.window(t), r.lx_address, r.lx_address + r.size_per_core) for t, r in resident.items()]
+        for i, ((a, b), x0, x1) in enumerate(items):
+            for (c, d), y0, y1 in items[i + 1:]:
+                if a <= d and c <= b and x0 < y1 and y0 < x1:
+                    return False
+        return True
 
     def window(self, t: str) -> tuple[int, int]:
         """Op-index span [producer, last reader] of a residency candidate."""
@@ -454,7 +532,7 @@ class SpyreModel:
             on = t in resident
             m.AddHint(r, on)
             p = self.producer[t].id
-            sz = self.S[p][chosen[p]].out_lx_bytes // hw.stick_bytes
+            sz = self.lx_bytes(t, self.S[p][chosen[p]]) // hw.stick_bytes
             addr = d.resident[t].lx_address // hw.stick_bytes if on else 0
             m.AddHint(self.size[t], sz)
             m.AddHint(self.addr[t], addr)
@@ -495,7 +573,7 @@ class SpyreModel:
             return False
         if size_per_core is not None and sp.out_lx_bytes > size_per_core:
             return False
-        return all(compatible_residency(sp, self.S[o][picks[o]], slot) for o, slot in self.readers[t])
+        return all(self.handoff_ok(t, sp, self.S[o][picks[o]], slot) for o, slot in self.readers[t])
 
     def needed_resticks(self, picks: dict[str, int], input_sticks: dict) -> set:
         out_stick = {op.output.tensor: self.S[op.id][picks[op.id]].out_stick for op in self.pg.ops}
@@ -546,6 +624,8 @@ class SpyreModel:
                 d.resident[t] = Residency(lx_address=solver.Value(self.addr[t]) * hw.stick_bytes,
                                           size_per_core=solver.Value(self.size[t]) * hw.stick_bytes)
         d.resident = self.canonical_addresses(d.resident)
+        sizes = {t: self.S[self.producer[t].id][picks[self.producer[t].id]].out_lx_bytes for t in d.resident}
+        d.resident = self.full_size_residencies(d.resident, sizes)
         d.bundle_starts = self.bundle_starts(set(d.resident))
         return d
 

@@ -15,6 +15,8 @@ the simulator still share one home for op timing. The strategies' decisions are 
 (no tiles: the search places them, with the bundle cuts and LX they need); only the prices
 the model, the local search and the objective see are.
 
+A combination with the result in LX keeps the untiled price (a K-tiled result is a partial sum
+until the kernel's last tile: no member of a kernel can read it on chip).
 What it does not price: the partial sums' LX (the one-op program leaves all LX free, so a
 K-tiled price assumes they fit; the search finds out), and fused kernels of pointwise
 chains (their members' on-chip reads: the model's residency terms are the nearest it has).
@@ -58,7 +60,7 @@ def predict_fused_ns(program: Program, hw) -> float:
     total = 0.0
     for o, view, in_lx, out_lx in program_op_views(program):
         ns = op_time(view, in_lx, out_lx, hw, o.prim).total_ns
-        opt = None if o.temporal_tiles or o.alias else _k_options(view, o.core_split, hw)
+        opt = None if o.temporal_tiles or o.alias or out_lx else _k_options(view, o.core_split, hw)
         if opt is not None:
             for t in K_TILE_COUNTS:
                 if t > opt[1]:
@@ -115,6 +117,10 @@ def _tiled(s: Strategy, hw) -> Strategy:
     tiled = op_cost_parts(s.view, hw, s.may_reside or None, tiles={name: best_t})
     combos: dict = {}
     for key, c in s.parts.combos.items():
-        k = tiled.combos.get(key)
+        # with its result held in LX the matmul keeps its untiled price: a K-tiled result is
+        # a partial sum until the last tile, so no kernel member can take it on chip
+        # (`SpyreModel.handoffs`), and a whole residency beside the partial sums is rarely
+        # what the search can give it
+        k = None if key[-1] else tiled.combos.get(key)
         combos[key] = k if k is not None and k.total_ns < c.total_ns else c
     return dataclasses.replace(s, parts=OpCostParts(combos))
