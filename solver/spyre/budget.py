@@ -50,6 +50,19 @@ DETERMINISTIC_PER_SECOND = 0.15
 # Deterministic mode: nothing measured may shape the solve, so the wall limit is only a
 # safety net at this many times the caller's limit.
 DETERMINISTIC_WALL_FACTOR = 3.0
+# Deterministic mode: the plan a solve stops at depends on CP-SAT's seed (unproven, or one
+# of tied optima), and the fusion search turns those plans into programs far apart
+# (llama31_8b_prefill512, 10 s, 2026-12-05: seeds 1-8 fused to 4188-4977 us, 18.8%; the
+# 62-op Llama block's proven optimum fused to 4488.3 us, the best of four seeds' optima to
+# 4144.6; neither the objective nor the tile-class price ranks them as fused). So up to
+# DETERMINISTIC_DRAWS draws (another seed each, the same model and start, each its own
+# solve, local search and post-solve steps) run and the fastest program is kept: the best
+# of four draws of those eight seeds was 4188.3 and 4229.7 us (1.0%). Each draw costs a
+# solve and a fusion search: the deterministic wall grows about that many times, so a plan
+# gets one draw per DETERMINISTIC_DRAW_S seconds of its budget (counts only: the budget is a
+# function of the model's size), four at the default 10 s limit, one below 5 s.
+DETERMINISTIC_DRAWS = 4
+DETERMINISTIC_DRAW_S = 2.5
 # Solve rounds (the first, then repair rounds after lazy bundle no-goods): the first round
 # gets FIRST_ROUND_SHARE of what is left (the last round all of it), a round never less than
 # MIN_ROUND_S, and no repair round starts (wall clock) with less than MIN_ROUND_SHARE of the
@@ -184,12 +197,12 @@ REPRESENTATIVE_LIMIT_SHARE = 0.95
 # 1-4 gave 4282.5, 4737.1, 4576.6, 4704.5 us): while its share lasts it is solved again
 # with another seed, up to REPRESENTATIVE_MAX_DRAWS times, and the fastest is kept. Wall
 # clock: another draw when what is left is at least REPRESENTATIVE_DRAW_FACTOR times the
-# mean draw so far; deterministic: the share is split into draws of at least
-# REPRESENTATIVE_DRAW_S seconds, so one draw at 10 s and four at 30 s on the 32-layer
-# Llama (there, with three draws, 138.7 -> 133.6 ms, 2026-12-01).
+# mean draw so far (there, with three draws at 30 s, 138.7 -> 133.6 ms, 2026-12-01);
+# deterministic: the representative's pipeline makes its draws as for a graph of its own
+# (DETERMINISTIC_DRAWS, DETERMINISTIC_DRAW_S), so a copy is drawn as often as the one-layer
+# plan it is compared with.
 REPRESENTATIVE_MAX_DRAWS = 4
 REPRESENTATIVE_DRAW_FACTOR = 1.2
-REPRESENTATIVE_DRAW_S = 5.0
 # The hybrid (segments the hint runs faster take its decisions) is tried only when those
 # segments add up to this share of the composed plan's time.
 HYBRID_MIN_GAIN = 0.002
@@ -253,6 +266,10 @@ TABLE: tuple[Knob, ...] = (
          "the same in ns (one op's tie-break): solve time on tiny graphs against ties"),
     Knob("DETERMINISTIC_PER_SECOND", "solve.solve_rounds",
          "deterministic units per wall second: a deterministic solve's length against its quality"),
+    Knob("DETERMINISTIC_DRAWS", "single.draw_count",
+         "deterministic draws (seeds) while a solve finds a plan, the fastest program kept: stability against wall"),
+    Knob("DETERMINISTIC_DRAW_S", "single.draw_count",
+         "budget seconds per deterministic draw: more draws against the deterministic wall"),
     Knob("DETERMINISTIC_WALL_FACTOR", "solve.solve_rounds",
          "wall safety net of a deterministic solve (x the limit): never shapes a plan, only caps a runaway"),
     Knob("MAX_ROUNDS", "solve.solve_rounds",
@@ -315,11 +332,9 @@ TABLE: tuple[Knob, ...] = (
     Knob("REPRESENTATIVE_LIMIT_SHARE", "depth.repeats.plan_depth",
          "share of its seconds the representative's pipeline is given (wall clock): its quality against overrun"),
     Knob("REPRESENTATIVE_MAX_DRAWS", "depth.repeats.plan_depth",
-         "most CP-SAT seeds tried for the block: a luckier optimum against time per draw"),
+         "most CP-SAT seeds tried for the block (wall clock): a luckier optimum against time per draw"),
     Knob("REPRESENTATIVE_DRAW_FACTOR", "depth.repeats.plan_depth",
          "another draw when this many mean draws are left (wall clock): more draws against overrun"),
-    Knob("REPRESENTATIVE_DRAW_S", "depth.repeats.plan_depth",
-         "least seconds of a deterministic draw: more draws against each draw's quality"),
     Knob("HYBRID_MIN_GAIN", "depth.repeats.hybrid",
          "least share the hint's faster segments must win before a whole-graph check: gain against check time"),
     Knob("WINDOW_OPS", "depth.windows.plan_windows", "ops per window: model size and time against seams"),

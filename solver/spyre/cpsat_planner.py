@@ -56,7 +56,8 @@ def plan_cpsat(pg: PrimGraph, hw, *, time_limit_s: Optional[float] = None, deter
         phase(events, "repeats", True, "repeated structure and windows")
         # a stored program (re-optimization) is the hint as its decisions
         hint_d = decisions_from_program(pg, hint) if isinstance(hint, Program) else hint
-        d = plan_whole(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, t0=t0, hint_d=hint_d)
+        d = plan_whole(pg, hw, time_limit_s=time_limit_s, deterministic=deterministic, t0=t0, hint_d=hint_d,
+                       seed=seed)
         phase(events, "repeats", False, "not taken" if d is None else d.stats["notes"][0])
         if d is not None:
             return d

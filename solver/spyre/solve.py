@@ -5,7 +5,8 @@ it added as lazy no-goods and the model solved again warm-started from the repai
 
 CP-SAT's presolve is off for this model (seconds of wall time for almost no reduction).
 Deterministic mode: CP-SAT stops on its deterministic clock (a share of the budget), one
-sequential worker, a fixed seed; the wall limit is only a safety net.
+sequential worker, the seed it is given (the pipeline's draws give each solve its own:
+`single.plan_graph`); the wall limit is only a safety net.
 """
 from __future__ import annotations
 

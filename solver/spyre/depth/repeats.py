@@ -342,12 +342,15 @@ def hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hint
 
 
 def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
-               rep: Optional[Repeats] = None, hint_d: Optional[PlanDecisions] = None) -> Optional[PlanDecisions]:
+               rep: Optional[Repeats] = None, hint_d: Optional[PlanDecisions] = None,
+               seed: int = 1) -> Optional[PlanDecisions]:
     """The repeated-structure plan of `pg` (module docstring), or None when `pg` has no
     repeated block covering `budget.MIN_COVERAGE` of its ops. `pg` is in the planner's op order;
     `t0` is when the whole compile started (the time limit covers everything from there,
     `planners.plan()`'s own emit, validation and bound included). `hint_d`: the whole
-    graph's starting plan (the heuristic's when None)."""
+    graph's starting plan (the heuristic's when None). `seed`: the representative's CP-SAT
+    seed (wall clock: its first draw's, the next draws take the seeds after it;
+    deterministic: the single-graph pipeline's draws, `single.plan_graph`)."""
     n = len(pg.ops)
     rep = rep or find_repeats(pg, min_copies=budget.MIN_COPIES)
     if rep is None or rep.copies * rep.period < budget.MIN_COVERAGE * n:
@@ -356,13 +359,19 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     limit = float(time_limit_s)
     hint_d = whole_hint(pg, hw, hint_d)
     hint_us, hint_report, post_s = timed_hint_report(pg, hw, hint_d)
+    # the reserve keeps the wall-clock limit (composing, checking and validating after the
+    # solves); a deterministic plan's wall is not bounded by its limit, so there the solves'
+    # shares are of the whole limit: the representative of a 32-layer stack gets the budget a
+    # one-layer graph's plan gets at the same limit (before 2026-12-05 it got the limit less
+    # 4.3 s, and its draws 0.43 deterministic units each against the one-layer plan's 0.75)
     reserve = reserve_s(n, None if deterministic else post_s)
     notes.append(f"budget: {limit:g} s for the whole compile, {reserve:.1f} s of it kept for composing, "
-                 "checking and validating the whole program")
+                 "checking and validating the whole program" + (
+                     " (deterministic: not taken from the solves' shares)" if deterministic else ""))
     before, after = partial_edges(pg, rep)
     rest_ops = rep.start - before + n - rep.stop - after
     # deterministic: shares of the limit from counts only; else what is left of the wall clock
-    avail = limit - reserve - (0.0 if deterministic else time.perf_counter() - t0)
+    avail = limit if deterministic else limit - reserve - (time.perf_counter() - t0)
     avail = max(0.0, avail)
     rest_s = avail * min(1.0 - budget.REPRESENTATIVE_SHARE, rest_ops / (rest_ops + rep.copies * rep.period))
     if rest_s < budget.MIN_WINDOW_S:
@@ -397,13 +406,16 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
                  for i in block for a in pg.ops[i].inputs
                  if a.tensor in producer and producer_pos[a.tensor] < rep.start}
     rep_notes: list[str] = []
-    # deterministic: the share is split into equal draws up front (counts only)
-    draws = max(1, min(budget.REPRESENTATIVE_MAX_DRAWS, int(rep_s // budget.REPRESENTATIVE_DRAW_S))) if deterministic else 1
-    draw_s = rep_s / draws
+    # deterministic: one solve of the whole share, whose pipeline makes its own draws as it
+    # would for a graph of its own (`single.draw_count` of its budget: four for a prefill
+    # layer's block at 10 s, counts only); wall clock: draws here while the share lasts
+    # (below)
+    draws = None if deterministic else 1
+    draw_s = rep_s
     rep_inputs = shared_in
     rep_d, note = solve_segment(pg, block, hw, time_limit_s=draw_s, deterministic=deterministic,
                                 input_sticks=rep_inputs, name="representative",
-                                limit_share=budget.REPRESENTATIVE_LIMIT_SHARE)
+                                limit_share=budget.REPRESENTATIVE_LIMIT_SHARE, seed=seed, draws=draws)
     rep_notes.append(note)
 
     def mismatched(d: PlanDecisions) -> dict:
@@ -426,32 +438,31 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         if left >= 1.0:
             again, note = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
                                         input_sticks={**shared_in, **fix}, name="representative (periodic inputs)",
-                                        limit_share=budget.REPRESENTATIVE_LIMIT_SHARE)
+                                        limit_share=budget.REPRESENTATIVE_LIMIT_SHARE, seed=seed, draws=draws)
             rep_notes.append(note)
             if not mismatched(again) and pred_us(again) <= pred_us(rep_d) * 1.05:
                 rep_d, rep_inputs = again, {**shared_in, **fix}
         else:
             rep_notes.append(f"representative writes {len(fix)} boundary tensors in another layout than it "
                              "reads them: restickified at every seam (no time to solve it again)")
-    # more draws (another CP-SAT seed: another of the model's optima, which the fusion search
-    # turns into a program 0-10% faster or slower) while the share lasts; the fastest is kept
-    seed = 1
-    while seed < budget.REPRESENTATIVE_MAX_DRAWS:
+    # wall clock: more draws (another CP-SAT seed: another plan, which the fusion search
+    # turns into a program up to 20% faster or slower) while the share lasts; the fastest is
+    # kept
+    drawn = 1
+    while not deterministic and drawn < budget.REPRESENTATIVE_MAX_DRAWS:
         t_draw = time.perf_counter()
-        left = draw_s if deterministic else rep_s - (t_draw - t_rep)
-        if deterministic and seed >= draws:
+        left = rep_s - (t_draw - t_rep)
+        if left < max(budget.MIN_WINDOW_S, budget.REPRESENTATIVE_DRAW_FACTOR * (t_draw - t_rep) / drawn):
             break
-        if not deterministic and left < max(budget.MIN_WINDOW_S, budget.REPRESENTATIVE_DRAW_FACTOR * (t_draw - t_rep) / seed):
-            break
-        seed += 1
         again, note = solve_segment(pg, block, hw, time_limit_s=left, deterministic=deterministic,
-                                    input_sticks=rep_inputs, name=f"representative (seed {seed})",
-                                    limit_share=budget.REPRESENTATIVE_LIMIT_SHARE, seed=seed)
+                                    input_sticks=rep_inputs, name=f"representative (seed {seed + drawn})",
+                                    limit_share=budget.REPRESENTATIVE_LIMIT_SHARE, seed=seed + drawn)
+        drawn += 1
         rep_notes.append(note)
         if not mismatched(again) and pred_us(again) < pred_us(rep_d):
             rep_d = again
-    if seed > 1:
-        rep_notes.append(f"representative: {seed} draws, kept predicted {pred_us(rep_d):.1f} us")
+    if drawn > 1:
+        rep_notes.append(f"representative: {drawn} draws, kept predicted {pred_us(rep_d):.1f} us")
     notes += rep_notes
 
     # 2. the copies

@@ -60,12 +60,14 @@ def subgraph(pg: PrimGraph, idx: range | list[int], name: str,
 
 def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, deterministic: bool,
                   input_sticks: Optional[dict] = None, name: str = "segment",
-                  limit_share: float = budget.SEGMENT_LIMIT_SHARE, seed: int = 1) -> tuple[PlanDecisions, str]:
+                  limit_share: float = budget.SEGMENT_LIMIT_SHARE, seed: int = 1,
+                  draws: Optional[int] = 1) -> tuple[PlanDecisions, str]:
     """The ops `idx` of `pg` planned as a graph of their own by the CP-SAT pipeline (or the
     heuristic when the time is below `budget.MIN_WINDOW_S`); `input_sticks` fixes the layouts of
     its boundary inputs (tensors produced before it). Keys are `pg`'s ids. In wall-clock
-    mode the pipeline is given `limit_share` of `time_limit_s`; `seed`: CP-SAT's. Returns the
-    plan and a note on how it was made."""
+    mode the pipeline is given `limit_share` of `time_limit_s`; `seed`, `draws`: the pipeline's
+    (`single.plan_graph`; one draw by default: a window's plan is one of many, None: the
+    deterministic default). Returns the plan and a note on how it was made."""
     sub = subgraph(pg, idx, f"{pg.name}#{name}")
     fixed = {t: s for t, s in (input_sticks or {}).items() if t in sub.tensors and t in sub.inputs}
     # the heuristic plans around the boundary's layouts (an op reading ANY layout splits
@@ -78,7 +80,8 @@ def solve_segment(pg: PrimGraph, idx: list[int], hw, *, time_limit_s: float, det
         return replace(hint, planner="cpsat", op_order=[]), \
             f"{name}: {len(idx)} ops, heuristic plan ({time_limit_s:.2f} s left)"
     limit = time_limit_s if deterministic else limit_share * time_limit_s
-    d = plan_graph(sub, hw, time_limit_s=limit, deterministic=deterministic, hint=hint, seed=seed)
+    d = plan_graph(sub, hw, time_limit_s=limit, deterministic=deterministic, hint=hint, seed=seed,
+                   draws=draws)
     st = d.stats
     model = next((n.split()[1] for n in st.get("notes", []) if n.startswith("strategies:")), "?")
     return d, (f"{name}: {len(idx)} ops, {st.get('solver_status')} in {st.get('solve_seconds', 0):.1f} s "
