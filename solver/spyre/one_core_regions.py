@@ -26,13 +26,14 @@ Nothing here is keyed on op names or shapes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Optional
 
 from target.primitives import PrimGraph
 from target.superdsc import OpDecl, Program
 from simulator.timing import time_program
 from solver.oracle import valid_program
+from solver.spyre.post_solve import Improved
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre.relayout import placed_in_lx
 
@@ -136,23 +137,11 @@ def region_decisions(pg: PrimGraph, hw, d: PlanDecisions, program: Program, regi
     return placed_in_lx(pg, hw, trial, keep) if keep else trial
 
 
-@dataclass
-class Regions:
-    """The plan with regions on one core (`decisions`, its valid `program`), what was done
-    (`notes`), and the simulated time before (`base_us`) and after (`us`)."""
-
-    decisions: PlanDecisions
-    program: Program
-    notes: list[str]
-    base_us: float
-    us: float
-
-
 def regions_on_one_core(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
-                        deadline: Optional[float] = None) -> Regions:
+                        deadline: Optional[float] = None) -> Improved:
     """`d` (emitted as the valid `program`) with each small-op region on one core where that
-    validates and simulates faster (`Regions`). Stops before a trial it has no time left for
-    (`deadline`, perf_counter seconds)."""
+    validates and simulates faster (`post_solve.Improved`). Stops before a trial it has no
+    time left for (`deadline`, perf_counter seconds)."""
     base_us = best_us = time_program(program, hw).total_us
     notes: list[str] = []
     longest = 0.0
@@ -171,4 +160,4 @@ def regions_on_one_core(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
                                  f"simulated {best_us:.2f} -> {us:.2f} us")
                     d, program, best_us = trial, prog, us
         longest = max(longest, time.perf_counter() - started)
-    return Regions(d, program, notes, base_us, best_us)
+    return Improved(d, program, notes, base_us, best_us)

@@ -56,6 +56,22 @@ class Outcome:
 
 
 @dataclass
+class Improved:
+    """What a whole-program trial step leaves: the plan (`decisions`, its valid `program`),
+    what was done (`notes`), and the simulated time before (`base_us`) and after (`us`)."""
+
+    decisions: PlanDecisions
+    program: Program
+    notes: list[str]
+    base_us: float
+    us: float
+
+    @property
+    def gain_us(self) -> float:
+        return self.base_us - self.us
+
+
+@dataclass
 class StepRecord:
     """What the runner recorded of one step."""
 

@@ -19,7 +19,7 @@ Nothing here is keyed on op names or shapes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Optional
 
 from target.primitives import PrimGraph
@@ -27,6 +27,7 @@ from target.superdsc import LxMemory, Program, lx_live_spans
 from simulator.timing import time_program
 from solver.emit import emit_program
 from solver.oracle import valid_program
+from solver.spyre.post_solve import Improved
 from solver.plan import PlanDecisions, Residency
 from solver.spyre.tile_buffers import LxRequest, place_first_fit
 
@@ -62,27 +63,11 @@ def placed_in_lx(pg: PrimGraph, hw, d: PlanDecisions, names: tuple[str, ...]) ->
     return replace(d, resident={**d.resident, **{t: Residency(lx_address=a) for t, a in addresses.items()}})
 
 
-@dataclass
-class Relayouts:
-    """The plan with LX relayouts (`decisions`, its valid `program`), what was done
-    (`notes`), and the simulated time before (`base_us`) and after (`us`)."""
-
-    decisions: PlanDecisions
-    program: Program
-    notes: list[str]
-    base_us: float
-    us: float
-
-    @property
-    def gain_us(self) -> float:
-        return self.base_us - self.us
-
-
 def add_lx_relayouts(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
-                     deadline: Optional[float] = None) -> Relayouts:
+                     deadline: Optional[float] = None) -> Improved:
     """`d` (emitted as the valid `program`) with every restickify turned into an LX relayout
-    where that validates and simulates faster (`Relayouts`). Stops before a trial it has no
-    time left for (`deadline`, perf_counter seconds)."""
+    where that validates and simulates faster (`post_solve.Improved`). Stops before a trial
+    it has no time left for (`deadline`, perf_counter seconds)."""
     base_us = best_us = time_program(program, hw).total_us
     notes: list[str] = []
     longest = 0.0
@@ -100,4 +85,4 @@ def add_lx_relayouts(pg: PrimGraph, hw, d: PlanDecisions, program: Program,
                     notes.append(f"lx relayout: {src} -> {copy} on chip, simulated {best_us:.1f} -> {us:.1f} us")
                     d, program, best_us = trial, prog, us
         longest = max(longest, time.perf_counter() - started)
-    return Relayouts(d, program, notes, base_us, best_us)
+    return Improved(d, program, notes, base_us, best_us)

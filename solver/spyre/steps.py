@@ -248,44 +248,42 @@ class SplitKRunnerUp:
             f"{alt[2].total_us:.1f} us ({runner_up[2].total_us:.1f} before the pass)"])
 
 
-class OneCoreRegions:
+class _WholeProgramTrials:
+    """A step that tries changes on the whole checked program (`improve`) when the program
+    has candidates for them (`has_candidates`), keeping what validates and simulates
+    faster; `improve` returns a `post_solve.Improved`."""
+
+    share = 1.0
+    reserve = 0.0
+    min_trials = 0
+
+    def applies(self, state: PostSolveState) -> bool:
+        return True
+
+    def run(self, state: PostSolveState) -> Optional[Outcome]:
+        prog = state.checked()
+        if prog is None or not self.has_candidates(state.pg, prog):
+            return None
+        got = self.improve(state.pg, state.hw, state.decisions, prog, state.deadline)
+        return Outcome(got.decisions, got.us, log=got.notes, before_us=got.base_us, program=got.program)
+
+
+class OneCoreRegions(_WholeProgramTrials):
     """Regions of small ops (and their restickifies) on one core with every intermediate
     held in LX, where that validates and simulates faster (`solver.spyre.one_core_regions`)."""
 
     name = "one-core regions"
-    share = 1.0
-    reserve = 0.0
-    min_trials = 0
-
-    def applies(self, state: PostSolveState) -> bool:
-        return True
-
-    def run(self, state: PostSolveState) -> Optional[Outcome]:
-        prog = state.checked()
-        if prog is None or not small_regions(state.pg, prog):
-            return None
-        got = regions_on_one_core(state.pg, state.hw, state.decisions, prog, state.deadline)
-        return Outcome(got.decisions, got.us, log=got.notes, before_us=got.base_us, program=got.program)
+    has_candidates = staticmethod(small_regions)
+    improve = staticmethod(regions_on_one_core)
 
 
-class LxRelayouts:
+class LxRelayouts(_WholeProgramTrials):
     """Restickifies turned into on-chip LX relayouts where that validates and simulates
     faster (`solver.spyre.relayout`)."""
 
     name = "lx relayouts"
-    share = 1.0
-    reserve = 0.0
-    min_trials = 0
-
-    def applies(self, state: PostSolveState) -> bool:
-        return True
-
-    def run(self, state: PostSolveState) -> Optional[Outcome]:
-        prog = state.checked()
-        if prog is None or not relayout_candidates(state.pg, prog):
-            return None
-        got = add_lx_relayouts(state.pg, state.hw, state.decisions, prog, state.deadline)
-        return Outcome(got.decisions, got.us, log=got.notes, before_us=got.base_us, program=got.program)
+    has_candidates = staticmethod(relayout_candidates)
+    improve = staticmethod(add_lx_relayouts)
 
 
 # The post-solve steps, in the order they run: the one declaration of the pipeline after
