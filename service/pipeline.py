@@ -252,10 +252,19 @@ class CompileOutcome:
         return asdict(self)
 
 
-def wall_limit_s(time_limit_s: float, grace_min_s: float = WALL_GRACE_MIN_S) -> float:
+def wall_limit_s(time_limit_s: float, grace_min_s: float = WALL_GRACE_MIN_S,
+                 deterministic: bool = False) -> float:
     """The wall time a compile with this time limit may take in a worker before it is
-    stopped (the service then answers the best plan stored so far)."""
-    return time_limit_s + max(grace_min_s, 0.5 * time_limit_s)
+    stopped (the service then answers the best plan stored so far). A deterministic plan
+    is the best of several draws, each a solve of about the limit on the deterministic
+    clock (solver.spyre.single.draw_count), so its work is that many limits: a bound of
+    one limit would stop it at a point that depends on the machine's load."""
+    work_s = time_limit_s
+    if deterministic:
+        from solver.spyre.single import draw_count
+
+        work_s *= draw_count(time_limit_s)
+    return work_s + max(grace_min_s, 0.5 * work_s)
 
 
 def fallback_planner(requested: str) -> Optional[str]:

@@ -258,3 +258,19 @@ def test_only_a_searching_planner_is_held_to_its_time_limit():
     for planner in ("naive", "heuristic"):
         assert _wall_limit_s(pipeline.CompileOptions(planner=planner, time_limit_s=1.0), config) is None
     assert _wall_limit_s(pipeline.CompileOptions(planner="cpsat", time_limit_s=2.0), config) == 12.0
+
+
+def test_a_deterministic_compile_is_bounded_by_its_draws_not_one_limit():
+    """A deterministic plan is the best of up to four draws, each a solve of about the limit:
+    its wall bound counts every draw (10 s: 4 draws, 40 s of work + 20 s grace); below the
+    draw size one draw, so the bound is the wall-clock one."""
+    from service import pipeline
+    from service.http.handlers import _wall_limit_s
+    from solver.spyre.single import draw_count
+
+    config = ServiceConfig(store_path="unused")
+    det = pipeline.CompileOptions(planner="cpsat", time_limit_s=10.0, deterministic=True)
+    assert draw_count(10.0) == 4
+    assert _wall_limit_s(det, config) == 60.0
+    assert _wall_limit_s(pipeline.CompileOptions(planner="cpsat", time_limit_s=10.0), config) == 20.0
+    assert pipeline.wall_limit_s(2.0, deterministic=True) == pipeline.wall_limit_s(2.0) == 12.0

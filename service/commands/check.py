@@ -73,7 +73,7 @@ def run(args) -> int:
         print("sticksat check: --graph-timeout must be >= 0 and --memory-limit positive", file=sys.stderr)
         return 2
     isolated = args.graph_timeout != 0
-    graph_wall_s = (args.graph_timeout or wall_limit_s(args.time_limit)) if isolated else None
+    graph_wall_s = (args.graph_timeout or wall_limit_s(args.time_limit, deterministic=args.deterministic)) if isolated else None
     memory_bytes = (int(args.memory_limit * 2**30) if args.memory_limit else default_memory_bytes(1)) if isolated \
         else None
     try:

@@ -80,7 +80,7 @@ def _body_validation_problem(errors: list[dict], body: Any, instance: str) -> Re
 
 def _wall_limit_s(options: pipeline.CompileOptions, config: ServiceConfig) -> Optional[float]:
     """The wall-time bound of a compile with a searching planner (cpsat): its time limit
-    plus the grace (pipeline.wall_limit_s). A planner that does not search (naive,
+    (a deterministic compile's: one per draw) plus the grace (pipeline.wall_limit_s). A planner that does not search (naive,
     heuristic) ignores the time limit, and its run time grows with the graph alone (the
     service's graph limits bound it): its job is bounded by the request's deadline."""
     from solver.planners import PLANNER_INFO
@@ -88,7 +88,7 @@ def _wall_limit_s(options: pipeline.CompileOptions, config: ServiceConfig) -> Op
     info = PLANNER_INFO.get(options.planner)
     if info is None or not info.searches:
         return None
-    return pipeline.wall_limit_s(options.time_limit_s, config.wall_grace_min_s)
+    return pipeline.wall_limit_s(options.time_limit_s, config.wall_grace_min_s, options.deterministic)
 
 
 def _expected_s(options: pipeline.CompileOptions) -> Optional[float]:
