@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from simulator.timing import TimingReport
+from simulator.timing_report import TimingReport
 from target.hardware import load_target
 from target.superdsc import LxMemory, Program, lx_live_spans
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Union
 
-from simulator.timing import TimingReport
+from simulator.timing_report import TimingReport
 
 _CORE_TIDS = {"pt": 0, "sfp": 1, "dma": 2, "ring": 3}
 _CORE_PID0 = 2

@@ -20,7 +20,8 @@ from typing import Optional
 
 from target.primitives import PrimGraph
 from target.superdsc import Program
-from simulator.timing import TimingReport, time_program
+from simulator.timing import time_program
+from simulator.timing_report import TimingReport
 from simulator.validate import validate_program
 from solver.emit import emit_program
 from solver.plan import PlanDecisions

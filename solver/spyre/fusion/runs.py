@@ -18,7 +18,7 @@ from target.op_rules import split_units
 from target.primitives import PrimGraph, PrimOp
 from target.geometry import box_contains, core_ranges, op_granules, operand_box, parsed_prim, reduction_split
 from target.superdsc import Program
-from simulator.timing import TimingReport
+from simulator.timing_report import TimingReport
 from solver.plan import OpPlan, PlanDecisions
 
 _FUSABLE_BODIES = frozenset({"pointwise", "reduce", "matmul"})

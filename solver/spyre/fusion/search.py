@@ -49,7 +49,8 @@ from typing import Optional
 
 from target.primitives import PrimGraph
 from target.superdsc import Program
-from simulator.timing import TimingReport, time_program
+from simulator.timing import time_program
+from simulator.timing_report import TimingReport
 from solver.emit import emit_program
 from solver.oracle import valid_program
 from solver.plan import PlanDecisions
