@@ -67,6 +67,22 @@ class HoldMoves:
         _, _, body = self.sm.combos[o]
         return body[k][0] + to_units(self.sm.S[o][k].parts.base.extra_ns)
 
+    def _readers_aligned(self, sp, readers, picks: dict[str, int]) -> Optional[dict[str, int]]:
+        """Each reader (op, slot) whose pick cannot read the output `sp` holds, moved to its
+        cheapest strategy of the same stick and orders that can; None when one has none."""
+        S = self.sm.S
+        change: dict[str, int] = {}
+        for r, slot in readers:
+            now = S[r][change.get(r, picks[r])]
+            if compatible_residency(sp, now, slot):
+                continue
+            ks = [k for k, s in enumerate(S[r]) if s.stick == now.stick and s.orders == now.orders
+                  and compatible_residency(sp, s, slot)]
+            if not ks:
+                return None
+            change[r] = min(ks, key=lambda k: (self._price(r, k), k))
+        return change
+
     def _compatible(self, t: str, picks: dict[str, int]) -> bool:
         return self.sm.residency_ok(t, picks)
 
@@ -95,17 +111,7 @@ class HoldMoves:
                 out.append(change)
         # 3. readers aligned to the producer
         sp = S[p][picks[p]]
-        change = {}
-        for r, slot in readers:
-            if compatible_residency(sp, S[r][picks[r]], slot):
-                continue
-            now = S[r][picks[r]]
-            ks = [k for k, s in enumerate(S[r]) if s.stick == now.stick and s.orders == now.orders
-                  and compatible_residency(sp, s, slot)]
-            if not ks:
-                change = None
-                break
-            change[r] = min(ks, key=lambda k: (self._price(r, k), k))
+        change = self._readers_aligned(sp, readers, picks)
         if change and self._compatible(t, dict(picks, **change)):
             out.append(change)
         # 4. the producer aligned to the readers
@@ -165,18 +171,11 @@ class HoldMoves:
                 sq = S[q][trial[q]]
                 if sq.reduction_split or sq.alias:
                     continue
-                ok = True
-                for r, slot in sm.readers[u]:
-                    now = S[r][trial[r]]
-                    if compatible_residency(sq, now, slot):
-                        continue
-                    cand = [k for k, x in enumerate(S[r]) if x.stick == now.stick and x.orders == now.orders
-                            and compatible_residency(sq, x, slot)]
-                    if not cand:
-                        ok = False
-                        break
-                    trial[r] = min(cand, key=lambda k: (self._price(r, k), k))
-                if not ok or not sm.residency_ok(u, trial):
+                moved = self._readers_aligned(sq, sm.readers[u], trial)
+                if moved is None:
+                    continue
+                trial.update(moved)
+                if not sm.residency_ok(u, trial):
                     continue
                 res = self.place(u, sq.out_lx_bytes, placed)
                 if res is None:
