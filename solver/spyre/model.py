@@ -65,6 +65,26 @@ from solver.spyre.strategies import (
 )
 
 
+def first_fit_in_windows(order: list[str], window, sizes: dict[str, int], cap: int) -> dict[str, Residency]:
+    """LX addresses for the buffers in `order`, each at the lowest address clear of every
+    buffer placed before it whose op window (`window(t)`, an inclusive op-index span)
+    overlaps its own; a buffer past `cap` is left out."""
+    placed: list[tuple[int, int, int, int]] = []
+    out: dict[str, Residency] = {}
+    for t in order:
+        a, b = window(t)
+        size = sizes[t]
+        addr = 0
+        for s0, e0, ad, sz in sorted(placed, key=lambda x: x[2]):
+            if s0 <= b and a <= e0 and addr < ad + sz and ad < addr + size:
+                addr = ad + sz
+        if addr + size > cap:
+            continue
+        placed.append((a, b, addr, size))
+        out[t] = Residency(addr, size)
+    return out
+
+
 class SpyreModel:
     def __init__(self, pg: PrimGraph, hw, ctx: GraphContext, strategies: dict[str, list[Strategy]]):
         self.pg, self.hw, self.ctx, self.S = pg, hw, ctx, strategies
@@ -633,21 +653,10 @@ class SpyreModel:
         """Re-place the chosen buffers first-fit (windows in order, then by name): the
         solver's addresses are one of many equivalent packings, and this one does not depend
         on which the search met first. Keeps the solver's packing when first-fit fails."""
-        cap = self.hw.lx_capacity_bytes
-        placed: list[tuple[int, int, int, int]] = []
-        out: dict[str, Residency] = {}
-        for t in sorted(resident, key=lambda t: (self.window(t), t)):
-            a, b = self.window(t)
-            size = resident[t].size_per_core
-            addr = 0
-            for s0, e0, ad, sz in sorted(placed, key=lambda x: x[2]):
-                if s0 <= b and a <= e0 and addr < ad + sz and ad < addr + size:
-                    addr = ad + sz
-            if addr + size > cap:
-                return resident
-            placed.append((a, b, addr, size))
-            out[t] = Residency(addr, size)
-        return out
+        order = sorted(resident, key=lambda t: (self.window(t), t))
+        out = first_fit_in_windows(order, self.window, {t: r.size_per_core for t, r in resident.items()},
+                                   self.hw.lx_capacity_bytes)
+        return out if len(out) == len(resident) else resident
 
     def windows(self, resident: set[str]) -> list[tuple[int, int, list[str]]]:
         """Groups of overlapping resident live windows, as (first op, last op, tensors)."""

@@ -61,7 +61,7 @@ from solver.spyre import steps
 from solver.spyre.bundle_repair import BUNDLE_CODES
 from solver.spyre.cost_model import to_units
 from solver.spyre.depth.segments import crossings, keep_part, merge, out_stick, reader_index, subgraph
-from solver.spyre.model import SpyreModel
+from solver.spyre.model import SpyreModel, first_fit_in_windows
 from solver.spyre.start import default_hint, valid_or_naive
 from solver.spyre.strategies import (
     GraphContext, Strategy, align_strategies, compatible_residency, op_strategies, required_from,
@@ -515,20 +515,8 @@ def _first_fit(sp: SpyreStrategyProblem, sizes: dict[str, int], cap: int, order=
     """LX addresses first-fit in window order (the single-graph model's canonical packing),
     or in the order `order` gives (a sort key); a tensor that does not fit stays in device
     memory."""
-    placed: list[tuple[int, int, int, int]] = []
-    out: dict[str, Residency] = {}
-    for t in sorted(sizes, key=order or (lambda t: (sp.window[t], t))):
-        a, b = sp.window[t]
-        size = sizes[t]
-        addr = 0
-        for s0, e0, ad, sz in sorted(placed, key=lambda x: x[2]):
-            if s0 <= b and a <= e0 and addr < ad + sz and ad < addr + size:
-                addr = ad + sz
-        if addr + size > cap:
-            continue
-        placed.append((a, b, addr, size))
-        out[t] = Residency(addr, size)
-    return out
+    ordered = sorted(sizes, key=order or (lambda t: (sp.window[t], t)))
+    return first_fit_in_windows(ordered, sp.window.__getitem__, sizes, cap)
 
 
 def pack(sp: SpyreStrategyProblem, sizes: dict[str, int], hw, time_limit_s: float = 1.0) -> dict[str, Residency]:
