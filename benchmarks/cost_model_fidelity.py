@@ -36,11 +36,10 @@ from target.hardware import load_target  # noqa: E402
 from simulator.timing import time_program  # noqa: E402
 from simulator.validate import validate_program  # noqa: E402
 from solver.spyre.cost_model import predict_program_ns  # noqa: E402
-from solver.spyre.model import build_model  # noqa: E402
+from solver.spyre.model import build_model, first_fit_in_windows  # noqa: E402
 from solver.spyre.start import decisions_from_program  # noqa: E402
 from solver.emit import emit_program  # noqa: E402
 from solver.lower_bound import lower_bound  # noqa: E402
-from solver.plan import Residency  # noqa: E402
 from solver.planners import plan  # noqa: E402
 from solver.spyre.strategies import compatible_residency  # noqa: E402
 
@@ -103,9 +102,8 @@ def random_plan(sm, rng: random.Random, hw, p_resident: float):
             want = chosen[op.id].input_sticks[i]
             if want is not None and want != out_stick.get(a.tensor, sm.ctx.input_sticks.get(a.tensor)):
                 restickified.add(a.tensor)
-    resident: dict[str, Residency] = {}
-    live: list[tuple[int, int, int, int]] = []  # (start, end, addr, size) in sticks
-    cap = hw.lx_capacity_bytes // hw.stick_bytes
+    wanted: list[str] = []
+    sizes: dict[str, int] = {}   # bytes, rounded down to whole sticks
     for t in sm.res:
         if rng.random() > p_resident or t in restickified:
             continue
@@ -115,16 +113,10 @@ def random_plan(sm, rng: random.Random, hw, p_resident: float):
             continue
         if not all(compatible_residency(sp, chosen[o], slot) for o, slot in sm.readers[t]):
             continue
-        a, b = sm.window(t)
-        size = sp.out_lx_bytes // hw.stick_bytes
-        addr = 0
-        for s0, e0, ad, sz in sorted(live, key=lambda x: x[2]):
-            if s0 <= b and a <= e0 and addr < ad + sz and ad < addr + size:
-                addr = ad + sz
-        if addr + size > cap:
-            continue
-        live.append((a, b, addr, size))
-        resident[t] = Residency(addr * hw.stick_bytes, size * hw.stick_bytes)
+        wanted.append(t)
+        sizes[t] = sp.out_lx_bytes // hw.stick_bytes * hw.stick_bytes
+    cap = hw.lx_capacity_bytes // hw.stick_bytes * hw.stick_bytes
+    resident = first_fit_in_windows(wanted, sm.window, sizes, cap)
     return picks, resident
 
 
