@@ -35,7 +35,8 @@ def test_unproven_solves_draw_again_and_keep_the_fastest(llama_tiny, monkeypatch
     assert all(st == "FEASIBLE" for _, st, _ in draws)
     prog, issues = checked_program(llama_tiny, HW, d)
     assert prog is not None, issues
-    assert time_program(prog, HW).total_us == pytest.approx(min(us for _, _, us in draws), abs=0.05)
+    # the fastest draw, or better where other draws run segments faster (draw_crossover)
+    assert time_program(prog, HW).total_us <= min(us for _, _, us in draws) + 0.05
     again = plan_graph(llama_tiny, HW, time_limit_s=2, deterministic=True, seed=2, draws=3)
     assert _draws(again) == draws
     one = plan_graph(llama_tiny, HW, time_limit_s=2, deterministic=True, seed=2, draws=1)

@@ -16,8 +16,8 @@
 8. stats: predicted time (cost model of the plan as solved, less the steps' simulated
    gain), status, objective, bound, gap, notes;
 deterministic mode runs steps 5-7 as draws (`draw_count`, another CP-SAT seed each, the
-same model and start) while the solves find a plan, and keeps the fastest program;
-and last, never predicted slower than the hint as its own planner ordered it
+same model and start) while the solves find a plan, keeps the fastest program and takes
+into it the segments other draws run faster (`solver.spyre.draw_crossover`); and last, never predicted slower than the hint as its own planner ordered it
 (`start.own_order_plan`): the hint in its own order is returned otherwise, with a note.
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ from solver.oracle import checked_program, simulated_us
 from solver.plan import PlanDecisions
 from solver.spyre import budget, steps
 from solver.spyre.cost_model import predict_program_ns
+from solver.spyre.draw_crossover import crossover, plan_key
 from solver.spyre.fusion.prices import predict_fused_ns
 from solver.spyre.fusion import FUSION_TRIALS
 from solver.spyre.local_search import local_search
@@ -165,20 +166,20 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
                  gaps=gaps, fuse=fuse, emit_s=emit_s, events=events)
     # deterministic mode: where a solve stops (unproven, or at one of tied optima) depends on
     # the seed
-    # (budget.DETERMINISTIC_DRAWS): more draws, the fastest program kept (the first on a tie).
+    # (budget.DETERMINISTIC_DRAWS): more draws, the fastest program kept (`_best_draw`: on a
+    # tie the canonically first plan, then the other draws' faster segments consolidated in).
     # Draw k of `seed` uses CP-SAT seed DRAWS x (seed - 1) + 1 + k, so two seeds never share
     # a draw. Wall clock: one draw with CP-SAT seed `seed` (the limit leaves no time for more)
     draws = (draw_count(limit_s) if draws is None else max(1, draws)) if deterministic else 1
     draw.compare = draws > 1
-    best = None
+    drawn: list[_Drawn] = []
     for k in range(draws):
         cp_seed = draws * (seed - 1) + 1 + k if deterministic else seed
         if k > 0:   # the same model and start, another seed
             sm.m.ClearHints()
             sm.add_hint(feasible)
         got = draw.run(cp_seed)
-        if best is None or got.final_ns < best.final_ns:
-            best = got
+        drawn.append(got)
         if draws > 1:
             notes.append(f"draw {k + 1} of {draws} (CP-SAT seed {cp_seed}): {got.status}, "
                          f"simulated {got.final_ns / 1000:.1f} us")
@@ -187,6 +188,7 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
         # within the gap limits) fuse to programs apart
         if got.status not in ("FEASIBLE", "OPTIMAL"):
             break
+    best = _best_draw(pg, hw, drawn, notes)
     notes.extend(best.notes)
     seconds.update(best.seconds)
     if draws > 1:
@@ -203,6 +205,25 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
     # kernel); its plan was validated and timed in that order
     chosen.op_order = chosen.op_order or order
     return chosen
+
+
+def _best_draw(pg: PrimGraph, hw, drawn: list["_Drawn"], notes: list[str]) -> "_Drawn":
+    """The fastest draw (equal simulated times: the canonically first plan,
+    `draw_crossover.plan_key`, whatever the draw order), and with several, the draws'
+    segments consolidated into it where they run faster (`draw_crossover.crossover`, kept
+    only when the whole simulates faster)."""
+    if len(drawn) == 1:
+        return drawn[0]
+    best = min(drawn, key=lambda g: (g.final_ns, plan_key(g.chosen)))
+    merged, x_notes = crossover(pg, hw, [g.chosen for g in drawn])
+    notes.extend(x_notes)
+    if merged is None or merged.us * 1000.0 >= best.final_ns:
+        return best
+    stats = dict(best.chosen.stats)
+    chosen = replace(merged.decisions, stats=stats)
+    # the stat stays "prediction as solved less the steps' gain": the crossover's gain joins it
+    return replace(best, chosen=chosen, gain_ns=best.gain_ns + best.final_ns - merged.us * 1000.0,
+                   simulated_ns=merged.us * 1000.0)
 
 
 def draw_count(budget_s: float) -> int:
