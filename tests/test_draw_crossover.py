@@ -66,11 +66,26 @@ def test_no_switch_where_a_crossing_tensor_differs(tiny):
     assert 32 in cuts
     assert 32 not in X.seamless_cuts(pg, t_base, other, cuts)
     assert 52 in X.seamless_cuts(pg, t_base, other, cuts)
-    # a residency across the cut at 52 (held from op 31 to its reader after it): no switch there either
-    held = replace(base, resident={pg.ops[31].output.tensor: Residency(lx_address=0)})
-    t_held = X.timed(pg, HW, held)
-    if t_held is not None:   # the validator may refuse the address; the rule is what is tested
-        assert 32 not in X.seamless_cuts(pg, t_base, t_held, X.common_cuts(t_base, t_held))
+    # a residency across the cut at 32 (a result made before it, read after it, held in LX)
+    readers = {}
+    for j, op in enumerate(pg.ops):
+        for a in op.inputs:
+            readers.setdefault(a.tensor, []).append(j)
+    held = t_held = None
+    for i in range(31, -1, -1):
+        t = pg.ops[i].output.tensor
+        if max(readers.get(t, [0])) >= 32:
+            held = replace(base, resident={t: Residency(lx_address=0)})
+            t_held = X.timed(pg, HW, held)
+            if t_held is not None:
+                break
+    assert t_held is not None
+    assert 32 not in X.seamless_cuts(pg, t_base, t_held, X.common_cuts(t_base, t_held))
+    # held alike by both plans (same address and size): the switch keeps it held
+    t_held2 = X.timed(pg, HW, _one_core(held, ids[62]))
+    assert 32 in X.seamless_cuts(pg, t_held, t_held2, X.common_cuts(t_held, t_held2))
+    got = X.compose(pg, [(held, ids[:32]), (_one_core(held, ids[62]), ids[32:])])
+    assert got.resident == held.resident
 
 
 def test_compose_of_one_plan_is_that_plan(tiny):

@@ -110,11 +110,19 @@ def _written(d: PlanDecisions, op) -> tuple:
             tuple(sorted(p.temporal_tiles.items())), tuple(d.dim_orders.get(op.output.tensor) or ()))
 
 
+def _held(d: PlanDecisions) -> dict[str, dict]:
+    """Per tensor, its residencies in `d` (its own and its restickified copies')."""
+    out: dict[str, dict] = {}
+    for k, r in d.resident.items():
+        out.setdefault(k.rpartition("@stick")[0] or k, {})[k] = r
+    return out
+
+
 def seamless_cuts(pg: PrimGraph, a: Timed, b: Timed, cuts: Sequence[int]) -> list[int]:
     """The cuts (of `common_cuts`) where the two plans may switch: every tensor produced
     before the cut and read after it is written alike by both (`_written`), and every graph
-    input read on both sides has one layout in both, and no tensor crossing it is held in LX
-    by either plan (a residency may span bundles); the first and last cut always."""
+    input read on both sides has one layout in both, and every tensor crossing it held in LX
+    (a residency may span bundles) is held alike by both; the first and last cut always."""
     op_of = {op.id: op for op in pg.ops}
     pos = {o: i for i, o in enumerate(a.order)}
     last_read: dict[str, int] = {}
@@ -126,9 +134,11 @@ def seamless_cuts(pg: PrimGraph, a: Timed, b: Timed, cuts: Sequence[int]) -> lis
     inputs = set(pg.inputs)
     same_input = {t: a.decisions.input_sticks.get(t) == b.decisions.input_sticks.get(t) and
                   a.decisions.dim_orders.get(t) == b.decisions.dim_orders.get(t) for t in inputs}
-    # held in LX by either plan (the tensor or a restickified copy): a cut inside its window
-    # would send it to device memory
-    held = {k.rpartition("@stick")[0] or k for d in (a.decisions, b.decisions) for k in d.resident}
+    # held in LX (the tensor or a restickified copy) by one plan and not held alike by the
+    # other: a cut inside its window would send it to device memory; held alike (same
+    # address and size) it stays held across the switch (`compose`)
+    held_a, held_b = _held(a.decisions), _held(b.decisions)
+    held = {t for t in set(held_a) | set(held_b) if held_a.get(t) != held_b.get(t)}
     crossing: list[tuple[int, int, bool]] = []   # (born at, last read, written alike and not held)
     for o in a.order:
         op = op_of[o]
@@ -150,7 +160,8 @@ def compose(pg: PrimGraph, pieces: list[tuple[PlanDecisions, list[str]]]) -> Pla
     """One plan from (plan, op ids in order) pieces covering `pg` in order (adjacent pieces of
     one plan joined first): each op's plan from its piece's; a tensor's residency,
     restickify splits and dim order from the plan of the piece that produces it (a graph
-    input: that first reads it), a residency only when all its readers are in that piece;
+    input: that first reads it), a residency only when the plans of all its readers' pieces
+    hold it alike (same address and size);
     each piece starts a bundle; the op order is the pieces' concatenated."""
     joined: list[tuple[PlanDecisions, list[str]]] = []
     for d, ids in pieces:
@@ -182,7 +193,9 @@ def compose(pg: PrimGraph, pieces: list[tuple[PlanDecisions, list[str]]]) -> Pla
         out.restick_ops.update({t: v for t, v in d.restick_ops.items() if decided_here(t, k)})
         for t, r in d.resident.items():
             base = t.rpartition("@stick")[0] or t
-            if decided_here(t, k) and base not in outputs and readers.get(base, set()) <= {k}:
+            # held across pieces only when every piece's plan holds it alike
+            if decided_here(t, k) and base not in outputs and all(
+                    joined[j][0].resident.get(t) == r for j in readers.get(base, set())):
                 out.resident[t] = r
         starts = [o for o in d.bundle_starts if o in idset]
         out.bundle_starts.extend(starts if ids[0] in starts else [ids[0]] + starts)
