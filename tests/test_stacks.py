@@ -122,3 +122,30 @@ def test_two_stacks_compose_to_a_valid_plan_never_slower_than_the_hint(small_pie
     assert any(n.startswith("prologue: a stack of its own") for n in notes), notes
     heuristic = time_program(plan(pg, HW, "heuristic"), HW).total_us
     assert time_program(program, HW).total_us <= heuristic * (1 + 1e-9)
+
+
+def test_core_search_from_the_stacks_plan_is_never_slower_than_it(small_pieces, monkeypatch):
+    from dataclasses import replace
+
+    from solver.oracle import checked_program
+    from solver.spyre.depth import core_search
+    from solver.spyre.depth.segments import merge, reader_index, subgraph
+
+    monkeypatch.setattr(core_search, "MIN_CORE_S", 0.2)
+    monkeypatch.setattr(core_search, "CORE_S_PER_OP", 0.001)
+    pg = chain_order(_two_stacks())
+    head = list(range(0, 61))
+    readers = reader_index(pg)
+    parts, notes = stacks.plan_stack(pg, head, HW, deadline=None, budget_s=2.0, deterministic=True,
+                                     input_sticks={}, name="prologue", readers=readers)
+    got, more = stacks.finish(pg, head, HW, parts, notes, budget_s=3.0, deadline=None, input_sticks={},
+                              name="prologue", readers=readers, seed=1)
+    assert any("core search from the stack's plan" in n for n in more), more
+    assert [o for _, order in got for o in order] == [pg.ops[i].id for i in head]
+    sub = subgraph(pg, head, "head")
+
+    def us(d):
+        prog, issues = checked_program(sub, HW, replace(d, op_order=[]))
+        assert prog is not None, issues
+        return time_program(prog, HW).total_us
+    assert us(merge(got)) <= us(merge(parts)) * (1 + 1e-9)
