@@ -149,3 +149,17 @@ def test_core_search_from_the_stacks_plan_is_never_slower_than_it(small_pieces, 
         assert prog is not None, issues
         return time_program(prog, HW).total_us
     assert us(merge(got)) <= us(merge(parts)) * (1 + 1e-9)
+
+
+def test_two_stacks_each_under_the_coverage_are_planned_by_repeats_together(small_pieces, monkeypatch):
+    """Neither stack alone covers MIN_COVERAGE of the graph (raised here to 0.6: the first
+    stack covers 100 of 197 ops), both together do: the repeated path, not windows."""
+    monkeypatch.setattr(budget, "MIN_COVERAGE", 0.6)
+    pg = chain_order(_two_stacks(first=10, second=8))
+    rep = repeats.find_repeats(pg, min_copies=budget.MIN_COPIES)
+    assert rep.copies * rep.period < budget.MIN_COVERAGE * len(pg.ops)
+    assert repeats.covered_ops(pg, rep) >= budget.MIN_COVERAGE * len(pg.ops)
+    d = repeats.plan_depth(pg, HW, time_limit_s=2, deterministic=True, t0=0.0)
+    assert d is not None
+    assert any(n.startswith("epilogue: a stack of its own") or n.startswith("prologue: a stack of its own")
+               for n in d.stats["notes"]), d.stats["notes"]

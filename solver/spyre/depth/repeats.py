@@ -341,6 +341,23 @@ def hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hint
     return ((cand, cand_us) if cand_us < us else None), note
 
 
+def covered_ops(pg: PrimGraph, rep: Repeats) -> int:
+    """Ops of `pg` in copies: the block's, and those of the stacks of their own around it
+    (`stacks.stack_of`): two stacks of about equal size each cover less than half of an
+    encoder-decoder, both together most of it."""
+    from solver.spyre.depth.stacks import stack_of
+
+    n = len(pg.ops)
+    out = rep.copies * rep.period
+    if out >= budget.MIN_COVERAGE * n:
+        return out     # (enough: the ranges around it need not be searched)
+    before, after = partial_edges(pg, rep)
+    for idx in (list(range(0, rep.start - before)), list(range(rep.stop + after, n))):
+        st = stack_of(pg, idx) if idx else None
+        out += st.copies * st.period if st is not None else 0
+    return out
+
+
 def split_time(pg: PrimGraph, rep: Repeats, rest_idx: list[list[int]], avail: float,
                op_us: Optional[dict] = None) -> tuple[list[tuple[float, Optional[Repeats]]], float, float]:
     """The depth step's solving seconds `avail` split between the representative and the
@@ -395,7 +412,8 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
                rep: Optional[Repeats] = None, hint_d: Optional[PlanDecisions] = None,
                seed: int = 1) -> Optional[PlanDecisions]:
     """The repeated-structure plan of `pg` (module docstring), or None when `pg` has no
-    repeated block covering `budget.MIN_COVERAGE` of its ops. `pg` is in the planner's op order;
+    repeated block covering `budget.MIN_COVERAGE` of its ops (with the other stack of a
+    two-part model, `covered_ops`). `pg` is in the planner's op order;
     `t0` is when the whole compile started (the time limit covers everything from there,
     `planners.plan()`'s own emit, validation and bound included). `hint_d`: the whole
     graph's starting plan (the heuristic's when None). `seed`: the representative's CP-SAT
@@ -403,7 +421,7 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     deterministic: the single-graph pipeline's draws, `single.plan_graph`)."""
     n = len(pg.ops)
     rep = rep or find_repeats(pg, min_copies=budget.MIN_COPIES)
-    if rep is None or rep.copies * rep.period < budget.MIN_COVERAGE * n:
+    if rep is None or covered_ops(pg, rep) < budget.MIN_COVERAGE * n:
         return None
     notes = [repeats_note(rep, n)]
     limit = float(time_limit_s)
