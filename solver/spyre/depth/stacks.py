@@ -36,7 +36,7 @@ from solver.oracle import checked_program
 from solver.plan import PlanDecisions
 from solver.spyre import budget
 from solver.spyre.depth import core_search
-from solver.spyre.depth.segments import keep_part, merge, out_stick, solve_segment, subgraph
+from solver.spyre.depth.segments import keep_part, merge, out_stick, reader_index, solve_segment, subgraph
 
 
 def stack_of(pg: PrimGraph, idx: list[int]):
@@ -61,16 +61,14 @@ def plan_stack(pg: PrimGraph, idx: list[int], hw, *, deadline: Optional[float], 
                **_) -> tuple[list[tuple[PlanDecisions, list[str]]], list[str]]:
     """The contiguous ops `idx` of `pg`, a stack of their own (`stack_of`, or `rep`), planned
     by one copy's solve within `budget_s` (never past `deadline`), as parts in op order
-    (module docstring). `input_sticks`: layouts of the tensors produced before `idx`
-    (updated with the ones the parts write)."""
+    (module docstring). `input_sticks`: layouts of the tensors produced before `idx` (not
+    changed; the caller reads the layouts the parts write from them)."""
     from solver.spyre.depth.repeats import copy_decisions, copy_map, partial_copy, partial_edges
 
     t0 = time.perf_counter()
     rep = rep or stack_of(pg, idx)
     if rep is None:
         raise ValueError(f"{name}: not a stack")
-    from solver.spyre.depth.segments import reader_index
-
     readers = readers if readers is not None else reader_index(pg)
     sticks = dict(input_sticks or {})
     base = idx[0]
