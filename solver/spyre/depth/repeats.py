@@ -445,6 +445,19 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     piece_s, rest_s, rep_s = split_time(pg, rep, rest_idx, avail, op_us)
     readers = reader_index(pg)
 
+    # 0. a prologue that is a stack of its own with the larger stake is planned first (it
+    # needs nothing the representative decides): in wall-clock mode a representative solve
+    # that overruns its share would otherwise take the stack's (T5 at 30 s, load 14: 7.0 s
+    # for a 2.8 s share). Deterministic plans do not depend on the order.
+    early = None
+    if not deterministic and rest_idx[0] and piece_s[0][1] is not None and piece_s[0][0] > rep_s:
+        from solver.spyre.depth.stacks import plan_stack
+
+        early = plan_stack(pg, rest_idx[0], hw, deadline=t0 + limit - reserve - rep_s - piece_s[1][0],
+                           budget_s=piece_s[0][0], deterministic=False, input_sticks={}, name="prologue",
+                           readers=readers, rep=piece_s[0][1], seed=seed)
+        rep_s = min(rep_s, max(0.0, t0 + limit - reserve - time.perf_counter() - piece_s[1][0]))
+
     # 1. one representative copy, from the middle (its inputs come from a copy before it)
     c_r = rep.copies // 2
     block = list(rep.block(c_r))
@@ -582,10 +595,13 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
         if stack is not None:
             # the other part of a two-part model, a stack of its own (`stacks.plan_stack`)
             from solver.spyre.depth.stacks import plan_stack as plan_rest
-        got, window_notes = plan_rest(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
-                                         budget_s=share, deterministic=deterministic, input_sticks=sticks,
-                                         name="prologue" if k == 0 else "epilogue", readers=readers, rep=stack,
-                                         seed=seed)
+        if k == 0 and early is not None:
+            got, window_notes = early
+        else:
+            got, window_notes = plan_rest(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
+                                          budget_s=share, deterministic=deterministic, input_sticks=sticks,
+                                          name="prologue" if k == 0 else "epilogue", readers=readers, rep=stack,
+                                          seed=seed)
         notes += window_notes
         (pre if k == 0 else post).extend(got)
         for part, ids in got:

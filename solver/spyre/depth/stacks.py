@@ -39,6 +39,12 @@ from solver.spyre.depth import core_search
 from solver.spyre.depth.segments import keep_part, merge, out_stick, reader_index, solve_segment, subgraph
 
 
+# The core's search on a stack's piece is kept this multiple of its threshold
+# (`core_search.MIN_CORE_S` + `CORE_S_PER_OP` per op): T5 at 30 s, load 13, the copy's solve
+# ended 0.6 s past its limit and left the search 7.10 s of the 7.16 it needs.
+SEARCH_MARGIN = 1.2
+
+
 def stack_of(pg: PrimGraph, idx: list[int]):
     """The repeated block of the contiguous ops `idx` of `pg` as a graph of their own
     (`repeats.Repeats`, positions relative to idx[0]) when it has more than
@@ -104,7 +110,9 @@ def plan_stack(pg: PrimGraph, idx: list[int], hw, *, deadline: Optional[float], 
         left = min(left, deadline - time.perf_counter())
     # with time for the core's search on the whole piece after the copy's solve, that
     # search starts from the stack's plan (`finish`): the copy gets what the search leaves
-    search_s = core_search.MIN_CORE_S + core_search.CORE_S_PER_OP * len(idx)
+    # (with a fifth more: the copy's pipeline may end a little past its limit, and the search
+    # below its threshold would not run at all)
+    search_s = SEARCH_MARGIN * (core_search.MIN_CORE_S + core_search.CORE_S_PER_OP * len(idx))
     searched = core_search.uses_core_search(deterministic) and left - search_s >= budget.MIN_WINDOW_S
     if searched:
         left -= search_s
