@@ -324,14 +324,15 @@ def op_strategies(op: PrimOp, ctx: GraphContext, keep: int = 4, keep_resident: i
     cached = ctx.cache.get(key)
     if cached is None:
         shared = _shared_cache(ctx.hw)
-        cached = shared.get(key) if shared is not None else None
+        skey = (key, ONE_CORE_MAX_SLOWDOWN)
+        cached = shared.get(skey) if shared is not None else None
         if cached is None:
             cached = _op_strategies(op, ctx, keep, keep_resident, max_split_dims, required, max_candidates)
             if shared is not None:
                 with _SHARED_LOCK:
                     if len(shared) >= SHARED_CACHE_MAX:
                         shared.clear()
-                    shared[key] = cached
+                    shared[skey] = cached
         ctx.cache[key] = cached
     return cached
 
@@ -342,7 +343,9 @@ def op_strategies(op: PrimOp, ctx: GraphContext, keep: int = 4, keep_resident: i
 # a list depends only on its structure key (no tensor names) and the target. Callers copy
 # the lists before changing them (`align_strategies`, `order_variants`), as they must for
 # ops of one context sharing a list. At most SHARED_CACHE_MAX lists per target (then
-# emptied: the lists of one model's distinct ops are a few hundred).
+# emptied: the lists of one model's distinct ops are a few hundred). The timing model is the
+# target's (a changed target file loads a new target, with a cache of its own); code that
+# swaps a pricing function at run time (a test) calls `clear_shared_cache` around it.
 SHARED_CACHE_MAX = 4096
 _SHARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _SHARED_LOCK = threading.Lock()
