@@ -264,14 +264,16 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
     best_penalty: Optional[np.ndarray] = None  # the Lagrangian penalties of the best start
     n_starts = 0
 
-    def consider(name: str, ch: list[int], budget: float) -> bool:
+    def consider(name: str, ch: list[int], budget: float, done: Optional[GroupState] = None) -> bool:
+        """A start, repaired and descended (`done`: a state already repaired and descended)."""
         nonlocal best_state, best_cost, n_starts
         t_s = time.perf_counter()
-        st = GroupState(gp, ch)
-        if not st.repair(min(deadline, t_s + budget)):
-            say(f"start {name}: memory repair failed")
-            return False
-        st.descent(min(deadline, time.perf_counter() + budget))
+        st = done if done is not None else GroupState(gp, ch)
+        if done is None:
+            if not st.repair(min(deadline, t_s + budget)):
+                say(f"start {name}: memory repair failed")
+                return False
+            st.descent(min(deadline, time.perf_counter() + budget))
         n_starts += 1
         if best_cost is not None and st.cur >= best_cost:
             return False
@@ -297,7 +299,9 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
         st.descent(min(deadline, time.perf_counter() + budget))
         if traj not in pool or st.cur < pool[traj][0]:
             pool[traj] = (st.cur, st, pen)
-        if consider(name, list(st.k), budget):
+        # the pool's state is copied before it moves (polish) and the best state is only
+        # read until then: both may hold the same one
+        if consider(name, list(st.k), budget, done=st):
             best_penalty = pen
 
     t_phase = time.perf_counter()
@@ -316,6 +320,7 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
     # decoding order changes which local optimum min-sum lands in: V 2.24-2.36 M)
     configs = [(0.01, None), (0.003, None), (0.03, None)]
     configs += [(0.01, "bfs")] * 20
+    trajectories: list[tuple] = []  # per trajectory: per-step rounds, per-group rounds, seconds, best start
     for traj, (step, order) in enumerate(configs):
         if time.perf_counter() > lag_deadline:
             break
@@ -327,18 +332,24 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
         switch = time.perf_counter() + 0.4 * max(0.0, lag_deadline - time.perf_counter()) if big else None
         # one sweep per round on large instances: the first decode in half the time (40k
         # synthetic: 59.8 G after 5.6 s against 59.5 G after 10.3 s with three)
+        info: dict = {}
+        t_traj = time.perf_counter()
         for k, over, pen in lagrangian_starts(gp, lag_deadline, step=step, order=order, switch_at=switch,
-                                              sweeps=1 if big else 3):
+                                              sweeps=1 if big else 3, info=info):
             # far over the limit (no penalty yet): a long repair on V (skipped), a second on
             # the 40k synthetic instance (its best start)
             if over <= 0.1 or big:
                 consider_pooled(f"lagrangian {step}", k, 0.05 * time_limit_s, traj, pen)
+        trajectories.append((info["step_rounds"], info["group_rounds"], round(time.perf_counter() - t_traj, 1),
+                             int(pool[traj][0]) if traj in pool else None))
+        say(f"trajectory {traj}: {trajectories[-1]}")
     if problem.num_nodes <= 2000 and time.perf_counter() < lag_deadline:
         # the core's older local search (ratio repair from the node DP start)
         ls = local_search(problem, red, start=tree_dp_start(problem, red))
         if ls is not None:
             consider("node DP + local_search", gp.contract(ls, red), 0.05 * time_limit_s)
     clock.record("starts", time.perf_counter() - t_phase)
+    stats["trajectories"] = trajectories
     stats["starts"] = n_starts
     stats["start_cost"] = best_cost
     # polish the best starts of the best few trajectories with kicks, go on from the best:
