@@ -446,7 +446,16 @@ def test_minsum_is_exact_on_a_tree():
         assert evaluate(p, gp.expand(ms.decode(u))).cost == best
 
 
-def _sequential_minsum(gp, order, unary, sweeps, damping=0.5):
+def _sequential_minsum_over(gp, window, unary, sweeps):
+    """`_sequential_minsum` on the window's groups renumbered 0.. in window order (what
+    window_minsum returns: a strategy per window position)."""
+    pos = {g: i for i, g in enumerate(window)}
+    order = list(range(len(window)))
+    ref, msg = _sequential_minsum(gp, order, unary, sweeps, relabel=pos)
+    return ref, msg
+
+
+def _sequential_minsum(gp, order, unary, sweeps, damping=0.5, relabel=None):
     """Min-sum as the sequential definition: group by group in `order` (then backward), one
     numpy step per message; decoding greedy in `order`."""
     from solver.core.group_state import shared_tables
@@ -455,7 +464,9 @@ def _sequential_minsum(gp, order, unary, sweeps, damping=0.5):
     nbrs = [[] for _ in range(gp.num_groups)]
     msg = {}
     for e, (a, b) in enumerate(gp.edges):
-        msg[a, b], msg[b, a] = np.zeros(len(gp.cost[b])), np.zeros(len(gp.cost[a]))
+        if relabel is not None:
+            a, b = relabel[a], relabel[b]
+        msg[a, b], msg[b, a] = np.zeros(len(unary[b])), np.zeros(len(unary[a]))
         nbrs[a].append((b, ft[e]))
         nbrs[b].append((a, ft[e].T))
     for _ in range(sweeps):
@@ -507,6 +518,12 @@ def test_level_vectorized_minsum_is_the_sequential_one():
         s = ms._schedule()
         for d, (a, b) in enumerate(zip(s["src"], s["tgt"])):
             assert np.allclose(ms.msg[s["moff"][d]:s["moff"][d + 1]], ref_msg[int(a), int(b)], rtol=1e-6, atol=1e-6)
+        # a min-sum window over every group (nothing fixed) is the same message passing
+        st = GroupState(gp, least_peak_start(gp))
+        win = [int(g) for g in rng.permutation(gp.num_groups)]
+        unary_win = [np.where(np.isfinite(st.cost[g]), st.cost[g], 1e15) for g in win]
+        ref_w, _ = _sequential_minsum_over(gp, win, unary_win, sweeps=4)
+        assert window_minsum(st, win, None) == ref_w
         # the penalized unary costs are the per-group sums over each segment
         cum = np.concatenate([[0.0], np.cumsum(pen)])
         for g in range(gp.num_groups):
@@ -514,6 +531,30 @@ def test_level_vectorized_minsum_is_the_sequential_one():
             assert np.allclose(ms.unary_with_penalty(pen)[g], want)
         checked += 1
     assert checked >= 5
+
+
+def test_group_factor_raise_counts_each_overfilled_segment():
+    """The per-group penalty factors rise by (1 + beta) for each of a group's segments that
+    covers an overfilled step with the group above its least usage there (the per-step scan
+    it replaced, kept here as the reference)."""
+    from solver.core.minsum import group_factor_raise
+    rng = np.random.default_rng(9)
+    for p, red in _feasible_instances(500, 4, n=60):
+        gp = group_problem(p, red)
+        all_g = np.concatenate([np.full(len(x), g) for g, x in enumerate(gp.seg_start)])
+        all_j = np.concatenate([np.arange(len(x)) for x in gp.seg_start])
+        all_s, all_e = np.concatenate(gp.seg_start), np.concatenate(gp.seg_end)
+        for _ in range(5):
+            k = [int(rng.integers(len(c))) for c in gp.cost]
+            over = rng.random(gp.tl.n_steps) < 0.3
+            want = np.ones(gp.num_groups)
+            hit = np.zeros(len(all_s), dtype=bool)
+            for t in np.flatnonzero(over):
+                hit |= (all_s <= t) & (all_e > t)
+            for g, j in zip(all_g[hit], all_j[hit]):
+                if gp.W[g][j, k[g]] > gp.W[g][j].min():
+                    want[g] *= 1.3
+            assert np.allclose(group_factor_raise(gp, k, all_g, all_j, all_s, all_e, over, 0.3), want)
 
 
 def test_optimize_finds_the_optimum_on_odd_small_instances():

@@ -180,7 +180,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
              window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.6,
              kick_batch: float = 2.0, kick_slack: float = 0.01,
              lagrangian_share: float = 0.25, polish_starts: int = 3,
-             polish_share: float = 0.15, stagnation: float = 0.12,
+             lagrangian_share_large: float = 0.5, polish_share: float = 0.15, stagnation: float = 0.12,
              started: Optional[float] = None, start: Optional[Sequence[int]] = None) -> SearchResult:
     """Best feasible choice found within `time_limit_s` of wall clock counted from `started`
     (perf_counter seconds; default now): a caller that read the instance passes the time it
@@ -218,6 +218,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
                         time_share=time_share, window_terms=window_terms, merge=merge,
                         kick_batch=kick_batch, kick_slack=kick_slack,
                         lagrangian_share=lagrangian_share, polish_starts=polish_starts,
+                        lagrangian_share_large=lagrangian_share_large,
                         polish_share=polish_share, stagnation=stagnation, start=given)
     except OutOfTime:
         stats["out_of_time"] = True
@@ -240,6 +241,7 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
             solve_cap: float, full_share: float, full_pair_limit: int, time_share: float,
             window_terms: int, merge: bool, kick_batch: float, kick_slack: float,
             lagrangian_share: float, polish_starts: int, polish_share: float,
+            lagrangian_share_large: float,
             stagnation: float, start: Optional[list[int]]) -> Optional[float]:
     """The phases of `optimize`; every solution it accepts is offered to `incumbent`.
     Returns the lower bound (None when the time ran out before it)."""
@@ -314,7 +316,7 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
     # on large instances min-sum decodes are the best starts by far (40k synthetic: 59.4 G
     # from the first decode against 68.7 G after 21 s of kicks from the least-peak start)
     # and a round takes seconds: half of the search's time
-    lag_share = lagrangian_share if not big else max(lagrangian_share, 0.5)
+    lag_share = lagrangian_share if not big else max(lagrangian_share, lagrangian_share_large)
     lag_deadline = min(deadline, time.perf_counter() + lag_share * time_limit_s)
     # trajectories: step sizes, then sweep orders breadth-first from random groups (the
     # decoding order changes which local optimum min-sum lands in: V 2.24-2.36 M)
