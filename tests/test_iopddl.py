@@ -557,6 +557,23 @@ def test_group_factor_raise_counts_each_overfilled_segment():
             assert np.allclose(group_factor_raise(gp, k, all_g, all_j, all_s, all_e, over, 0.3), want)
 
 
+def test_a_caller_moves_lagrangian_starts_on_to_the_per_group_factors():
+    """info["switch"] set by the caller (its starts stopped improving) ends the per-step
+    penalty rounds after the second one; without it they run to `rounds`."""
+    from solver.core.minsum import lagrangian_starts
+    p, red = _feasible_instances(40, 1, n=60, tight=0.1)[0]
+    gp = group_problem(p, red)
+    runs = {}
+    for switch in (False, True):
+        info: dict = {}
+        for _ in lagrangian_starts(gp, time.perf_counter() + 30, rounds=8, node_rounds=3, info=info):
+            if switch:
+                info["switch"] = True
+        runs[switch] = (info["step_rounds"], info["group_rounds"])
+    assert runs[True][0] == 2 and runs[True][1] > 0
+    assert runs[False][0] == 8
+
+
 def test_optimize_finds_the_optimum_on_odd_small_instances():
     """Self-edges, duplicate edges, empty intervals, single-strategy nodes, no limit, no
     edges: optimize returns the brute-force optimum (the instances are small enough for the

@@ -312,7 +312,9 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
     steps over the limit, the per-step penalties) for each new choice; the first round has no
     penalty. `order`: the sweep and decoding order (default: group index). `switch_at`
     (perf_counter seconds): go on to the per-group factors then, after at least two rounds.
-    `info` (optional): counts the rounds run per phase ("step_rounds", "group_rounds")."""
+    `info` (optional): counts the rounds run per phase ("step_rounds", "group_rounds"); a
+    caller that sets info["switch"] (its starts stopped improving) moves the trajectory on
+    to the per-group factors before the next round."""
     info = info if info is not None else {}
     info.update(step_rounds=0, group_rounds=0)
     ms = MinSum(gp)
@@ -332,7 +334,7 @@ def lagrangian_starts(gp: GroupedProblem, deadline: float, sweeps: int = 3, roun
     for r in range(rounds):
         if time.perf_counter() > deadline:
             return
-        if r >= 2 and switch_at is not None and time.perf_counter() > switch_at:
+        if r >= 2 and ((switch_at is not None and time.perf_counter() > switch_at) or info.get("switch")):
             break  # on to the per-group factors
         unary = ms.penalty_flat(penalty if has_limit else None)
         try:

@@ -180,7 +180,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
              window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.6,
              kick_batch: float = 2.0, kick_slack: float = 0.01,
              lagrangian_share: float = 0.25, polish_starts: int = 3,
-             lagrangian_share_large: float = 0.5, polish_share: float = 0.15, stagnation: float = 0.12,
+             lagrangian_share_large: float = 0.5, step_patience: int = 5, polish_share: float = 0.15, stagnation: float = 0.12,
              started: Optional[float] = None, start: Optional[Sequence[int]] = None) -> SearchResult:
     """Best feasible choice found within `time_limit_s` of wall clock counted from `started`
     (perf_counter seconds; default now): a caller that read the instance passes the time it
@@ -218,7 +218,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
                         time_share=time_share, window_terms=window_terms, merge=merge,
                         kick_batch=kick_batch, kick_slack=kick_slack,
                         lagrangian_share=lagrangian_share, polish_starts=polish_starts,
-                        lagrangian_share_large=lagrangian_share_large,
+                        lagrangian_share_large=lagrangian_share_large, step_patience=step_patience,
                         polish_share=polish_share, stagnation=stagnation, start=given)
     except OutOfTime:
         stats["out_of_time"] = True
@@ -241,7 +241,7 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
             solve_cap: float, full_share: float, full_pair_limit: int, time_share: float,
             window_terms: int, merge: bool, kick_batch: float, kick_slack: float,
             lagrangian_share: float, polish_starts: int, polish_share: float,
-            lagrangian_share_large: float,
+            lagrangian_share_large: float, step_patience: int,
             stagnation: float, start: Optional[list[int]]) -> Optional[float]:
     """The phases of `optimize`; every solution it accepts is offered to `incumbent`.
     Returns the lower bound (None when the time ran out before it)."""
@@ -336,12 +336,21 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
         # synthetic: 59.8 G after 5.6 s against 59.5 G after 10.3 s with three)
         info: dict = {}
         t_traj = time.perf_counter()
+        stalled = 0  # per-step decodes since the trajectory's best start last improved
         for k, over, pen in lagrangian_starts(gp, lag_deadline, step=step, order=order, switch_at=switch,
                                               sweeps=1 if big else 3, info=info):
+            before = pool[traj][0] if traj in pool else None
             # far over the limit (no penalty yet): a long repair on V (skipped), a second on
             # the 40k synthetic instance (its best start)
             if over <= 0.1 or big:
                 consider_pooled(f"lagrangian {step}", k, 0.05 * time_limit_s, traj, pen)
+            improved = traj in pool and (before is None or pool[traj][0] < before)
+            stalled = 0 if improved else stalled + 1
+            # per-step penalties that stopped giving better starts: on to the per-group
+            # factors (V's best starts come from them; after a fixed 25 rounds, a loaded
+            # machine's run never reached them: 2.13 M against 1.75 M)
+            if stalled >= step_patience and not info["group_rounds"]:
+                info["switch"] = True
         trajectories.append((info["step_rounds"], info["group_rounds"], round(time.perf_counter() - t_traj, 1),
                              int(pool[traj][0]) if traj in pool else None))
         say(f"trajectory {traj}: {trajectories[-1]}")
