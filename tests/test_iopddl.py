@@ -233,6 +233,40 @@ def _feasible_instances(first_seed: int, count: int, **kw):
     return out
 
 
+def test_presolve_reaches_its_fixpoint():
+    """Presolve re-checks only nodes whose neighbourhood changed since their last check; it
+    must still end where checking everything again removes nothing: on the reduced problem
+    a second presolve keeps every strategy (a node left unchecked after a neighbour lost
+    strategies would keep a dominated or dead one)."""
+    rng = np.random.default_rng(21)
+    checked = 0
+    for p, red in _feasible_instances(300, 12, n=50, tight=0.2):
+        if red.removed_dominated == 0:
+            continue
+        a = red.alive
+        sub = StrategyProblem([p.node_costs[n][a[n]] for n in range(p.num_nodes)],
+                              [p.node_usages[n][a[n]] for n in range(p.num_nodes)], p.intervals, p.edges,
+                              [t[np.ix_(a[u], a[v])] for (u, v), t in zip(p.edges, p.edge_costs)],
+                              usage_limit=p.usage_limit)
+        again = presolve(sub, max_rounds=50)
+        assert again.removed_dominated == 0 and again.num_strategies == red.num_strategies
+        checked += 1
+    assert checked >= 4
+
+
+def test_presolve_past_its_deadline_does_no_setup(monkeypatch):
+    """When reading took the whole limit, presolve raises OutOfTime before its setup (the
+    timeline, incidence and table scans took 5 s on a loaded machine at 50k nodes)."""
+    import solver.core.reduction as reduction
+    from solver.core.clock import OutOfTime
+    p, _ = _feasible_instances(1, 1)[0]
+    built = []
+    monkeypatch.setattr(reduction.Timeline, "build", lambda *a, **k: built.append(1))
+    with pytest.raises(OutOfTime):
+        reduction.presolve(p, deadline=time.perf_counter() - 1.0)
+    assert not built
+
+
 def test_merged_groups_expand_to_the_evaluators_cost_and_usage():
     merged_total = finite = 0
     for seed, (p, red) in enumerate(_feasible_instances(0, 6)):
