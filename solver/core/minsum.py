@@ -238,15 +238,32 @@ class MinSum:
         h = unary[s["h_src"][h0:h1]] - self.msg[s["h_rev"][h0:h1]]
         if len(lv["into"]):
             h += np.bincount(lv["into_loc"], self.msg[lv["into"]], minlength=lv["n_loc"])[s["h_loc"][h0:h1]]
-        x0, x1 = int(xoff[d0]), int(xoff[d1])
-        vals = s["T"][x0:x1] + h[s["hidx"][x0:x1]]
-        m0, m1 = int(moff[d0]), int(moff[d1])
-        new = np.minimum(np.minimum.reduceat(vals, s["row_start"][m0:m1] - x0), BIG)
-        del vals
-        new -= np.repeat(np.minimum.reduceat(new, moff[d0:d1] - m0), s["Kt"][d0:d1])
-        m = self.msg[m0:m1]
-        m *= damping
-        m += (1 - damping) * new
+        # in chunks of whole messages (the float64 temporaries of a 65k-node instance's
+        # largest level were 130 MB at once); messages of one level are independent
+        for a, b in self._chunks(d0, d1):
+            x0, x1 = int(xoff[a]), int(xoff[b])
+            vals = s["T"][x0:x1] + h[s["hidx"][x0:x1]]
+            m0, m1 = int(moff[a]), int(moff[b])
+            new = np.minimum(np.minimum.reduceat(vals, s["row_start"][m0:m1] - x0), BIG)
+            del vals
+            new -= np.repeat(np.minimum.reduceat(new, moff[a:b] - m0), s["Kt"][a:b])
+            m = self.msg[m0:m1]
+            m *= damping
+            m += (1 - damping) * new
+
+    CHUNK = 1 << 20  # table entries per vectorized step
+
+    def _chunks(self, d0: int, d1: int) -> list[tuple[int, int]]:
+        """[d0, d1) cut into runs of whole messages of about CHUNK table entries (a message
+        larger than that is a run of its own)."""
+        xoff = self._sched["xoff"]
+        if xoff[d1] - xoff[d0] <= self.CHUNK:
+            return [(d0, d1)]
+        cuts = [d0]
+        while cuts[-1] < d1:
+            nxt = int(np.searchsorted(xoff, xoff[cuts[-1]] + self.CHUNK, side="right")) - 1
+            cuts.append(min(d1, max(nxt, cuts[-1] + 1)))
+        return list(zip(cuts[:-1], cuts[1:]))
 
     def sweep(self, unary, damping: float = 0.5, deadline: Optional[float] = None) -> None:
         """One pass over the levels in increasing order and one in decreasing order (the
