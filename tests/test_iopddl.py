@@ -649,6 +649,30 @@ def test_optimize_finds_the_optimum_on_odd_small_instances():
     assert cases >= 4
 
 
+def test_least_usage_choice_repairs_a_pair_its_greedy_cannot():
+    """Node 1 must take strategy 0 for its single-strategy neighbour 2 and strategy 1 for
+    the greedy (least-usage) choice of its neighbour 0: re-choosing the ends of the forbidden
+    pair fails, min-conflicts moves node 1 to what node 2 needs and node 0 to a strategy
+    that allows it."""
+    from solver.core.search import least_usage_choice
+    F = FORBIDDEN_COST
+    t01 = np.array([[F, 0], [F, 0], [0, F], [F, 0]])  # node 0's strategy 2 is the one allowing node 1 on 0
+    t12 = np.array([[0], [F]])
+    p = StrategyProblem([np.zeros(4, int), np.zeros(2, int), np.zeros(1, int)],
+                        [np.array([5, 1, 3, 4]), np.array([1, 1]), np.array([1])],
+                        [(0, 3), (1, 3), (2, 3)], [(0, 1), (1, 2)], [t01, t12], usage_limit=100)
+    ch = least_usage_choice(p)
+    assert evaluate(p, ch).feasible and ch == [2, 0, 0]
+    # on random instances with follower chains it never leaves more forbidden pairs
+    import solver.core.search as search_module
+    count = lambda p, ch: sum(t[ch[a], ch[b]] >= F for (a, b), t in zip(p.edges, p.edge_costs))  # noqa: E731
+    for p, _ in _feasible_instances(700, 30, n=60):
+        with_step = count(p, least_usage_choice(p))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(search_module, "_min_conflicts", lambda *a, **k: None)
+            assert with_step <= count(p, least_usage_choice(p))
+
+
 def test_optimize_is_never_worse_than_the_start_it_was_given():
     """A feasible start is an answer the search already holds: with no time to improve
     (0.01 s) or a little (0.3 s), the result costs at most the start's cost. Without the

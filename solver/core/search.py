@@ -149,7 +149,57 @@ def least_usage_choice(problem: StrategyProblem) -> list[int]:
                     idx = np.flatnonzero(ok)
                     out[n] = int(idx[np.lexsort((c[idx], u[idx]))[0]])
                     break
+    def n_forbidden(ch: list[int]) -> int:
+        return sum(int(t[ch[a], ch[b]] >= FORBIDDEN_COST) for (a, b), t in zip(problem.edges, problem.edge_costs))
+
+    bad_ends = [n for (a, b), t in zip(problem.edges, problem.edge_costs)
+                if t[out[a], out[b]] >= FORBIDDEN_COST for n in (b, a)]
+    if bad_ends:
+        tried = list(out)
+        _min_conflicts(problem, incident, tried, bad_ends)
+        if n_forbidden(tried) < len(bad_ends) // 2:  # kept only when it leaves fewer forbidden pairs
+            out = tried
     return out
+
+
+def _min_conflicts(problem: StrategyProblem, incident: list[list[tuple[int, bool]]], out: list[int],
+                   todo: list[int], max_steps_per_node: int = 50) -> None:
+    """Forbidden pairs the re-choosing left (a node both of whose choices some neighbour
+    forbids, e.g. one forced by a single-strategy neighbour and one by the greedy choice of
+    another): each node taken from `todo` moves to the strategy with the fewest forbidden
+    pairs, a pair with a neighbour that has one allowed strategy counting as never fixable
+    (then another strategy than its current one, the least usage, the cheapest), and the
+    neighbours it now clashes with are taken next. A 65k-node synthetic instance kept one such pair: no answer when reading took the
+    whole limit. Bounded: `max_steps_per_node` x the nodes given."""
+    fixed = [int((c < FORBIDDEN_COST).sum()) <= 1 for c in problem.node_costs]
+    queue = list(todo)
+    steps = 0
+    while queue and steps < max_steps_per_node * len(todo):
+        n = queue.pop(0)
+        steps += 1
+        c, u = problem.node_costs[n], problem.node_usages[n]
+        clash = np.where(c < FORBIDDEN_COST, 0.0, np.inf)
+        for f, is_u in incident[n]:
+            a, b = problem.edges[f]
+            o = b if is_u else a
+            if o == n:
+                continue
+            t = problem.edge_costs[f]
+            bad = (t[:, out[b]] if is_u else t[out[a], :]) >= FORBIDDEN_COST
+            clash = clash + bad * (1e6 if fixed[o] else 1.0)
+        if clash[out[n]] == 0:
+            continue
+        # among the fewest forbidden pairs, another strategy than the current one (a node
+        # that stays passes its clash on to nobody), then the least usage, the cheapest
+        cands = np.flatnonzero(clash == clash.min())
+        if len(cands) > 1:
+            cands = cands[cands != out[n]]
+        out[n] = int(cands[np.lexsort((c[cands], u[cands]))[0]])
+        for f, is_u in incident[n]:
+            a, b = problem.edges[f]
+            o = b if is_u else a
+            if o != n and problem.edge_costs[f][out[a], out[b]] >= FORBIDDEN_COST and not fixed[o]:
+                queue.append(o)
 
 
 class _Incumbent:
