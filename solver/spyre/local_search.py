@@ -24,7 +24,7 @@ from solver.spyre.model import SpyreModel
 
 
 def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], max_passes: int = 50,
-                 chains: bool = True, hold_moves: bool = True) -> PlanDecisions:
+                 chains: bool = True, hold_moves: bool = True, fixed: frozenset = frozenset()) -> PlanDecisions:
     """Best single moves on the model's own objective until none improves or the
     deadline: a weight's stick dim, or one op's strategy (residencies the move breaks
     are dropped; the bundle-window constraints must keep holding); then, each pass, the
@@ -101,7 +101,8 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
         tensor whose residency it changes and the restickifies of the tensors the moved
         ops and weights touch. `hold`: a `HoldMove` whose tensors the move also keeps in
         LX (none when one's slicing does not hold under the move)."""
-        if not any_operands_ok(sm, trial, trial_inputs, moved_ops, moved_inputs) or \
+        if any(trial[o] != picks[o] for o in moved_ops if o in fixed) or \
+                not any_operands_ok(sm, trial, trial_inputs, moved_ops, moved_inputs) or \
                 not sm.orders_ok(trial, moved_ops):
             return None, None, None, None
         touched = {t for o in moved_ops for t in touching[o]}

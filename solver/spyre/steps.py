@@ -34,6 +34,7 @@ from solver.oracle import checked_program, simulated_us
 from solver.plan import OpPlan, PlanDecisions
 from solver.spyre import budget
 from solver.spyre.fusion import fuse_tiled_groups, resplit_for_tiling
+from solver.spyre.local_search import local_search
 from solver.spyre.fusion.hold import hold_in_lx
 from solver.spyre.fusion.retile import fewer_tiles_pass
 from solver.spyre.fusion.trial import issues_of
@@ -66,6 +67,8 @@ class FusionSearch:
     def run(self, state: PostSolveState) -> Optional[Outcome]:
         pg, hw, d, deadline = state.pg, state.hw, state.decisions, state.deadline
         alt = resplit_for_tiling(pg, d, state.strategies)
+        if alt is not None and state.model is not None:
+            alt = (realigned(state.model, alt[0], alt[1]), alt[1])
         starts = [(d, None)] if alt is None else [(alt[0], alt[1]), (d, None)]
         res, res_moved, base_us = None, None, None
         log: list[str] = []
@@ -101,6 +104,17 @@ class FusionSearch:
             base_us = res.base_us
         return Outcome(res.decisions, res.fused_us, notes=notes, log=log, before_us=base_us,
                        program=res.program, facts={"fused_kernels": res.groups})
+
+
+def realigned(sm, d: PlanDecisions, moved: list[str]) -> PlanDecisions:
+    """The re-split plan `d` with its neighbours re-aligned on the model's objective: the
+    local search (`budget.DETERMINISTIC_LOCAL_SEARCH_PASSES` passes) with the `moved` ops
+    pinned to their new splits. `resplit_for_tiling` drops the residencies of what the moved
+    ops read and write; the search gives them back where the neighbours can take the moved
+    ops' slicing (BERT's scores split by heads: the scaled query, its permute and the
+    softmax then slice alike and stay in LX, as a solve that put the scores there itself
+    left them)."""
+    return local_search(sm, d, None, max_passes=budget.DETERMINISTIC_LOCAL_SEARCH_PASSES, fixed=frozenset(moved))
 
 
 class ResplitUnfused:
@@ -302,12 +316,13 @@ POST_SOLVE_STEPS = (
 
 def post_solve(pg: PrimGraph, hw, d: PlanDecisions, *, deadline: Optional[float],
                strategies: dict[str, list[Strategy]], fuse: bool = True, trial_s: float = 0.0,
-               steps=None, events: Optional[EventSink] = None) -> PostSolveState:
+               steps=None, events: Optional[EventSink] = None, model=None) -> PostSolveState:
     """Run the post-solve steps (`POST_SOLVE_STEPS` unless `steps` is given) on the solved
     plan `d`; the state they leave has the plan (`decisions`), its simulated gain
     (`gain_ns()`), the notes and a record per step. `trial_s`: the seconds one emit +
     validation of the plan took (the time gates' unit until a step measures one). `events`:
-    an optional progress sink (a `StepFinished` per step that ran)."""
+    an optional progress sink (a `StepFinished` per step that ran). `model`: the solve's
+    `SpyreModel` (the re-split start is re-aligned on its objective, `FusionSearch`)."""
     state = PostSolveState(pg, hw, d, strategies, plan_deadline=deadline, fuse=fuse, trial_s=trial_s,
-                           events=events)
+                           events=events, model=model)
     return run_steps(POST_SOLVE_STEPS if steps is None else steps, state)
