@@ -18,6 +18,9 @@ producer p and readers R, in this order:
 3. each reader that does not read p's slices moved to its cheapest strategy of the same
    stick choice that does;
 4. p moved to its cheapest strategy of the same stick choice whose slices every reader reads.
+Besides, a chain hold (`chain`: down the chain t leads to, readers aligned to producers)
+and an upstream chain hold (`upstream`: up the chain feeding t, producers aligned to
+readers, as far as each move broke a hand-off).
 The buffer goes first-fit into LX over t's live window (the canonical placement of
 `SpyreModel.canonical_addresses`), sized by p's strategy. The local search prices each
 offer exactly (the residencies a move breaks dropped, bundle windows checked) and keeps

@@ -54,7 +54,15 @@ class FusionSearch:
     2026-12-01: gpt2 470.0 -> 366.9 us, granite prefill 4939.0 -> 4445.9, llama prefill
     5295.4 -> 4435.1), so a deadline that leaves time for one search only spends it there.
     Its own last fewer-tiles pass is left out: `FewerTiles` runs once, on the plan kept
-    (per search it cost 0.3-0.5 s for 8-18 us on the prefill layers)."""
+    (per search it cost 0.3-0.5 s for 8-18 us on the prefill layers).
+
+    With the solve's model at hand the re-split start is re-aligned first (`realigned`):
+    the moved matmuls' neighbours take their slicing where the model's objective gains, so
+    the residencies the re-split dropped come back. Without it the start depended on where
+    the solve had left those neighbours: BERT's solve of 2026-12-05 put the attention on
+    rows, the scores moved to heads x rows alone lost the held softmax and query, and the
+    plan as solved won at 338.6 us, where a solve that had left them on heads fused to
+    276.5."""
 
     name = "fusion search"
     share = 1.0
