@@ -14,6 +14,10 @@ from solver.spyre.strategies import compatible_residency
 # estimate is the double-buffered body alone, so splits that slice the same bytes over as
 # many cores price alike (BERT's attention scores: b1 x m, b1 x n, m x n all 69.4 us).
 TIE_SHARE = 0.005
+# The tie-break follows what a tied split writes this many readers deep (GPT-2's scores:
+# the causal mask, then the softmax's row max), trying at most this many strategies a reader.
+READER_HOPS = 3
+READER_OPTIONS = 4
 
 
 def _tiled_ns(strategy) -> float:
@@ -82,22 +86,37 @@ def _best_of_ties(pg: PrimGraph, op, alts: list, d: PlanDecisions, strategies: d
 
 
 def _holdable_neighbours(pg: PrimGraph, op, s, d: PlanDecisions, strategies: dict) -> int:
-    """How many of `op`'s operand hand-offs could stay in LX under strategy `s`: each
-    producer of an input and each reader of the output that has a strategy of its planned
-    stick choice, splitting no reduction dim, that slices the tensor like `s`."""
+    """How many operand hand-offs around `op` could stay in LX under strategy `s`: each
+    producer of an input that has a strategy of its planned stick choice, splitting no
+    reduction dim, that slices the tensor like `s`; and down the chain of what `s` writes
+    (`READER_HOPS` readers deep, through ops that are not matmuls), each reader that has
+    such a strategy reading its producer's slices, the deepest such chain counted. A
+    pointwise reader (a causal mask) reads any slicing; the reduction after it decides."""
     producer = {o.output.tensor: o for o in pg.ops}
-    count = 0
+    readers: dict[str, list] = {}
+    for o in pg.ops:
+        for slot, a in enumerate(o.inputs):
+            readers.setdefault(a.tensor, []).append((o, slot))
 
     def own(o) -> list:
         stick = d.ops.get(o.id, OpPlan()).stick or default_choice(o)
         return [x for x in strategies.get(o.id, ()) if x.stick == stick and not x.alias and not x.reduction_split]
 
+    def down(sp, t: str, hops: int) -> int:
+        count = 0
+        for r, slot in readers.get(t, ()):
+            fits = [x for x in own(r) if compatible_residency(sp, x, slot)]
+            if not fits:
+                continue
+            deeper = 0
+            if hops > 1 and r.body.kind != "matmul":
+                deeper = max(down(x, r.output.tensor, hops - 1) for x in fits[:READER_OPTIONS])
+            count += 1 + deeper
+        return count
+
+    count = 0
     for slot, a in enumerate(op.inputs):
         p = producer.get(a.tensor)
         if p is not None and any(compatible_residency(x, s, slot) for x in own(p)):
             count += 1
-    for r in pg.ops:
-        for slot, a in enumerate(r.inputs):
-            if a.tensor == op.output.tensor and any(compatible_residency(s, x, slot) for x in own(r)):
-                count += 1
-    return count
+    return count + down(s, op.output.tensor, READER_HOPS)
