@@ -86,3 +86,26 @@ def test_realigned_start_holds_the_chain_feeding_the_pinned_matmul():
     assert out.ops["qk"].core_split == moved_d.ops["qk"].core_split
     assert {"qb", "qs"} <= set(out.resident)
     assert out.ops["scale"].core_split != {"m": 32} and out.ops["bias"].core_split != {"m": 32}
+
+
+def test_fusion_runner_up_goes_through_the_steps_after_the_search():
+    """The fusion search keeps the start that fuses faster; the other (fact
+    `fusion_runner_up`) goes through the steps after the search too, and is proposed when it
+    ends faster than the kept plan did: a gated MLP whose down projection, split-K over the
+    held product, gains after the search (the kept plan is set just faster than the
+    runner-up fused, as GPT-2's plan as solved stood against its re-split start)."""
+    from solver.spyre.fusion import fuse_tiled_groups
+    from solver.spyre.post_solve import PostSolveState, run_steps
+    from solver.spyre.steps import FusionRunnerUp
+    from tests.test_split_k_hold import _product_on_the_up_split
+
+    pg, d = _product_on_the_up_split()
+    _, strategies, sm = build_model(pg, HW, d)
+    fused = fuse_tiled_groups(pg, HW, d, reorder=True, end_with_fewer_tiles=False)
+    kept_us = 0.99 * fused.fused_us
+    state = PostSolveState(pg, HW, d, strategies, plan_deadline=None, us=kept_us, start_us=kept_us, model=sm,
+                           facts={"fusion_runner_up": fused})
+    run_steps([FusionRunnerUp()], state)
+    assert [r.status for r in state.records] == ["accepted"]
+    assert state.us < kept_us and state.decisions is not d
+    assert any("split-K" in n for n in state.notes)
