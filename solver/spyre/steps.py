@@ -11,10 +11,11 @@ In order:
 4. `HoldAfterSplitK`: results held in LX once more after a split-K reader moved;
 5. `FewerTiles`: the one last fewer-tiles pass over kernels that underfill;
 6. `SplitKRunnerUp`: the split-K step's fastest slower variant, judged after the same pass;
-7. `OneCoreRegions`: regions of small ops on one core, their intermediates (restickified
+7. `FusionRunnerUp`: the fusion search's other start through steps 2-6 (`AFTER_FUSION`);
+8. `OneCoreRegions`: regions of small ops on one core, their intermediates (restickified
    copies too) held in LX (`solver.spyre.one_core_regions`);
-8. `LxRelayouts`: restickifies as on-chip relayouts (`solver.spyre.relayout`).
-Steps 1-6 apply only when the planner fuses (`fuse=True`). To add a step: write a class with
+9. `LxRelayouts`: restickifies as on-chip relayouts (`solver.spyre.relayout`).
+Steps 1-7 apply only when the planner fuses (`fuse=True`). To add a step: write a class with
 the four attributes and two methods, and put an instance where it belongs in
 `POST_SOLVE_STEPS` (docs/planner.md "Adding a post-solve step").
 """
