@@ -15,9 +15,8 @@ from solver.spyre.strategies import compatible_residency
 # many cores price alike (BERT's attention scores: b1 x m, b1 x n, m x n all 69.4 us).
 TIE_SHARE = 0.005
 # The tie-break follows what a tied split writes this many readers deep (GPT-2's scores:
-# the causal mask, then the softmax's row max), trying at most this many strategies a reader.
+# the causal mask, then the softmax's row max).
 READER_HOPS = 3
-READER_OPTIONS = 4
 
 
 def _tiled_ns(strategy) -> float:
@@ -71,52 +70,66 @@ def resplit_for_tiling(pg: PrimGraph, d: PlanDecisions, strategies: dict, margin
 
 def _best_of_ties(pg: PrimGraph, op, alts: list, d: PlanDecisions, strategies: dict):
     """The alternative with the lowest tiled estimate; among those tied with it
-    (`TIE_SHARE`), the one the most of the op's neighbours can hand its operands to or read
-    its result from in LX (`_holdable_neighbours`), then the first. The estimate sees the op
-    alone: on BERT's attention scores it tied a split of the key dim, which the softmax
-    after it can read only by splitting its reduction (its result then goes through device
-    memory, fused 540.8 against 328.4 us), with the split of heads and rows its neighbours
-    share."""
+    (`TIE_SHARE`), the one that cuts the fewest reductions down the chain of its result
+    (`_cut_reductions`), then the one the most of the op's neighbours can hand an operand
+    to or read its result from in LX (`_holdable_neighbours`), then the first. The
+    estimate sees the op alone: on BERT's attention scores it tied a split of the key dim,
+    which the softmax's row max reads only by splitting its reduction (the result then
+    goes through device memory: the start fused 540.8 against 328.4 us), with the split of
+    heads and rows its neighbours share."""
     ranked = sorted(alts, key=_tiled_ns)
     top = _tiled_ns(ranked[0])
     tied = [s for s in ranked if _tiled_ns(s) <= top * (1.0 + TIE_SHARE)]
     if len(tied) == 1:
         return tied[0]
-    return max(tied, key=lambda s: (_holdable_neighbours(pg, op, s, d, strategies), -tied.index(s)))
+    readers: dict[str, list] = {}
+    for o in pg.ops:
+        for a in o.inputs:
+            readers.setdefault(a.tensor, []).append((o, a))
+    return min(tied, key=lambda s: (_cut_reductions(op, s, readers), -_holdable_neighbours(pg, op, s, d, strategies),
+                                    tied.index(s)))
+
+
+def _cut_reductions(op, s, readers: dict) -> int:
+    """How many reductions down the chain of `op`'s result (through ops that are not
+    matmuls, `READER_HOPS` readers deep) reduce over a tensor dim that strategy `s` cuts
+    across cores: each such reader can keep its input in LX only by splitting its
+    reduction. The cut dims follow the chain through each reader's accesses (a causal mask
+    passes them on to the row max after it)."""
+    split_iters = {k for k, (dim) in enumerate(op.iter_dims) if s.core_split.get(dim.name, 1) > 1}
+    cut = {j for j, i in enumerate(op.output.dims) if i is not None and i in split_iters}
+    count = 0
+    frontier = [(op.output.tensor, cut, READER_HOPS)]
+    while frontier:
+        t, cut, hops = frontier.pop()
+        for r, a in readers.get(t, ()):
+            iters = {a.dims[j] for j in cut if j < len(a.dims) and a.dims[j] is not None}
+            if any(r.iter_dims[i].kind == "reduction" for i in iters):
+                count += 1
+                continue
+            if hops > 1 and r.body.kind != "matmul" and iters:
+                out = {j for j, i in enumerate(r.output.dims) if i is not None and i in iters}
+                frontier.append((r.output.tensor, out, hops - 1))
+    return count
 
 
 def _holdable_neighbours(pg: PrimGraph, op, s, d: PlanDecisions, strategies: dict) -> int:
-    """How many operand hand-offs around `op` could stay in LX under strategy `s`: each
-    producer of an input that has a strategy of its planned stick choice, splitting no
-    reduction dim, that slices the tensor like `s`; and down the chain of what `s` writes
-    (`READER_HOPS` readers deep, through ops that are not matmuls), each reader that has
-    such a strategy reading its producer's slices, the deepest such chain counted. A
-    pointwise reader (a causal mask) reads any slicing; the reduction after it decides."""
+    """How many of `op`'s operand hand-offs could stay in LX under strategy `s`: each
+    producer of an input and each reader of the output that has a strategy of its planned
+    stick choice, splitting no reduction dim, that slices the tensor like `s`."""
     producer = {o.output.tensor: o for o in pg.ops}
-    readers: dict[str, list] = {}
-    for o in pg.ops:
-        for slot, a in enumerate(o.inputs):
-            readers.setdefault(a.tensor, []).append((o, slot))
+    count = 0
 
     def own(o) -> list:
         stick = d.ops.get(o.id, OpPlan()).stick or default_choice(o)
         return [x for x in strategies.get(o.id, ()) if x.stick == stick and not x.alias and not x.reduction_split]
 
-    def down(sp, t: str, hops: int) -> int:
-        count = 0
-        for r, slot in readers.get(t, ()):
-            fits = [x for x in own(r) if compatible_residency(sp, x, slot)]
-            if not fits:
-                continue
-            deeper = 0
-            if hops > 1 and r.body.kind != "matmul":
-                deeper = max(down(x, r.output.tensor, hops - 1) for x in fits[:READER_OPTIONS])
-            count += 1 + deeper
-        return count
-
-    count = 0
     for slot, a in enumerate(op.inputs):
         p = producer.get(a.tensor)
         if p is not None and any(compatible_residency(x, s, slot) for x in own(p)):
             count += 1
-    return count + down(s, op.output.tensor, READER_HOPS)
+    for r in pg.ops:
+        for slot, a in enumerate(r.inputs):
+            if a.tensor == op.output.tensor and any(compatible_residency(s, x, slot) for x in own(r)):
+                count += 1
+    return count
