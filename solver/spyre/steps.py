@@ -129,13 +129,27 @@ class FusionSearch:
 
 def realigned(sm, d: PlanDecisions, moved: list[str]) -> PlanDecisions:
     """The re-split plan `d` with its neighbours re-aligned on the model's objective: the
-    local search (`budget.DETERMINISTIC_LOCAL_SEARCH_PASSES` passes) with the `moved` ops
-    pinned to their new splits. `resplit_for_tiling` drops the residencies of what the moved
-    ops read and write; the search gives them back where the neighbours can take the moved
-    ops' slicing (BERT's scores split by heads: the scaled query, its permute and the
-    softmax then slice alike and stay in LX, as a solve that put the scores there itself
-    left them)."""
-    return local_search(sm, d, None, max_passes=budget.DETERMINISTIC_LOCAL_SEARCH_PASSES, fixed=frozenset(moved))
+    local search (`budget.DETERMINISTIC_LOCAL_SEARCH_PASSES` passes) over the ops within
+    `REALIGN_HOPS` tensors of the `moved` ones, which keep their new splits.
+    `resplit_for_tiling` drops the residencies of what the moved ops read and write; the
+    search gives them back where the neighbours can take the moved ops' slicing (BERT's
+    scores split by heads: the scaled query, its permute and the softmax then slice alike
+    and stay in LX, as a solve that put the scores there itself left them)."""
+    near = set(moved)
+    frontier = set(moved)
+    for _ in range(REALIGN_HOPS):
+        tensors = {a.tensor for o in frontier for a in sm.ops[o].inputs} | {sm.ops[o].output.tensor for o in frontier}
+        nxt = {sm.producer[t].id for t in tensors if t in sm.producer}
+        nxt |= {r for t in tensors for r, _ in sm.readers.get(t, ())}
+        frontier = nxt - near
+        near |= nxt
+    return local_search(sm, d, None, max_passes=budget.DETERMINISTIC_LOCAL_SEARCH_PASSES,
+                        movable=frozenset(near - set(moved)))
+
+
+# How far from the re-split matmuls the re-alignment moves ops: BERT's scores reach the
+# query projection's bias add through the scaling and the head permute.
+REALIGN_HOPS = 4
 
 
 class ResplitUnfused:
