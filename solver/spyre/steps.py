@@ -83,7 +83,7 @@ class FusionSearch:
         pg, hw, d, deadline = state.pg, state.hw, state.decisions, state.deadline
         alt = resplit_for_tiling(pg, d, state.strategies)
         if alt is not None and state.model is not None:
-            alt = (realigned(state.model, alt[0], alt[1]), alt[1])
+            alt = (realigned(state.model, alt[0], alt[1], deadline), alt[1])
         starts = [(d, None)] if alt is None else [(alt[0], alt[1]), (d, None)]
         res, res_moved, base_us = None, None, None
         log: list[str] = []
@@ -127,14 +127,15 @@ class FusionSearch:
                        program=res.program, facts=facts)
 
 
-def realigned(sm, d: PlanDecisions, moved: list[str]) -> PlanDecisions:
+def realigned(sm, d: PlanDecisions, moved: list[str], deadline: Optional[float] = None) -> PlanDecisions:
     """The re-split plan `d` with its neighbours re-aligned on the model's objective: the
     local search (`budget.DETERMINISTIC_LOCAL_SEARCH_PASSES` passes) over the ops within
     `REALIGN_HOPS` tensors of the `moved` ones, which keep their new splits.
     `resplit_for_tiling` drops the residencies of what the moved ops read and write; the
     search gives them back where the neighbours can take the moved ops' slicing (BERT's
     scores split by heads: the scaled query, its permute and the softmax then slice alike
-    and stay in LX, as a solve that put the scores there itself left them)."""
+    and stay in LX, as a solve that put the scores there itself left them). `deadline`
+    (perf_counter seconds, None: deterministic) stops the search early."""
     near = set(moved)
     frontier = set(moved)
     for _ in range(REALIGN_HOPS):
@@ -143,7 +144,7 @@ def realigned(sm, d: PlanDecisions, moved: list[str]) -> PlanDecisions:
         nxt |= {r for t in tensors for r, _ in sm.readers.get(t, ())}
         frontier = nxt - near
         near |= nxt
-    return local_search(sm, d, None, max_passes=budget.DETERMINISTIC_LOCAL_SEARCH_PASSES,
+    return local_search(sm, d, deadline, max_passes=budget.DETERMINISTIC_LOCAL_SEARCH_PASSES,
                         movable=frozenset(near - set(moved)))
 
 
