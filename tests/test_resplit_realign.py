@@ -43,14 +43,13 @@ def _head():
 
 
 def _rows_plan(pg, strategies) -> PlanDecisions:
-    """Every op on its 32-core row split of the stick on the head dim's last axis, the query
-    chain and the scores held."""
+    """Every op on a 32-core row split (of the naive plan's stick choice where it has one),
+    the query chain and the scores held."""
     naive = plan_naive(pg, HW)
     ops = {}
     for op in pg.ops:
-        stick = naive.ops[op.id].stick
-        s = next(s for s in strategies[op.id] if s.core_split == {"m": 32} and not s.alias
-                 and (stick is None or s.stick == stick or op.id != "qk"))
+        rows = [s for s in strategies[op.id] if s.core_split == {"m": 32} and not s.alias]
+        s = next((s for s in rows if s.stick == naive.ops[op.id].stick), rows[0])
         ops[op.id] = OpPlan(stick=s.stick, core_split=dict(s.core_split))
     return PlanDecisions("test", ops=ops, resident={"qb": Residency(0), "qs": Residency(0), "s": Residency(0)})
 
