@@ -232,7 +232,8 @@ def _after_the_solve(pg, d):
     from solver.spyre.model import build_model
 
     strategies = build_model(pg, HW, d)[1]
-    kept = tuple(s for s in steps.POST_SOLVE_STEPS if s.name != "split-K")
+    # the fusion runner-up goes through the split-K step too
+    kept = tuple(s for s in steps.POST_SOLVE_STEPS if s.name not in ("split-K", "fusion runner-up"))
     return steps.post_solve(pg, HW, d, deadline=None, strategies=strategies, steps=kept).decisions
 
 
