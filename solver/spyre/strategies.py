@@ -560,3 +560,36 @@ def align_strategies(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, 
         if not any(frontier.values()):
             break
     return out
+
+
+# -- dominated strategies -------------------------------------------------------------------
+# A strategy is dropped only when another of its op, of the same stick choice and operand
+# orders, prices below it by at least this share in every residency combination.
+DOMINANCE_MARGIN = 0.02
+# read as `strategies.DROP_DOMINATED` by `model.build_model` (a test or benchmark may turn it off)
+DROP_DOMINATED = True
+
+
+def _dominates(a: Strategy, b: Strategy) -> bool:
+    """Is `a` cheaper than `b` by `DOMINANCE_MARGIN` in every residency combination, with the
+    same stick choice, operand orders and residency candidates?"""
+    if a.alias or b.alias or a.stick != b.stick or a.orders != b.orders or a.may_reside != b.may_reside:
+        return False
+    ca, cb = a.parts.combos, b.parts.combos
+    if ca.keys() != cb.keys():
+        return False
+    return all(ca[k].total_ns <= (1 - DOMINANCE_MARGIN) * cb[k].total_ns for k in cb)
+
+
+def drop_dominated(pg: PrimGraph, strategies: Mapping[str, list[Strategy]],
+                   required: Mapping[str, set] = None) -> dict[str, list[Strategy]]:
+    """Each op's strategies without those another strategy of the same op dominates (same
+    stick choice and orders, cheaper in every residency combination by `DOMINANCE_MARGIN`):
+    whatever a plan holds in LX around it, the dominating one costs less. `required[op]`:
+    keys (`Strategy.key()`) kept regardless (the hint's and the naive plan's)."""
+    required = required or {}
+    out: dict[str, list[Strategy]] = {}
+    for op_id, ss in strategies.items():
+        keep_keys = required.get(op_id, set())
+        out[op_id] = [s for s in ss if s.key() in keep_keys or not any(_dominates(o, s) for o in ss if o is not s)]
+    return out
