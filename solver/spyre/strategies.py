@@ -571,14 +571,24 @@ DROP_DOMINATED = True
 
 
 def _dominates(a: Strategy, b: Strategy) -> bool:
-    """Is `a` cheaper than `b` by `DOMINANCE_MARGIN` in every residency combination, with the
-    same stick choice, operand orders and residency candidates?"""
+    """Is `a` cheaper than `b` by `DOMINANCE_MARGIN` in every residency combination `b` may
+    run in, with the same stick choice, operand orders and residency candidates? A
+    combination holding an operand `a` slices otherwise than `b` is compared with `a`
+    reading (or writing) that operand in device memory: what lets `b` hold it (a neighbour
+    slicing it alike) need not let `a`."""
     if a.alias or b.alias or a.stick != b.stick or a.orders != b.orders or a.may_reside != b.may_reside:
         return False
     ca, cb = a.parts.combos, b.parts.combos
     if ca.keys() != cb.keys():
         return False
-    return all(ca[k].total_ns <= (1 - DOMINANCE_MARGIN) * cb[k].total_ns for k in cb)
+    n_in = len(b.may_reside) - 1
+    alike = [not b.may_reside[i] or (a.in_boxes[i] == b.in_boxes[i] if i < n_in else a.out_boxes == b.out_boxes)
+             for i in range(len(b.may_reside))]
+    for k, cost in cb.items():
+        held = tuple(x and same for x, same in zip(k, alike))
+        if held not in ca or ca[held].total_ns > (1 - DOMINANCE_MARGIN) * cost.total_ns:
+            return False
+    return True
 
 
 def drop_dominated(pg: PrimGraph, strategies: Mapping[str, list[Strategy]],
