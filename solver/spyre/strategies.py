@@ -567,7 +567,7 @@ def align_strategies(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, 
 # orders, prices below it by at least this share in every residency combination.
 DOMINANCE_MARGIN = 0.02
 # read as `strategies.DROP_DOMINATED` by `model.build_model` (a test or benchmark may turn it off)
-DROP_DOMINATED = True
+DROP_DOMINATED = False
 
 
 def _dominates(a: Strategy, b: Strategy) -> bool:
