@@ -2,7 +2,6 @@
 (`solver.spyre.split_k_hold._tiled_in_place`)."""
 from __future__ import annotations
 
-
 from target.hardware import load_target
 
 HW = load_target()
