@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from target.primitives import PrimGraph, PrimOp
-from target.superdsc import HbmMemory, LxMemory, Program
+from target.superdsc import HbmMemory, Program
 from solver.oracle import valid_program
 from solver.plan import PlanDecisions
 from solver.spyre.fusion.split_maps import factored_split, nearby_factors, result_split, split_through
@@ -130,14 +130,6 @@ def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, curr
         cur_d, cur_prog, cur_us = (d, program, current_us) if best is None else \
             (best[0], best[1], best[2].total_us)
         decl = cur_prog.tensor_map().get(t)
-        if decl is not None and isinstance(decl.memory, LxMemory) and not decl.memory.per_tile:
-            # the plan already reads it split-K from LX: only the reader's N tiles are missing
-            found = _tiled_in_place(pg, hw, cur_d, reader, _free_dim(reader, slot), cur_us)
-            if found is not None:
-                best = found
-                notes.append(f"split-K reader tiled: {reader.id} {found[0].ops[reader.id].temporal_tiles} "
-                             f"reads {t} from LX, simulated {cur_us:.1f} -> {found[2].total_us:.1f} us")
-            continue
         if (decl is None or not isinstance(decl.memory, HbmMemory) or decl.memory.alias_of
                 or prod.id not in cur_d.ops):
             continue
@@ -153,32 +145,6 @@ def hold_for_split_k(pg: PrimGraph, hw, d: PlanDecisions, program: Program, curr
     if best is None:
         return SplitK(runner_up=fastest, cut=cut)
     return SplitK(best=best, notes=notes, cut=cut)
-
-
-def _tiled_in_place(pg: PrimGraph, hw, d: PlanDecisions, reader: PrimOp, free: Optional[str],
-                    best_us: float) -> Optional[tuple]:
-    """A reader the plan already runs split-K (its reduction dim split, reading the held
-    result from LX, as the solve or the local search may choose it) but untiled, tiled along
-    `free` at each of `_READER_TILES` with a bundle cut on each side (as `_try` does): the
-    fastest valid trial under `best_us`, or None. Untiled, its weight stream does not
-    double-buffer (granite prefill's down projection on m8 x k4: 1134.4 us untiled, 809.1
-    at 64 N tiles)."""
-    plan = d.ops.get(reader.id)
-    if (free is None or plan is None or plan.temporal_tiles
-            or reader.iter_dims[reader.body.k].name not in {k for k, v in plan.core_split.items() if v > 1}):
-        return None
-    best = None
-    for tiles in _READER_TILES:
-        variant = copy.deepcopy(d)
-        variant.ops[reader.id] = replace(variant.op(reader.id), temporal_tiles={free: tiles})
-        variant.bundle_starts = list(variant.bundle_starts) + [
-            o for o in (reader.id, _next_op(pg, variant, reader.id)) if o is not None and o not in variant.bundle_starts]
-        got = trial(pg, hw, variant)
-        if got is None or issues_of(got, hw):
-            continue
-        if got[2].total_us < best_us and (best is None or got[2].total_us < best[2].total_us):
-            best = got
-    return best
 
 
 def _nontrivial_dims(shape) -> list[int]:
