@@ -221,3 +221,39 @@ def test_a_split_whose_core_span_exceeds_the_limit_at_the_new_size_is_re_chosen(
     assert moved is not None and validate_program(moved.program, HW) == []
     assert any(r.startswith(f"{qk.id}: split") and "span" in r for r in moved.repairs), moved.repairs
     assert next(o.core_split for o in moved.program.ops if o.id == qk.id) != {"m": 8, "n": 4}
+
+
+def test_an_uneven_tile_count_the_new_size_still_allows_is_kept():
+    """Tiles are balanced (a count need not divide a core's units): K tiles of a projection
+    whose K did not change keep their count at a new number of rows, where rounding them to
+    a divisor (here 8 of 25 units -> 5) would change a decision the size change left alone."""
+    from solver.plan import OpPlan
+    from solver.spyre.transfer import _repair_op
+
+    src, _ = primgraphs.mlp(M=256, K=1600, N=512)
+    dst, _ = primgraphs.mlp(M=512, K=1600, N=512)
+    s = plan(src, HW, "cpsat", **FAST)
+    d = program_decisions(src, s)
+    mm = d.ops["mm"]
+    tiled = OpPlan(stick=mm.stick, core_split={"m": 4}, temporal_tiles={"k": 8})
+    repairs: list[str] = []
+    got = _repair_op(src.ops[0], dst.ops[0], tiled, dst, HW, repairs, False, src)
+    assert got.temporal_tiles == {"k": 8}, repairs
+
+
+def test_residencies_that_no_longer_all_fit_are_kept_by_the_traffic_they_save():
+    """Two LX buffers live at once that fit one at a time: first fit in program order keeps
+    the early, small one; placing by value (`_placed_by_value`'s CP-SAT placement with
+    each buffer's saved traffic as its value) keeps the one worth more."""
+    from solver.baseline.lx_cpsat import cpsat_place
+    from solver.baseline.scratchpad import LxBuffer
+
+    cap, stick = 1024, 128
+    early = LxBuffer("early", 768, [0, 3], value=768 * 2)
+    late = LxBuffer("late", 512, [1, 3], value=50_000)
+    cpsat_place([early, late], cap, stick)
+    assert late.address is not None and early.address is None
+    # without values the spill traffic of each (uses x size) decides: the early one
+    early, late = LxBuffer("early", 768, [0, 3]), LxBuffer("late", 512, [1, 3])
+    cpsat_place([early, late], cap, stick)
+    assert early.address is not None and late.address is None
