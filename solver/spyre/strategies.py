@@ -144,7 +144,7 @@ class GraphContext:
                 s = (input_sticks or {}).get(t.id, rank - 1 if rank else None)
                 fixed[t.id] = s
                 possible[t.id] = [s]
-                if free_params and rank >= 1 and t.role in _LOAD_TIME_ROLES:
+                if free_params and rank >= 1 and t.role in _LOAD_TIME_ROLES and t.dim_order is None:
                     # weights are placed in device memory at load time, in the layout the
                     # program declares: their stick dim is a decision, not a given
                     possible[t.id] += [d for d in range(rank) if d != s]
@@ -160,8 +160,13 @@ class GraphContext:
         candidates = {t for t in produced if t in read and t not in set(pg.outputs)}
         return cls(pg, hw, shapes, dtypes, possible, fixed, roles, candidates, free)
 
-    def layout(self, t: str, stick: Optional[int]):
-        return make_layout(self.shapes[t], self.dtypes[t], stick, self.hw.stick_bytes)
+    def layout(self, t: str, stick: Optional[int], own: bool = True):
+        """The layout of tensor `t` sticked on `stick`: in the device dim order the graph
+        fixes for it (`PrimTensor.dim_order`, a paged KV cache: the emitter lays it out so
+        whatever the plan asks), else the default. `own` False: a restickified copy of `t`,
+        which the emitter lays out in the default order."""
+        fixed = self.pg.tensors[t].dim_order if own and t in self.pg.tensors else None
+        return make_layout(self.shapes[t], self.dtypes[t], stick, self.hw.stick_bytes, fixed)
 
 
 class NoLegalStrategy(ValueError):
@@ -196,7 +201,8 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
     for acc, s in zip(op.inputs, ch.inputs):
         t = acc.tensor
         st = s if (s is not None and s != ANY) else ctx.possible_sticks[t][0]
-        layouts[t] = ctx.layout(t, st)
+        # a stick the tensor cannot take is read from a restickified copy (default order)
+        layouts[t] = ctx.layout(t, st, own=st in ctx.possible_sticks[t])
     layouts[op.output.tensor] = ctx.layout(op.output.tensor, ch.output)
     for acc, order in zip(list(op.inputs) + [op.output], orders):
         if order is not None:
@@ -330,7 +336,8 @@ def structure_key(op: PrimOp, ctx: GraphContext) -> tuple:
     def acc_key(a) -> tuple:
         t = a.tensor
         return (a.dims, ctx.shapes[t], ctx.dtypes[t], tuple(ctx.possible_sticks[t]),
-                t in ctx.candidates, ctx.roles.get(t), tuple(ctx.alt_orders.get(t, ())))
+                t in ctx.candidates, ctx.roles.get(t), tuple(ctx.alt_orders.get(t, ())),
+                ctx.pg.tensors[t].dim_order if t in ctx.pg.tensors else None)
     return (op.iter_dims, op.body, tuple(acc_key(a) for a in op.inputs), acc_key(op.output))
 
 
