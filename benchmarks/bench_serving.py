@@ -203,10 +203,34 @@ def paged_table(report: dict) -> str:
     return "\n".join(out)
 
 
+def summary(report: dict) -> str:
+    """The targets (issue 26): a new shape of a known graph at least 5x faster to compile than
+    cold, its plan within 3% of the cold plan's simulated time; and the plans against the
+    baseline's."""
+    moved = [r for r in report["rows"] if r.get("transfer_s")]
+    kept = [r for r in moved if r.get("transfer_status") == "TRANSFERRED"]
+    lines = [f"new shapes: {len(moved)}; transferred (guard kept the transfer): {len(kept)}; "
+             f"solved from the transfer: {len(moved) - len(kept)}"]
+    if moved:
+        speed = [r["cold_s"] / r["transfer_s"] for r in moved]
+        ratio = [r["transfer_us"] / r["cold_us"] for r in moved]
+        lines.append(f"compile speed-up cold/transfer: {min(speed):.1f}x-{max(speed):.1f}x "
+                     f"({sum(x >= 5 for x in speed)} of {len(moved)} at least 5x); transfer/cold simulated: "
+                     f"{min(ratio):.3f}-{max(ratio):.3f} ({sum(x <= 1.03 for x in ratio)} of {len(moved)} within 3%)")
+    base = [r for r in report["rows"] if r.get("heuristic_us")]
+    missing = [r["graph"] for r in report["rows"] if not r.get("heuristic_us")]
+    if base:
+        gain = [r["heuristic_us"] / r["cold_us"] for r in base]
+        lines.append(f"baseline (heuristic) plans: {len(base)} of {len(report['rows'])} valid"
+                     f"{' (none: ' + ', '.join(missing) + ')' if missing else ''}; baseline / sticksat "
+                     f"(cold) simulated: {min(gain):.2f}x-{max(gain):.2f}x")
+    return "\n".join(lines)
+
+
 def table(report: dict) -> str:
     out = ["| graph | heuristic µs | cold s | cold µs | transfer s | transfer µs | cold/transfer time | "
-           "transfer/cold µs | 40-layer step ms | tokens/s |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "transfer/cold µs | heuristic/cold µs | 40-layer step ms (heuristic) | tokens/s (heuristic) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def f(v, fmt="{:,.1f}"):
         return "-" if v is None else fmt.format(v)
@@ -215,10 +239,14 @@ def table(report: dict) -> str:
         speed = r["cold_s"] / r["transfer_s"] if r.get("transfer_s") else None
         ratio = r["transfer_us"] / r["cold_us"] if r.get("transfer_us") else None
         solved = "" if r.get("transfer_status") in (None, "TRANSFERRED") else " (solved)"
+        vs = r["heuristic_us"] / r["cold_us"] if r.get("heuristic_us") else None
         out.append(f"| {r['graph']} | {f(r['heuristic_us'])} | {f(r['cold_s'], '{:.2f}')} | {f(r['cold_us'])} | "
                    f"{f(r.get('transfer_s'), '{:.2f}')}{solved} | {f(r.get('transfer_us'))} | {f(speed, '{:.1f}x')} | "
-                   f"{f(ratio, '{:.3f}')} | {f(r['step_ms_40_layers'], '{:.2f}')} | "
-                   f"{f(r.get('tokens_per_s'), '{:,.0f}')} |")
+                   f"{f(ratio, '{:.3f}')} | {f(vs, '{:.2f}x')} | {f(r['step_ms_40_layers'], '{:.2f}')} "
+                   f"({f(r['heuristic_us'] * LAYERS / 1e3 if r.get('heuristic_us') else None, '{:.2f}')}) | "
+                   f"{f(r.get('tokens_per_s'), '{:,.0f}')}"
+                   + (f" ({r['batch'] / (r['heuristic_us'] * LAYERS / 1e6):,.0f})"
+                      if r.get('heuristic_us') and r["family"] != "prefill" else "") + " |")
     return "\n".join(out)
 
 
@@ -266,6 +294,9 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     print(paged_table(report) if args.paged else table(report))
+    if not args.paged:
+        print()
+        print(summary(report))
     if args.baseline_json and not args.paged:
         print()
         print(compare_table(report, json.loads(args.baseline_json.read_text())))

@@ -257,3 +257,45 @@ def test_residencies_that_no_longer_all_fit_are_kept_by_the_traffic_they_save():
     early, late = LxBuffer("early", 768, [0, 3]), LxBuffer("late", 512, [1, 3])
     cpsat_place([early, late], cap, stick)
     assert early.address is not None and late.address is None
+
+
+def test_a_kv_cache_concat_past_the_span_is_re_split_by_what_its_cores_read():
+    """Decode's `cat(past_key, new_key)` along the KV length: split over heads at 64 cached
+    tokens a core's access fits the per-core span (96 KB here, a deployment's 256 MB), at 256
+    it does not. A concat's core reads only its own part of the cache (the validator's view,
+    `operand_box(copy_reads=True)`); judged as reading the whole cache no split would fit and
+    the transfer would fail. It re-splits the concat over the batch and validates."""
+    from dataclasses import replace
+
+    import torch
+
+    from backend.capture import capture
+    from lowering import lower_document
+    from lowering.graph_format import GraphDocument
+    from solver.oracle import checked_program
+    from tests.test_in_place_store import _span_variant
+
+    hw = _span_variant(96 * 1024)
+
+    class Step(torch.nn.Module):
+        def forward(self, past, new):
+            return torch.cat([past, new], dim=2) * 2.0
+
+    def graph(S):
+        args = (torch.randn(4, 2, S, 64).half(), torch.randn(4, 2, 1, 64).half())
+        return lower_document(GraphDocument.model_validate(capture(Step(), args, name=f"kv_cat_{S}")))
+
+    src, dst = graph(64), graph(256)
+    cat = next(op for op in src.ops if op.body.kind == "copy" and len(op.inputs) == 2)
+    heads = cat.iter_dims[1].name
+    # row-major layouts (the batch outermost, so a batch split bounds a core's span)
+    d = program_decisions(src, plan(src, hw, "heuristic-2026-06"))
+    d = replace(d, ops={k: replace(p, core_split={heads: 2} if k == cat.id else p.core_split, core_slices=None,
+                                   temporal_tiles={}) for k, p in d.ops.items()}, resident={})
+    source, issues = checked_program(src, hw, d)
+    assert source is not None, issues
+    moved = transfer_decisions(src, d, dst, hw, src_program=source)
+    assert moved is not None and validate_program(moved.program, hw) == []
+    split = next(o.core_split for o in moved.program.ops if o.id == cat.id)
+    assert split.get(cat.iter_dims[0].name, 1) > 1, (split, moved.repairs)
+    assert any(r.startswith(f"{cat.id}: split") and "span" in r for r in moved.repairs), moved.repairs

@@ -539,11 +539,15 @@ def _within_spans(pg: PrimGraph, hw, d: PlanDecisions, issues: Optional[list], r
                 used *= f
             return (-used, -len(set(split) & set(plan.core_split)), len(split))
 
-        if max(first_slice_spans(op, plan.core_split, gran, layouts, shapes, dtypes).values()) <= \
-                hw.per_core_span_bytes and issues is None:
+        def span(split: dict[str, int]) -> int:
+            # a copy's inputs in the box its slice reads, as the validator checks them (a
+            # concat of a KV cache reads its own part of the cache, not all of it)
+            return max(first_slice_spans(op, split, gran, layouts, shapes, dtypes, copy_reads=True).values())
+
+        if span(plan.core_split) <= hw.per_core_span_bytes and issues is None:
             continue
         fitting = [sp for sp in legal_core_splits(op, gran, hw.cores, max_split_dims=MAX_SPLIT_DIMS)
-                   if max(first_slice_spans(op, sp, gran, layouts, shapes, dtypes).values()) <= hw.per_core_span_bytes]
+                   if span(sp) <= hw.per_core_span_bytes]
         if not fitting:
             continue
         split = min(fitting, key=rank)
