@@ -26,10 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.iopddl_synthetic import instance_path  # noqa: E402  (run as a script)
+from benchmarks.iopddl_data import shared_instances_dir  # noqa: E402  (run as a script)
+from benchmarks.iopddl_synthetic import instance_path  # noqa: E402
 
-# the shared instances live next to the repository: ../shared/iopddl/ from its root
-DATA = Path(os.environ.get("IOPDDL_DIR", ROOT.parent / "shared" / "iopddl"))
+DATA = shared_instances_dir()
 DOCS = ROOT / "docs" / "iopddl.md"
 
 

@@ -1,7 +1,6 @@
 """IOPDDL instance loading and solution checking (solver.core.iopddl)."""
 import itertools
 import json
-import os
 import random
 import subprocess
 import sys
@@ -22,7 +21,9 @@ from solver.core.minsum import MinSum, lagrangian_starts, window_minsum
 from solver.core.search import group_tree_dp, least_peak_start, optimize
 from solver.core.windows import minsum_window_search, window_model
 
-DATA = Path(os.environ.get("IOPDDL_DIR", Path(__file__).resolve().parents[1].parent / "shared" / "iopddl"))
+from benchmarks.iopddl_data import shared_instances_dir
+
+DATA = shared_instances_dir()
 EXAMPLE = {"problem": {
     "name": "example",
     "nodes": {"intervals": [[30, 70], [40, 70], [50, 120], [110, 140], [110, 150]],
