@@ -299,3 +299,16 @@ def test_a_kv_cache_concat_past_the_span_is_re_split_by_what_its_cores_read():
     split = next(o.core_split for o in moved.program.ops if o.id == cat.id)
     assert split.get(cat.iter_dims[0].name, 1) > 1, (split, moved.repairs)
     assert any(r.startswith(f"{cat.id}: split") and "span" in r for r in moved.repairs), moved.repairs
+
+
+def test_the_value_of_holding_a_tensor_is_its_bytes_times_its_write_and_reads():
+    """`_traffic_saved`: the whole tensor per access (a tile buffer holds one tile of it, its
+    footprint is not what holding it saves): softmax's `ex` is written once and read by the
+    sum and the division."""
+    from solver.spyre.transfer import _traffic_saved
+
+    pg, _ = primgraphs.softmax(M=256, N=1024)
+    saved = _traffic_saved(pg, plan(pg, HW, "naive"))
+    assert saved["ex"] == 3 * 256 * 1024 * 2
+    assert saved["mx"] == 2 * 256 * 2   # read by the subtraction only
+    assert "p" not in saved             # the output: nobody reads it
