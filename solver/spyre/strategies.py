@@ -36,8 +36,8 @@ from target.op_rules import (
 )
 from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
 from target.geometry import (
-    box_lx_bytes, core_ranges, default_core_slices, dim_chunk, first_slice_spans, make_layout, operand_box, padded,
-    reduction_split,
+    box_lx_bytes, core_ranges, default_core_slices, dim_chunk, first_slice_spans, layout_nbytes, make_layout,
+    operand_box, padded, reduction_split,
 )
 from solver.spyre.cost_model import OpCostParts, OpView, op_cost_parts
 
@@ -232,7 +232,7 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
             any_forbidden[i] = frozenset(bad)
             ok = [c for c in ctx.possible_sticks[acc.tensor] if c not in bad]
             layouts[acc.tensor] = ctx.layout(acc.tensor, ok[0])
-    if op.body.kind == "grouped_matmul" and not _grouped_spans_fit(op, ctx, split, base, layouts):
+    if not _spans_fit(op, ctx, split, base, layouts):
         return None
     slices = default_core_slices(op, split) if split else []
     ranges = core_ranges(op, split, slices, base)
@@ -248,15 +248,21 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
                     view, tuple(may), ranges, orders=tuple(orders))
 
 
-def _grouped_spans_fit(op: PrimOp, ctx: GraphContext, split: dict[str, int], gran: dict[int, int],
-                       layouts: dict) -> bool:
-    """A grouped (mixture-of-experts) matmul's expert weights are the largest tensor of a
-    layer (Mixtral-8x7B: 1.8 GB): a split whose first core would span more than
-    `per_core_span_bytes` of an operand is no strategy (the validator refuses it)."""
+def _spans_fit(op: PrimOp, ctx: GraphContext, split: dict[str, int], gran: dict[int, int],
+               layouts: dict) -> bool:
+    """A split whose first core would span more than `per_core_span_bytes` of an operand is
+    no strategy (the validator refuses it): mixture-of-experts weights (Mixtral-8x7B: 1.8 GB),
+    a batch-32, 8k-context KV cache (537 MB) that a concat or attention reads. Only operands
+    larger than the span can break it; a copy's inputs count with the box its slice reads,
+    as the validator counts them."""
+    limit = ctx.hw.per_core_span_bytes
     names = [a.tensor for a in op.inputs] + [op.output.tensor]
+    if all(layout_nbytes(layouts[n], ctx.dtypes[n]) <= limit for n in names):
+        return True
     spans = first_slice_spans(op, split, gran, {n: layouts[n] for n in names},
-                              {n: ctx.shapes[n] for n in names}, {n: ctx.dtypes[n] for n in names})
-    return max(spans.values()) <= ctx.hw.per_core_span_bytes
+                              {n: ctx.shapes[n] for n in names}, {n: ctx.dtypes[n] for n in names},
+                              copy_reads=True)
+    return max(spans.values()) <= limit
 
 
 def alias_strategy(op: PrimOp, ctx: GraphContext) -> Optional[Strategy]:
