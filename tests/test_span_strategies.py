@@ -45,3 +45,14 @@ def test_no_strategy_lets_a_core_span_past_the_limit_and_the_plan_validates():
     program = plan(pg, HW, "cpsat", time_limit_s=5, deterministic=True, fallback=False)
     assert validate_program(program, HW) == []
 
+
+
+def test_the_baselines_span_reduction_judges_a_concat_by_what_its_cores_read():
+    """The baseline re-divides every op whose core would span past the limit (upstream's
+    span reduction). Judged with the cache whole, no split of a KV-cache concat fits and the
+    reduction takes the one with the smallest span, which can still be over; judged by
+    what each core reads, as the validator does, it finds a split that fits."""
+    pg = _graph(256)
+    for planner in ("heuristic", "naive"):
+        program = plan(pg, HW, planner, fallback=False)
+        assert validate_program(program, HW) == [], planner
