@@ -114,7 +114,7 @@ def split_point(pg) -> int:
     return rep.start - before
 
 
-def child_part(name: str, part: str, time_limit_s: float) -> dict:
+def child_part(name: str, part: str, time_limit_s: float, deterministic: bool = False) -> dict:
     """One part of a two-part model planned alone (`split_point`; `part`: head, tail),
     cold, as a graph of its own (boundary tensors arrive as inputs), by the CP-SAT planner."""
     from target.hardware import load_target
@@ -129,7 +129,7 @@ def child_part(name: str, part: str, time_limit_s: float) -> dict:
     cut = split_point(pg)
     idx = list(range(0, cut)) if part == "head" else list(range(cut, len(pg.ops)))
     sub = subgraph(pg, idx, f"{name}#{part}")
-    program = plan(sub, hw, "cpsat", fallback=False, time_limit_s=time_limit_s)
+    program = plan(sub, hw, "cpsat", fallback=False, time_limit_s=time_limit_s, deterministic=deterministic)
     return dict(graph=name, part=part, ops=len(idx), sim_us=round(time_program(program, hw).total_us, 2),
                 wall_s=round(time.perf_counter() - t0, 3), status=program.stats.solver_status)
 
@@ -342,8 +342,9 @@ def main(argv=None) -> int:
     ap.add_argument("--old-path", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--irregular", action="store_true", help="the irregular suite's graphs too")
     ap.add_argument("--parts", action="store_true",
-                    help="whole graph against its two parts (`split_point`) planned alone, each cold at the limit")
-    ap.add_argument("--child-part", nargs=3, metavar=("GRAPH", "PART", "LIMIT"), help=argparse.SUPPRESS)
+                    help="whole graph against its two parts (`split_point`) planned alone, each cold at the limit "
+                         "(with --deterministic: each in deterministic mode)")
+    ap.add_argument("--child-part", nargs=4, metavar=("GRAPH", "PART", "LIMIT", "DET"), help=argparse.SUPPRESS)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", type=Path, help="write the ladder plot (wall, peak memory, ms per layer)")
@@ -363,8 +364,8 @@ def main(argv=None) -> int:
                                      old_path=args.old_path)))
         return 0
     if args.child_part:
-        g, part, lim = args.child_part
-        print(json.dumps(child_part(g, part, float(lim))))
+        g, part, lim, det = args.child_part
+        print(json.dumps(child_part(g, part, float(lim), det == "1")))
         return 0
     if args.child_passes:
         print(json.dumps(child_passes(args.child_passes[0], int(args.child_passes[1]))))
@@ -379,8 +380,9 @@ def main(argv=None) -> int:
     if args.parts:
         for g in graphs:
             for part in ("whole", "head", "tail"):
-                r = (_run_child(["--child", g, "cpsat", str(args.time_limit), "0"]) if part == "whole" else
-                     _run_child(["--child-part", g, part, str(args.time_limit)]))
+                det = "1" if args.deterministic else "0"
+                r = (_run_child(["--child", g, "cpsat", str(args.time_limit), det]) if part == "whole" else
+                     _run_child(["--child-part", g, part, str(args.time_limit), det]))
                 r.setdefault("graph", g)
                 r["part"] = part
                 rows.append(r)

@@ -28,6 +28,8 @@ alias test) and all geometry from `target.geometry`; nothing is re-encoded here.
 from __future__ import annotations
 
 import dataclasses
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -102,7 +104,8 @@ class Strategy:
         return self.orders[slot] if self.orders else None
 
     def cost_ns(self, hw, in_lx: Sequence[bool] | None = None, out_lx: bool = False) -> float:
-        in_lx = in_lx or (False,) * len(self.in_boxes)
+        # one flag per input (not len(self.in_boxes): that would compute every core's boxes)
+        in_lx = in_lx or (False,) * len(self.input_sticks)
         return self.parts.cost(in_lx, out_lx, hw).total_ns
 
 
@@ -329,12 +332,52 @@ def op_strategies(op: PrimOp, ctx: GraphContext, keep: int = 4, keep_resident: i
     operand shapes, dtypes and possible layouts: the repeated layers of a transformer) share
     one computed list."""
     key = (structure_key(op, ctx), keep, keep_resident, max_split_dims,
-           tuple((ch, tuple(sorted(sp.items())), al) for ch, sp, _, al in required))
+           tuple((ch, tuple(sorted(sp.items())), al) for ch, sp, _, al in required), max_candidates)
     cached = ctx.cache.get(key)
     if cached is None:
-        cached = _op_strategies(op, ctx, keep, keep_resident, max_split_dims, required, max_candidates)
+        shared = _shared_cache(ctx.hw)
+        skey = (key, ONE_CORE_MAX_SLOWDOWN)
+        cached = shared.get(skey) if shared is not None else None
+        if cached is None:
+            cached = _op_strategies(op, ctx, keep, keep_resident, max_split_dims, required, max_candidates)
+            if shared is not None:
+                with _SHARED_LOCK:
+                    if len(shared) >= SHARED_CACHE_MAX:
+                        shared.clear()
+                    shared[skey] = cached
         ctx.cache[key] = cached
     return cached
+
+
+# Strategy lists shared between the graph contexts of one target (`op_strategies`): the
+# depth step prices the same layer's ops in several contexts (the representative's draws
+# and re-solves, the core's search on what does not repeat, each a graph of its own), and
+# a list depends only on its structure key (no tensor names) and the target. Callers copy
+# the lists before changing them (`align_strategies`, `order_variants`), as they must for
+# ops of one context sharing a list. At most SHARED_CACHE_MAX lists per target (then
+# emptied: the lists of one model's distinct ops are a few hundred). The timing model is the
+# target's (a changed target file loads a new target, with a cache of its own); code that
+# swaps a pricing function at run time (a test) calls `clear_shared_cache` around it.
+SHARED_CACHE_MAX = 4096
+_SHARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_cache(hw) -> Optional[dict]:
+    try:
+        with _SHARED_LOCK:
+            got = _SHARED.get(hw)
+            if got is None:
+                got = _SHARED[hw] = {}
+            return got
+    except TypeError:      # a target that cannot be weakly referenced: per context only
+        return None
+
+
+def clear_shared_cache() -> None:
+    """Forget every shared strategy list (tests compare against fresh pricing)."""
+    with _SHARED_LOCK:
+        _SHARED.clear()
 
 
 def structure_key(op: PrimOp, ctx: GraphContext) -> tuple:
@@ -479,7 +522,7 @@ def _split_from_tensor(acc, op: PrimOp, tsplit: Mapping[int, int]) -> Optional[d
 
 def align_strategies(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, list[Strategy]],
                      seeds: int = 2, per_round: int = 12, max_added: int = 32,
-                     max_rounds: int = 12) -> dict[str, list[Strategy]]:
+                     max_rounds: int = 12, share_by_structure: bool = True) -> dict[str, list[Strategy]]:
     """Each op's pruned list holds its cheapest splits in isolation, and a tensor can stay in
     LX only where its producer and a reader slice it alike: a chain whose ops each kept
     other (equally cheap) splits could never be resident. For every residency candidate,
@@ -488,7 +531,9 @@ def align_strategies(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, 
     legal split, `compatible_residency`), spreading along chains from the strategies added
     in the round before, starting from each op's `seeds` cheapest; per op at most `per_round`
     a round (so a chain reaching an op late still gets in) and `max_added` in all, the
-    cheapest in device memory first."""
+    cheapest in device memory first. `share_by_structure`: ops of one structure share their
+    offers and their pricing (the same lists as pricing each op alone; off: each op alone,
+    what tests compare with)."""
     hw = ctx.hw
     by_id = {op.id: op for op in pg.ops}
     out = {k: list(v) for k, v in strategies.items()}
@@ -501,9 +546,18 @@ def align_strategies(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, 
             if a.tensor in ctx.candidates and op.body.kind != "copy":
                 readers.setdefault(a.tensor, []).append((op, slot))
     legal_cache: dict[tuple, set] = {}
+    # ops of one structure (the layers of a stack) share their offers and their pricing, as
+    # they share their strategy lists (`op_strategies`): same strategies, each priced once
+    skeys: dict[str, tuple] = {}
+
+    def skey(op: PrimOp) -> tuple:
+        k = skeys.get(op.id)
+        if k is None:
+            k = skeys[op.id] = structure_key(op, ctx) if share_by_structure else (op.id,)
+        return k
 
     def legal(op: PrimOp, ch: StickChoice, split: dict[str, int]) -> bool:
-        key = (op.id, ch)
+        key = (skey(op), ch)
         if key not in legal_cache:
             in_sticks = [ANY if (s is None or s == ANY) else s for s in ch.inputs]
             legal_cache[key] = {tuple(sorted(sp.items())) for sp in
@@ -511,9 +565,18 @@ def align_strategies(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, 
         return tuple(sorted(split.items())) in legal_cache[key]
 
     made: dict[tuple, Optional[Strategy]] = {}
+    priced: dict[int, tuple[Strategy, Strategy]] = {}   # id(offered) -> (offered, priced in full)
+
+    def in_full(s: Strategy) -> Strategy:
+        if not share_by_structure:
+            return dataclasses.replace(s, parts=op_cost_parts(s.view, hw, s.may_reside))
+        got = priced.get(id(s))
+        if got is None:
+            got = priced[id(s)] = (s, dataclasses.replace(s, parts=op_cost_parts(s.view, hw, s.may_reside)))
+        return got[1]
 
     def offer(op: PrimOp, ch: StickChoice, split: dict[str, int], fits) -> Optional[Strategy]:
-        key = (op.id, ch, tuple(sorted(split.items())))
+        key = (skey(op), ch, tuple(sorted(split.items())))
         if key not in made:
             # priced in full only once accepted (below)
             made[key] = (make_strategy(op, ctx, ch, split, full_pricing=False)
@@ -565,7 +628,7 @@ def align_strategies(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, 
                 if added[op_id] >= max_added or this_round >= per_round or s.key() in keys[op_id]:
                     continue
                 this_round += 1
-                s = dataclasses.replace(s, parts=op_cost_parts(s.view, hw, s.may_reside))
+                s = in_full(s)
                 keys[op_id].add(s.key())
                 out[op_id].append(s)
                 frontier[op_id].append(s)

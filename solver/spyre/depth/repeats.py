@@ -341,11 +341,79 @@ def hybrid(pg: PrimGraph, hw, composed: PlanDecisions, parts: list, report, hint
     return ((cand, cand_us) if cand_us < us else None), note
 
 
+def covered_ops(pg: PrimGraph, rep: Repeats) -> int:
+    """Ops of `pg` in copies: the block's, and those of the stacks of their own around it
+    (`stacks.stack_of`): two stacks of about equal size each cover less than half of an
+    encoder-decoder, both together most of it."""
+    from solver.spyre.depth.stacks import stack_of
+
+    n = len(pg.ops)
+    out = rep.copies * rep.period
+    if out >= budget.MIN_COVERAGE * n:
+        return out     # (enough: the ranges around it need not be searched)
+    before, after = partial_edges(pg, rep)
+    for idx in (list(range(0, rep.start - before)), list(range(rep.stop + after, n))):
+        st = stack_of(pg, idx) if idx else None
+        out += st.copies * st.period if st is not None else 0
+    return out
+
+
+def split_time(pg: PrimGraph, rep: Repeats, rest_idx: list[list[int]], avail: float,
+               op_us: Optional[dict] = None) -> tuple[list[tuple[float, Optional[Repeats]]], float, float]:
+    """The depth step's solving seconds `avail` split between the representative and the
+    pieces that do not repeat (`rest_idx`), each in proportion to what it needs. Plain pieces
+    get their share of the op decisions the solves make (the representative decides
+    `copies` times its ops), at most 1 - `budget.REPRESENTATIVE_SHARE` together. A piece that
+    is a stack of its own (`stacks.stack_of`: the other part of an encoder-decoder) solves
+    one copy as the representative does: the two share what is left by what their solves
+    stand to gain, the time the whole graph's hint spends in the ops each decides (`op_us`,
+    op id -> simulated us; by their blocks' ops when not given): at the default limit T5's
+    encoder takes 24 of the hint's 32 ms and its decoder stack 7. A share below
+    `budget.MIN_WINDOW_S` goes to the others (that part keeps its heuristic plan). Returns
+    ((seconds, its stack or None) per piece, the pieces' total, the representative's
+    seconds)."""
+    from solver.spyre.depth.stacks import stack_of
+
+    stacks = [stack_of(pg, idx) if idx else None for idx in rest_idx]
+    plain_ops = sum(len(idx) for idx, st in zip(rest_idx, stacks) if st is None)
+    plain_s = avail * min(1.0 - budget.REPRESENTATIVE_SHARE, plain_ops / (plain_ops + rep.copies * rep.period)) \
+        if plain_ops else 0.0
+    if plain_s < budget.MIN_WINDOW_S:
+        plain_s = 0.0
+    solve_s = avail - plain_s
+    rest_set = {i for idx in rest_idx for i in idx}
+
+    def need(ops: list[int], period: int) -> float:
+        if op_us is None:
+            return float(period)
+        return sum(op_us.get(pg.ops[i].id, 0.0) for i in ops) or 1e-9
+    weights = {-1: need([i for i in range(len(pg.ops)) if i not in rest_set], rep.period)}
+    for k, (idx, st) in enumerate(zip(rest_idx, stacks)):
+        if st is not None:
+            weights[k] = need(idx, st.period)
+    # a share too short for a solve goes to the others, the smallest first
+    while len(weights) > 1:
+        k_min = min(weights, key=weights.get)
+        if solve_s * weights[k_min] / sum(weights.values()) >= budget.MIN_WINDOW_S:
+            break
+        del weights[k_min]
+    total = sum(weights.values())
+    shares = []
+    for k, (idx, st) in enumerate(zip(rest_idx, stacks)):
+        if st is not None:
+            shares.append((solve_s * weights[k] / total if k in weights else 0.0, st))
+        else:
+            shares.append((plain_s * len(idx) / plain_ops if plain_ops else 0.0, None))
+    rest_s = sum(s for s, _ in shares)
+    return shares, rest_s, avail - rest_s
+
+
 def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t0: float,
                rep: Optional[Repeats] = None, hint_d: Optional[PlanDecisions] = None,
                seed: int = 1) -> Optional[PlanDecisions]:
     """The repeated-structure plan of `pg` (module docstring), or None when `pg` has no
-    repeated block covering `budget.MIN_COVERAGE` of its ops. `pg` is in the planner's op order;
+    repeated block covering `budget.MIN_COVERAGE` of its ops (with the other stack of a
+    two-part model, `covered_ops`). `pg` is in the planner's op order;
     `t0` is when the whole compile started (the time limit covers everything from there,
     `planners.plan()`'s own emit, validation and bound included). `hint_d`: the whole
     graph's starting plan (the heuristic's when None). `seed`: the representative's CP-SAT
@@ -353,7 +421,7 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     deterministic: the single-graph pipeline's draws, `single.plan_graph`)."""
     n = len(pg.ops)
     rep = rep or find_repeats(pg, min_copies=budget.MIN_COPIES)
-    if rep is None or rep.copies * rep.period < budget.MIN_COVERAGE * n:
+    if rep is None or covered_ops(pg, rep) < budget.MIN_COVERAGE * n:
         return None
     notes = [repeats_note(rep, n)]
     limit = float(time_limit_s)
@@ -369,15 +437,26 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
                  "checking and validating the whole program" + (
                      " (deterministic: not taken from the solves' shares)" if deterministic else ""))
     before, after = partial_edges(pg, rep)
-    rest_ops = rep.start - before + n - rep.stop - after
     # deterministic: shares of the limit from counts only; else what is left of the wall clock
     avail = limit if deterministic else limit - reserve - (time.perf_counter() - t0)
     avail = max(0.0, avail)
-    rest_s = avail * min(1.0 - budget.REPRESENTATIVE_SHARE, rest_ops / (rest_ops + rep.copies * rep.period))
-    if rest_s < budget.MIN_WINDOW_S:
-        rest_s = 0.0   # too short for a solve: the rest keeps its heuristic plan, the copy gets it all
-    rep_s = avail - rest_s
+    rest_idx = [list(range(0, rep.start - before)), list(range(rep.stop + after, n))]
+    op_us = {o.op_id: o.end_us - o.start_us for o in hint_report.ops} if hint_report is not None else None
+    piece_s, rest_s, rep_s = split_time(pg, rep, rest_idx, avail, op_us)
     readers = reader_index(pg)
+
+    # 0. a prologue that is a stack of its own with the larger stake is planned first (it
+    # needs nothing the representative decides): in wall-clock mode a representative solve
+    # that overruns its share would otherwise take the stack's (T5 at 30 s, load 14: 7.0 s
+    # for a 2.8 s share). Deterministic plans do not depend on the order.
+    early = None
+    if not deterministic and rest_idx[0] and piece_s[0][1] is not None and piece_s[0][0] > rep_s:
+        from solver.spyre.depth.stacks import plan_stack
+
+        early = plan_stack(pg, rest_idx[0], hw, deadline=t0 + limit - reserve - rep_s - piece_s[1][0],
+                           budget_s=piece_s[0][0], deterministic=False, input_sticks={}, name="prologue",
+                           readers=readers, rep=piece_s[0][1], seed=seed)
+        rep_s = min(rep_s, max(0.0, t0 + limit - reserve - time.perf_counter() - piece_s[1][0]))
 
     # 1. one representative copy, from the middle (its inputs come from a copy before it)
     c_r = rep.copies // 2
@@ -495,13 +574,11 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
     if before or after:
         notes.append(f"repeats: {before} ops before the first copy and {after} after the last repeat the "
                      "block's end and start: decisions reused")
-    rest_idx = [list(range(0, rep.start - before)), list(range(rep.stop + after, n))]
 
     # 4. what does not repeat: windows, boundary layouts from what precedes them
     sticks: dict = {}
     t_rest = time.perf_counter()
     pre, post = [], []
-    rest_left = rest_s
     for k, idx in enumerate(rest_idx):
         if not idx:
             continue
@@ -510,14 +587,21 @@ def plan_depth(pg: PrimGraph, hw, *, time_limit_s: float, deterministic: bool, t
                 idset = set(ids)
                 sticks.update({op.output.tensor: out_stick(op, part.ops.get(op.id))
                                for op in pg.ops if op.id in idset})
-        share = rest_left * len(idx) / rest_ops
+        share, stack = piece_s[k]
         if not deterministic:
-            share = min(share, max(0.0, t0 + limit - reserve - time.perf_counter()) * (
-                1.0 if k == 1 or not rest_idx[1] else len(idx) / rest_ops))
+            later = sum(piece_s[j][0] for j in range(k + 1, len(rest_idx)))
+            share = min(share, max(0.0, t0 + limit - reserve - time.perf_counter() - later))
         plan_rest = plan_pieces if uses_core_search(deterministic) else plan_windows
-        got, window_notes = plan_rest(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
-                                         budget_s=share, deterministic=deterministic, input_sticks=sticks,
-                                         name="prologue" if k == 0 else "epilogue", readers=readers)
+        if stack is not None:
+            # the other part of a two-part model, a stack of its own (`stacks.plan_stack`)
+            from solver.spyre.depth.stacks import plan_stack as plan_rest
+        if k == 0 and early is not None:
+            got, window_notes = early
+        else:
+            got, window_notes = plan_rest(pg, idx, hw, deadline=None if deterministic else t0 + limit - reserve,
+                                          budget_s=share, deterministic=deterministic, input_sticks=sticks,
+                                          name="prologue" if k == 0 else "epilogue", readers=readers, rep=stack,
+                                          seed=seed)
         notes += window_notes
         (pre if k == 0 else post).extend(got)
         for part, ids in got:

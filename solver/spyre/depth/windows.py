@@ -93,7 +93,7 @@ def _stick_map(pg: PrimGraph, d: PlanDecisions, ids: list[int]) -> dict:
 def plan_windows(pg: PrimGraph, idx: list[int], hw, *, deadline: Optional[float], budget_s: float,
                  deterministic: bool, input_sticks: Optional[dict] = None,
                  name: str = "window", readers: Optional[dict] = None, window: Optional[int] = None,
-                 overlap: Optional[int] = None) -> tuple[list[tuple[PlanDecisions, list[str]]], list[str]]:
+                 overlap: Optional[int] = None, **_) -> tuple[list[tuple[PlanDecisions, list[str]]], list[str]]:
     """Plan the consecutive ops `idx` of `pg` window by window (module docstring) within
     `budget_s` (each window its share by ops; in wall-clock mode also never past
     `deadline`). Returns (decisions, op ids) per kept part, in op order, for
