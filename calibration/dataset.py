@@ -15,7 +15,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-DEFAULT_DATASET = DATA_DIR / "spyre_v3.json"
+DEFAULT_DATASET = DATA_DIR / "spyre_v4.json"
 FORMAT = "sticksat.calibration"
 VERSION = 3
 VERSIONS = (1, 2, 3)

@@ -31,7 +31,6 @@ FIT_PARAMS: dict[str, tuple[float, float]] = {
     "shared_read_free_fanout": (1.0, 32.0),
     "shared_read_fanout_exponent": (0.05, 3.0),
     "untiled_overlap_chunks": (1.0, 64.0),
-    "psum_spill_k_per_pass": (8.0, 4096.0),
     # operand order (docs/simulator-timing.md "Compute")
     "pt_batch_inside_input_ns_per_mac": (1e-5, 0.05),
     "pt_batch_inside_output_ns_per_mac": (1e-6, 0.05),

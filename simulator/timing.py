@@ -54,7 +54,7 @@ from target.geometry import (LRU, box_contains, box_lx_bytes, caches_enabled, co
                                 flat_key, op_granules, operand_box, parsed_prim, prim_key, put_dict, put_layout, put_slices,
                                 put_tensor)
 from simulator.timing_terms import (grouped_compute_ns, grouped_operand_bytes, grouped_rows, grouped_weight_floor,
-                                    k_collaborators_adjacent, matmul_batch_dims, matmul_layout_stall,
+                                    matmul_batch_dims, matmul_layout_stall, partials_combined_per_output_tile,
                                     reduction_tiles, tile_rereads, tile_share)
 from target.hardware import Hardware, load_target
 from target.interpreter import scatter_target
@@ -600,31 +600,12 @@ class OpTimer:
         for ci in range(len(classes)):
             comp_ns.setdefault(ci, 0.0)
 
-        # partial sums of a split-reduction matmul are combined across cores once, at the
-        # end of the kernel: each core holds its whole partial box (fp32) until then. What
-        # does not fit in LX round-trips through device memory once
-        # per `psum_spill_k_per_pass` of the core's K slice. That is the emission for K
-        # collaborators on adjacent cores; collaborators spread over the ring are combined
-        # output tile by output tile and spill nothing (`k_collaborators_adjacent`).
-        # split-K partials of K collaborators spread over the ring are combined output tile
-        # by output tile (`k_collaborators_adjacent`): nothing is held, nothing spills
-        tile_combine = is_matmul and red_split > 1 and not k_collaborators_adjacent(prim, op)
+        # split-K partial sums are combined with the other K collaborators' output tile by
+        # output tile (`partials_combined_per_output_tile`): nothing is held past the tile, so
+        # nothing spills, but each tile's combine holds up the next tile's loads
+        tile_combine = is_matmul and red_split > 1 and partials_combined_per_output_tile(prim, op)
         if tile_combine:
             ot.effects.append(f"partial sums combined per output tile x{red_split}")
-        if is_matmul and red_split > 1 and not tile_combine:
-            out = operands[-1]
-            out_elems = max(out.per_core.values()) / hw.dtype_size(out.tensor.dtype)
-            psum = out_elems * hw.psum_bytes_per_element
-            # the accumulator is the back-end's: all of LX but what the plan keeps resident
-            room = max(0, hw.lx_bytes_per_core - self.resident_live[k])
-            if psum > room:
-                k_core = max(cl.extents[body.k] for cl in classes)
-                passes = max(1.0, k_core / hw.psum_spill_k_per_pass)
-                spill = (psum - room) * passes * n_cores
-                mem_ns += self.dram_ns(spill, spill, n_cores)
-                ot.hbm_read_bytes += int(spill)
-                ot.hbm_write_bytes += int(spill)
-                ot.effects.append(f"psum spill {(psum - room) / 2**20:.1f} MiB/core x{passes:.1f}")
 
         # ring: a split reduction dim sums partials across the cores of the split
         ring_ns = 0.0

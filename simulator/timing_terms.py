@@ -1,5 +1,6 @@
 """Terms of the timing model that are about one kind of op or one mechanism, each with
 its mechanism and its fitted constants in the hardware file (docs/simulator-timing.md):
+- split-K partial sums combined per output tile (`partials_combined_per_output_tile`);
 - the operand-order stall of a matmul or projection whose operands keep the batch inside
   the row dims (`matmul_layout_stall`);
 - grouped (mixture-of-experts) matmuls under uniform routing (`grouped_*`);
@@ -196,39 +197,17 @@ def reduction_tiles(prim: PrimOp, op: OpDecl) -> int:
     return n
 
 
-# -- split-K partial sums and the cores' order ---------------------------------------------------
-def k_collaborators_adjacent(prim: PrimOp, op: OpDecl) -> bool:
-    """Whether the cores that share one output slice of a split-reduction op (its K
-    collaborators) hold consecutive core ids (`coreIdToWkSlice_` with the reduction slice
-    index fastest: the natural order of a matmul, whose K is its last iteration dim; the
-    "k-fast" emission of torch-spyre's AdnanHoque fork).
+# -- split-K partial sums ----------------------------------------------------------------------
+def partials_combined_per_output_tile(prim: PrimOp, op: OpDecl) -> bool:
+    """Whether the op's split-K partial sums are combined with its K collaborators' (the
+    cores that share one output slice) output tile by output tile: true for every matmul
+    whose reduction dim is split over cores, whatever order `coreIdToWkSlice_` puts the
+    collaborators in.
 
-    Such a placement is what the end-of-kernel ring combine of whole partial boxes is
-    emitted for: each core runs its whole K slice into one partial box held until the
-    combine, so a box past LX spills (the K-split collapse, 19.6-76.4 ms at 4-8 MB of partial
-    sums per core). Collaborators spread over the ring (torch-spyre's default emission, the
-    K slice index slowest) are combined output tile by output tile: the 2026-06 profiled
-    split sweep runs 26 MB of partial sums per core in 4.2 ms, no spill."""
+    Nothing is held past the tile, so nothing spills, but a core waits for each tile's
+    combine before it loads the next: loads and compute run in series. The profiled split
+    sweep of 2026-06 (K collaborators adjacent: the "k-fast" emission, on by default in its
+    build) runs up to 25 MB of partial sums per core without a spill (MLP-up prefill at K
+    split 32: 4.2 ms) and its prefill K splits take about loads + PT time."""
     red = {d.name for d in prim.iter_dims if d.kind == "reduction"}
-    split = {k: v for k, v in op.core_split.items() if v > 1}
-    if not red & set(split):
-        return False
-    if not set(split) - red:
-        # a split over the reduction alone: every core of the op is one collaborator group,
-        # adjacent in any order, so the order says nothing about the emission. The compiler's
-        # default (the sweep's build: QO and MLP-up at K split 32 in 1.4 and 4.2 ms, where
-        # held 6 and 19 MiB partial boxes would spill for 4.9 and 18 ms) combines per tile.
-        return False
-    slices = op.core_slices
-    if not slices:
-        from target.geometry import default_core_slices  # the emitter's natural order
-        slices = default_core_slices(prim, split)
-    groups: dict[tuple, list[int]] = {}
-    for cs in slices:
-        key = tuple(sorted((k, v) for k, v in cs.slice.items() if k not in red))
-        groups.setdefault(key, []).append(cs.core)
-    for cores in groups.values():
-        cores.sort()
-        if cores[-1] - cores[0] != len(cores) - 1:
-            return False
-    return True
+    return any(v > 1 and k in red for k, v in op.core_split.items())
