@@ -52,16 +52,21 @@ def instance_file(spec: str) -> Path:
     return DATA / f"asplos-2025-iopddl-{spec}.json.gz"
 
 
-def sticksat() -> list[str]:
+def sticksat(exe: str | None = None) -> list[str]:
+    """The `sticksat` command: `exe` (another checkout's launcher, for side-by-side runs) or
+    this interpreter's."""
+    if exe:
+        return [exe]
     exe = Path(sys.executable).with_name("sticksat")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "service.cli"]
 
 
-def run_command(path: Path, limit: float, workers: int, seed: int, portfolio: int = 1) -> dict:
+def run_command(path: Path, limit: float, workers: int, seed: int, portfolio: int = 1,
+                exe: str | None = None) -> dict:
     """One `sticksat iopddl` process: its JSON line, wall seconds and the load at its start."""
     load = os.getloadavg()[0]
     t = time.perf_counter()
-    res = subprocess.run(sticksat() + ["iopddl", str(path), "--time-limit", str(limit), "--json",
+    res = subprocess.run(sticksat(exe) + ["iopddl", str(path), "--time-limit", str(limit), "--json",
                                        "--workers", str(workers), "--seed", str(seed),
                                        "--portfolio", str(portfolio)],
                          capture_output=True, text=True, cwd=ROOT)
@@ -74,14 +79,15 @@ def run_command(path: Path, limit: float, workers: int, seed: int, portfolio: in
     return row
 
 
-def run_command_with_peak(path: Path, limit: float, workers: int, seed: int, portfolio: int = 1) -> dict:
+def run_command_with_peak(path: Path, limit: float, workers: int, seed: int, portfolio: int = 1,
+                          exe: str | None = None) -> dict:
     """`run_command` with the peak RSS measured by a wrapper process of its own (so each
     instance's peak is its own, not the largest so far)."""
     code = ("import json,resource,sys;sys.path.insert(0,%r);"
             "from benchmarks.bench_iopddl import run_command;from pathlib import Path;"
-            "r=run_command(Path(%r),%r,%r,%r,%r);"
+            "r=run_command(Path(%r),%r,%r,%r,%r,%r);"
             "r['peak_mb']=round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024);"
-            "print(json.dumps(r))") % (str(ROOT), str(path), limit, workers, seed, portfolio)
+            "print(json.dumps(r))") % (str(ROOT), str(path), limit, workers, seed, portfolio, exe)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     if res.returncode != 0:
         raise RuntimeError(res.stderr[-2000:])
@@ -116,6 +122,18 @@ def table(rows: list[dict], header: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def side_by_side(base_rows: list[dict], rows: list[dict], exe: str) -> str:
+    """Baseline and this code per instance, run alternately (same seeds)."""
+    out = [f"Side by side with `{exe}` (each instance: baseline run, then this code's, alternating):", "",
+           "| instance | seed | baseline cost / reference | this / reference | baseline wall, peak | this wall, peak | load |",
+           "|---|---|---|---|---|---|---|"]
+    for b, r in zip(base_rows, rows):
+        ratio = lambda x: "-" if not (x["cost"] and x["ref"]) else f"{x['cost'] / x['ref']:.3f}x"  # noqa: E731
+        out.append(f"| {r['spec']} | {r.get('seed', '-')} | {ratio(b)} | {ratio(r)} | {b['wall']} s, {b['peak_mb']} MB "
+                   f"| {r['wall']} s, {r['peak_mb']} MB | {b['load']}, {r['load']} |")
+    return "\n".join(out) + "\n"
+
+
 def write_docs(text: str) -> None:
     doc = DOCS.read_text()
     start, end = "<!-- bench_iopddl:begin -->", "<!-- bench_iopddl:end -->"
@@ -135,27 +153,36 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--portfolio", type=int, default=1, help="`sticksat iopddl --portfolio N`")
+    ap.add_argument("--baseline-sticksat", default=None,
+                    help="another checkout's `sticksat` launcher: each instance runs with it first, then "
+                         "with this one (alternating, side by side), and a second table compares them")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per instance (and per code)")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--machine", default=None, help="machine description for the docs header")
     args = ap.parse_args()
     date = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     machine = args.machine or f"{platform.node()}, {os.cpu_count()} cpus"
     print(f"# {date}, {machine}, time limit {args.time_limit}s, {args.workers} workers", flush=True)
-    rows = []
+    rows, base_rows = [], []
     for spec in args.instances:
         path = instance_file(spec)
         ref, kind = reference(spec, path, args)
-        r = run_command_with_peak(path, args.time_limit, args.workers, args.seed, args.portfolio)
-        r.update(spec=spec, ref=ref, ref_kind=kind, nodes=None)
         m = re.match(r"synth:(\d+)", spec)
-        r["nodes"] = int(m.group(1)) if m else {"B": 816, "G": 816, "V": 816, "S": 28526}.get(spec)
-        print(json.dumps(r), flush=True)
-        rows.append(r)
+        nodes = int(m.group(1)) if m else {"B": 816, "G": 816, "V": 816, "S": 28526}.get(spec)
+        for rep in range(args.repeats):
+            for exe, out in ([(args.baseline_sticksat, base_rows)] if args.baseline_sticksat else []) + [(None, rows)]:
+                r = run_command_with_peak(path, args.time_limit, args.workers, args.seed + rep, args.portfolio, exe)
+                r.update(spec=spec, ref=ref, ref_kind=kind, nodes=nodes, seed=args.seed + rep,
+                         code="baseline" if exe else "this")
+                print(json.dumps(r), flush=True)
+                out.append(r)
     command = " ".join(["benchmarks/bench_iopddl.py"] + sys.argv[1:])
     header = (f"`{command}`, {date}, machine: {machine}; each instance one `sticksat iopddl FILE "
               f"--time-limit {args.time_limit:g} --json` process (wall from launch to exit; peak = its max "
               f"RSS; load = 1-minute load average at its start):")
     text = table(rows, header)
+    if base_rows:
+        text += "\n" + side_by_side(base_rows, rows, args.baseline_sticksat)
     print(text)
     if args.write_docs:
         write_docs(text)

@@ -234,6 +234,40 @@ def _feasible_instances(first_seed: int, count: int, **kw):
     return out
 
 
+def test_presolve_reaches_its_fixpoint():
+    """Presolve re-checks only nodes whose neighbourhood changed since their last check; it
+    must still end where checking everything again removes nothing: on the reduced problem
+    a second presolve keeps every strategy (a node left unchecked after a neighbour lost
+    strategies would keep a dominated or dead one)."""
+    rng = np.random.default_rng(21)
+    checked = 0
+    for p, red in _feasible_instances(300, 12, n=50, tight=0.2):
+        if red.removed_dominated == 0:
+            continue
+        a = red.alive
+        sub = StrategyProblem([p.node_costs[n][a[n]] for n in range(p.num_nodes)],
+                              [p.node_usages[n][a[n]] for n in range(p.num_nodes)], p.intervals, p.edges,
+                              [t[np.ix_(a[u], a[v])] for (u, v), t in zip(p.edges, p.edge_costs)],
+                              usage_limit=p.usage_limit)
+        again = presolve(sub, max_rounds=50)
+        assert again.removed_dominated == 0 and again.num_strategies == red.num_strategies
+        checked += 1
+    assert checked >= 4
+
+
+def test_presolve_past_its_deadline_does_no_setup(monkeypatch):
+    """When reading took the whole limit, presolve raises OutOfTime before its setup (the
+    timeline, incidence and table scans took 5 s on a loaded machine at 50k nodes)."""
+    import solver.core.reduction as reduction
+    from solver.core.clock import OutOfTime
+    p, _ = _feasible_instances(1, 1)[0]
+    built = []
+    monkeypatch.setattr(reduction.Timeline, "build", lambda *a, **k: built.append(1))
+    with pytest.raises(OutOfTime):
+        reduction.presolve(p, deadline=time.perf_counter() - 1.0)
+    assert not built
+
+
 def test_merged_groups_expand_to_the_evaluators_cost_and_usage():
     merged_total = finite = 0
     for seed, (p, red) in enumerate(_feasible_instances(0, 6)):
@@ -447,6 +481,135 @@ def test_minsum_is_exact_on_a_tree():
         assert evaluate(p, gp.expand(ms.decode(u))).cost == best
 
 
+def _sequential_minsum_over(gp, window, unary, sweeps):
+    """`_sequential_minsum` on the window's groups renumbered 0.. in window order (what
+    window_minsum returns: a strategy per window position)."""
+    pos = {g: i for i, g in enumerate(window)}
+    order = list(range(len(window)))
+    ref, msg = _sequential_minsum(gp, order, unary, sweeps, relabel=pos)
+    return ref, msg
+
+
+def _sequential_minsum(gp, order, unary, sweeps, damping=0.5, relabel=None):
+    """Min-sum as the sequential definition: group by group in `order` (then backward), one
+    numpy step per message; decoding greedy in `order`."""
+    from solver.core.group_state import shared_tables
+    from solver.core.minsum import BIG
+    ft = shared_tables(gp)[11]
+    nbrs = [[] for _ in range(gp.num_groups)]
+    msg = {}
+    for e, (a, b) in enumerate(gp.edges):
+        if relabel is not None:
+            a, b = relabel[a], relabel[b]
+        msg[a, b], msg[b, a] = np.zeros(len(unary[b])), np.zeros(len(unary[a]))
+        nbrs[a].append((b, ft[e]))
+        nbrs[b].append((a, ft[e].T))
+    for _ in range(sweeps):
+        for seq in (order, order[::-1]):
+            for g in seq:
+                belief = unary[g] + sum((msg[nb, g] for nb, _ in nbrs[g]), np.zeros(len(unary[g])))
+                for nb, t in nbrs[g]:
+                    new = np.minimum((belief - msg[nb, g])[:, None] + t, BIG).min(axis=0)
+                    msg[g, nb] = damping * msg[g, nb] + (1 - damping) * (new - new.min())
+    k = [-1] * gp.num_groups
+    for g in order:
+        c = unary[g].copy()
+        for nb, t in nbrs[g]:
+            c += np.minimum(t[:, k[nb]], BIG) if k[nb] >= 0 else msg[nb, g]
+        k[g] = int(np.argmin(c))
+    return k, msg
+
+
+def test_level_vectorized_minsum_is_the_sequential_one():
+    """MinSum updates a whole level of the order at once (groups of one level share no
+    edge): its messages and decode equal the group-by-group sequential pass in that order,
+    on random graphs with cycles, forbidden entries, single-strategy groups and usage
+    penalties."""
+    rng = np.random.default_rng(3)
+    checked = 0
+    for seed in range(16):
+        p = _random_instance(100 + seed, n=50)
+        for x in range(0, 50, 7):  # denser: a second edge into some nodes, forbidden entries
+            y = (x * 13 + 5) % 50
+            if x != y:
+                t = rng.integers(0, 80, size=(len(p.node_costs[x]), len(p.node_costs[y])))
+                t[0, -1] = FORBIDDEN_COST
+                p.edges.append((x, y))
+                p.edge_costs.append(t)
+        try:
+            red = presolve(p, prune_dominated=False)
+        except ValueError:
+            continue
+        gp = group_problem(p, red, merge_followers=bool(seed % 2))
+        ms = MinSum(gp)
+        order = [int(g) for g in rng.permutation(gp.num_groups)]
+        ms.order = order
+        pen = rng.random(gp.tl.n_steps) * 0.5
+        u = ms.unary_with_penalty(pen if seed % 3 else None)
+        ref_k, ref_msg = _sequential_minsum(gp, order, u, sweeps=3)
+        ms.CHUNK = [1 << 20, 1, 7][seed % 3]  # levels cut into runs of whole messages, or not
+        for _ in range(3):
+            ms.sweep(u)
+        assert ms.decode(u) == ref_k
+        s = ms._schedule()
+        for d, (a, b) in enumerate(zip(s["src"], s["tgt"])):
+            assert np.allclose(ms.msg[s["moff"][d]:s["moff"][d + 1]], ref_msg[int(a), int(b)], rtol=1e-6, atol=1e-6)
+        # a min-sum window over every group (nothing fixed) is the same message passing
+        st = GroupState(gp, least_peak_start(gp))
+        win = [int(g) for g in rng.permutation(gp.num_groups)]
+        unary_win = [np.where(np.isfinite(st.cost[g]), st.cost[g], 1e15) for g in win]
+        ref_w, _ = _sequential_minsum_over(gp, win, unary_win, sweeps=4)
+        assert window_minsum(st, win, None) == ref_w
+        # the penalized unary costs are the per-group sums over each segment
+        cum = np.concatenate([[0.0], np.cumsum(pen)])
+        for g in range(gp.num_groups):
+            want = ms.unary0[g] + ((cum[gp.seg_end[g]] - cum[gp.seg_start[g]]) @ gp.W[g] if len(gp.W[g]) else 0)
+            assert np.allclose(ms.unary_with_penalty(pen)[g], want)
+        checked += 1
+    assert checked >= 5
+
+
+def test_group_factor_raise_counts_each_overfilled_segment():
+    """The per-group penalty factors rise by (1 + beta) for each of a group's segments that
+    covers an overfilled step with the group above its least usage there (the per-step scan
+    it replaced, kept here as the reference)."""
+    from solver.core.minsum import group_factor_raise
+    rng = np.random.default_rng(9)
+    for p, red in _feasible_instances(500, 4, n=60):
+        gp = group_problem(p, red)
+        all_g = np.concatenate([np.full(len(x), g) for g, x in enumerate(gp.seg_start)])
+        all_j = np.concatenate([np.arange(len(x)) for x in gp.seg_start])
+        all_s, all_e = np.concatenate(gp.seg_start), np.concatenate(gp.seg_end)
+        for _ in range(5):
+            k = [int(rng.integers(len(c))) for c in gp.cost]
+            over = rng.random(gp.tl.n_steps) < 0.3
+            want = np.ones(gp.num_groups)
+            hit = np.zeros(len(all_s), dtype=bool)
+            for t in np.flatnonzero(over):
+                hit |= (all_s <= t) & (all_e > t)
+            for g, j in zip(all_g[hit], all_j[hit]):
+                if gp.W[g][j, k[g]] > gp.W[g][j].min():
+                    want[g] *= 1.3
+            assert np.allclose(group_factor_raise(gp, k, all_g, all_j, all_s, all_e, over, 0.3), want)
+
+
+def test_a_caller_moves_lagrangian_starts_on_to_the_per_group_factors():
+    """info["switch"] set by the caller (its starts stopped improving) ends the per-step
+    penalty rounds after the second one; without it they run to `rounds`."""
+    from solver.core.minsum import lagrangian_starts
+    p, red = _feasible_instances(40, 1, n=60, tight=0.1)[0]
+    gp = group_problem(p, red)
+    runs = {}
+    for switch in (False, True):
+        info: dict = {}
+        for _ in lagrangian_starts(gp, time.perf_counter() + 30, rounds=8, node_rounds=3, info=info):
+            if switch:
+                info["switch"] = True
+        runs[switch] = (info["step_rounds"], info["group_rounds"])
+    assert runs[True][0] == 2 and runs[True][1] > 0
+    assert runs[False][0] == 8
+
+
 def test_optimize_finds_the_optimum_on_odd_small_instances():
     """Self-edges, duplicate edges, empty intervals, single-strategy nodes, no limit, no
     edges: optimize returns the brute-force optimum (the instances are small enough for the
@@ -484,6 +647,30 @@ def test_optimize_finds_the_optimum_on_odd_small_instances():
         cases += 1
         assert r.feasible and evaluate(p, r.choice).cost == r.cost == best
     assert cases >= 4
+
+
+def test_least_usage_choice_repairs_a_pair_its_greedy_cannot():
+    """Node 1 must take strategy 0 for its single-strategy neighbour 2 and strategy 1 for
+    the greedy (least-usage) choice of its neighbour 0: re-choosing the ends of the forbidden
+    pair fails, min-conflicts moves node 1 to what node 2 needs and node 0 to a strategy
+    that allows it."""
+    from solver.core.search import least_usage_choice
+    F = FORBIDDEN_COST
+    t01 = np.array([[F, 0], [F, 0], [0, F], [F, 0]])  # node 0's strategy 2 is the one allowing node 1 on 0
+    t12 = np.array([[0], [F]])
+    p = StrategyProblem([np.zeros(4, int), np.zeros(2, int), np.zeros(1, int)],
+                        [np.array([5, 1, 3, 4]), np.array([1, 1]), np.array([1])],
+                        [(0, 3), (1, 3), (2, 3)], [(0, 1), (1, 2)], [t01, t12], usage_limit=100)
+    ch = least_usage_choice(p)
+    assert evaluate(p, ch).feasible and ch == [2, 0, 0]
+    # on random instances with follower chains it never leaves more forbidden pairs
+    import solver.core.search as search_module
+    count = lambda p, ch: sum(t[ch[a], ch[b]] >= F for (a, b), t in zip(p.edges, p.edge_costs))  # noqa: E731
+    for p, _ in _feasible_instances(700, 30, n=60):
+        with_step = count(p, least_usage_choice(p))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(search_module, "_min_conflicts", lambda *a, **k: None)
+            assert with_step <= count(p, least_usage_choice(p))
 
 
 def test_optimize_is_never_worse_than_the_start_it_was_given():

@@ -18,19 +18,18 @@ from solver.spyre.cpsat_planner import plan_cpsat
 from solver.spyre.split_k_hold import hold_for_split_k, split_k_candidates
 
 HW = load_target("spyre")
-# 4096 rows: the solve's plan runs the gate projection, the activation and the product as one
-# row-tiled kernel (4 row tiles; row tiles re-read the weights, which shorter rows do not
-# repay) after an untiled up projection. The down projection, reading the product split over
-# the product's rows x columns (m16 x k2), gains from holding it (2107.8 -> 1946.0 us
-# simulated, 2026-12-05, judge of 1f6d2d1). The model has tied optima here and which one the
-# solve returns moves with the judge and the seed, so the last two tests set the solved plan
-# they need (`_product_on_the_up_split`) instead of taking the solve's.
-# At 512 rows nothing is tiled and the solve itself already holds the product for a split-K
-# down projection, so the step has nothing left to do there.
+# 4096 rows: the solve's plan runs the gate projection, the activation and the product as
+# row-tiled kernels after an untiled up projection; the model has tied optima here and which one
+# the solve returns moves with the judge and the seed, so the tests that need a particular
+# solved plan set it (`_product_on_the_up_split`) instead of taking the solve's.
 MLP = (4096, 1024, 4096)
 # a narrower product: the solve fuses gate/up/act/product into one kernel at 4 row tiles,
 # the producing kernel whose tile count a split-K reader must not share
 FUSED_MLP = (4096, 1024, 2048)
+# fewer rows: on the judge of 792eb35 (split-K combines per output tile, loads and compute in
+# series) the 4096-row down projection is no longer split-K; at 512 rows the solve splits it
+# m8 x k4 and the step holds the product for it
+HELD_MLP = (512, 1024, 4096)
 
 
 def _without_split_k(monkeypatch):
@@ -72,7 +71,7 @@ def _simulated(pg, d):
 
 
 def test_down_projection_reads_the_held_product_split_k(monkeypatch):
-    pg = gated_mlp(*MLP)
+    pg = gated_mlp(*HELD_MLP)
     d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
     program, us = _simulated(pg, d)
     assert any("split-K over a held result" in n for n in d.stats["notes"])
@@ -117,7 +116,7 @@ def test_the_fastest_slower_variant_is_handed_back_for_a_second_look(monkeypatch
     pass); when a variant is faster, that one is returned and nothing is handed back."""
     from solver.spyre.fusion.trial import issues_of
 
-    pg = gated_mlp(*MLP)
+    pg = gated_mlp(*HELD_MLP)
     _without_split_k(monkeypatch)
     d = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5)
     program, us = _simulated(pg, d)
@@ -203,7 +202,7 @@ def test_a_step_cut_by_the_deadline_says_so():
         "fewer tiles: stopped early (time limit) after 0 trials"]
 
 
-def _product_on_the_up_split():
+def _product_on_the_up_split(shape=MLP):
     """The gated MLP at MLP and a solved plan of it whose product sits on the up projection's
     core split (m8 x n4), not the activation's (the gate projection and the activation on
     m4 x n8), untiled, with the down projection split-K (m8 x k4), the gate projection's
@@ -214,7 +213,7 @@ def _product_on_the_up_split():
     input sticks are the solve's."""
     from solver.plan import Residency
 
-    pg = gated_mlp(*MLP)
+    pg = gated_mlp(*shape)
     solved = plan_cpsat(pg, HW, deterministic=True, time_limit_s=5, fuse=False)
     splits = {"gate": {"m": 4, "n": 8}, "act": {"d0": 4, "d1": 8}, "up": {"m": 8, "n": 4},
               "prod": {"d0": 8, "d1": 4}, "down": {"m": 8, "k": 4}}
@@ -232,25 +231,23 @@ def _after_the_solve(pg, d):
     from solver.spyre.model import build_model
 
     strategies = build_model(pg, HW, d)[1]
-    kept = tuple(s for s in steps.POST_SOLVE_STEPS if s.name != "split-K")
+    # the fusion runner-up goes through the split-K step too
+    kept = tuple(s for s in steps.POST_SOLVE_STEPS if s.name not in ("split-K", "fusion runner-up"))
     return steps.post_solve(pg, HW, d, deadline=None, strategies=strategies, steps=kept).decisions
 
 
-def test_a_resplit_product_reads_an_input_held_by_an_earlier_kernel_from_device_memory(monkeypatch):
-    """A product left a kernel of its own reads `u`, held in LX by the gate/up kernel on the
+def test_a_resplit_product_reads_an_input_held_by_an_earlier_kernel_from_device_memory():
+    """A product that is a kernel of its own reads `u`, held in LX by the up projection on the
     product's planned split. Re-split for the split-K reader, the product's cores would look
     for slices of `u` their LX does not hold (lx_slice_mismatch): the variant reads `u` from
-    device memory instead, and is faster. The merge brings the product into the gate/up kernel
-    (last test), and none of 69 gated MLP shapes tried (1024-16384 rows, 512-4096 x
-    2048-12288) leaves it out with an input held, so the plan is the one the post-solve steps
-    make of `_product_on_the_up_split` without trying the merge's untiled members inside
-    the kernel."""
-    from solver.spyre.fusion import merge
+    device memory instead, and is faster. No solve leaves such a plan behind once the merge
+    has run (the product joins a kernel), so the premise is set explicitly: the plan of
+    `_product_on_the_up_split` with `u` as its one residency."""
+    from solver.plan import Residency
     from solver.spyre.split_k_hold import _kernel_members
 
     pg, solved = _product_on_the_up_split()
-    monkeypatch.setattr(merge, "_with_joining_members", lambda *a: None)
-    d = _after_the_solve(pg, solved)
+    d = replace(solved, resident={"u": Residency(0)})
     program, us = _simulated(pg, d)
     held = [t for t in ("a", "u") if isinstance(program.tensor_map()[t].memory, LxMemory)]
     assert held and _kernel_members(program, "prod") == ["prod"], \

@@ -149,7 +149,57 @@ def least_usage_choice(problem: StrategyProblem) -> list[int]:
                     idx = np.flatnonzero(ok)
                     out[n] = int(idx[np.lexsort((c[idx], u[idx]))[0]])
                     break
+    def n_forbidden(ch: list[int]) -> int:
+        return sum(int(t[ch[a], ch[b]] >= FORBIDDEN_COST) for (a, b), t in zip(problem.edges, problem.edge_costs))
+
+    bad_ends = [n for (a, b), t in zip(problem.edges, problem.edge_costs)
+                if t[out[a], out[b]] >= FORBIDDEN_COST for n in (b, a)]
+    if bad_ends:
+        tried = list(out)
+        _min_conflicts(problem, incident, tried, bad_ends)
+        if n_forbidden(tried) < len(bad_ends) // 2:  # kept only when it leaves fewer forbidden pairs
+            out = tried
     return out
+
+
+def _min_conflicts(problem: StrategyProblem, incident: list[list[tuple[int, bool]]], out: list[int],
+                   todo: list[int], max_steps_per_node: int = 50) -> None:
+    """Forbidden pairs the re-choosing left (a node both of whose choices some neighbour
+    forbids, e.g. one forced by a single-strategy neighbour and one by the greedy choice of
+    another): each node taken from `todo` moves to the strategy with the fewest forbidden
+    pairs, a pair with a neighbour that has one allowed strategy counting as never fixable
+    (then another strategy than its current one, the least usage, the cheapest), and the
+    neighbours it now clashes with are taken next. A 65k-node synthetic instance kept one such pair: no answer when reading took the
+    whole limit. Bounded: `max_steps_per_node` x the nodes given."""
+    fixed = [int((c < FORBIDDEN_COST).sum()) <= 1 for c in problem.node_costs]
+    queue = list(todo)
+    steps = 0
+    while queue and steps < max_steps_per_node * len(todo):
+        n = queue.pop(0)
+        steps += 1
+        c, u = problem.node_costs[n], problem.node_usages[n]
+        clash = np.where(c < FORBIDDEN_COST, 0.0, np.inf)
+        for f, is_u in incident[n]:
+            a, b = problem.edges[f]
+            o = b if is_u else a
+            if o == n:
+                continue
+            t = problem.edge_costs[f]
+            bad = (t[:, out[b]] if is_u else t[out[a], :]) >= FORBIDDEN_COST
+            clash = clash + bad * (1e6 if fixed[o] else 1.0)
+        if clash[out[n]] == 0:
+            continue
+        # among the fewest forbidden pairs, another strategy than the current one (a node
+        # that stays passes its clash on to nobody), then the least usage, the cheapest
+        cands = np.flatnonzero(clash == clash.min())
+        if len(cands) > 1:
+            cands = cands[cands != out[n]]
+        out[n] = int(cands[np.lexsort((c[cands], u[cands]))[0]])
+        for f, is_u in incident[n]:
+            a, b = problem.edges[f]
+            o = b if is_u else a
+            if o != n and problem.edge_costs[f][out[a], out[b]] >= FORBIDDEN_COST and not fixed[o]:
+                queue.append(o)
 
 
 class _Incumbent:
@@ -180,7 +230,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
              window_terms: int = 20_000, merge: bool = True, kick_share: float = 0.6,
              kick_batch: float = 2.0, kick_slack: float = 0.01,
              lagrangian_share: float = 0.25, polish_starts: int = 3,
-             polish_share: float = 0.15, stagnation: float = 0.12,
+             lagrangian_share_large: float = 0.5, step_patience: int = 5, polish_share: float = 0.15, stagnation: float = 0.12,
              started: Optional[float] = None, start: Optional[Sequence[int]] = None) -> SearchResult:
     """Best feasible choice found within `time_limit_s` of wall clock counted from `started`
     (perf_counter seconds; default now): a caller that read the instance passes the time it
@@ -218,6 +268,7 @@ def optimize(problem: StrategyProblem, time_limit_s: float = 60.0, workers: int 
                         time_share=time_share, window_terms=window_terms, merge=merge,
                         kick_batch=kick_batch, kick_slack=kick_slack,
                         lagrangian_share=lagrangian_share, polish_starts=polish_starts,
+                        lagrangian_share_large=lagrangian_share_large, step_patience=step_patience,
                         polish_share=polish_share, stagnation=stagnation, start=given)
     except OutOfTime:
         stats["out_of_time"] = True
@@ -240,6 +291,7 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
             solve_cap: float, full_share: float, full_pair_limit: int, time_share: float,
             window_terms: int, merge: bool, kick_batch: float, kick_slack: float,
             lagrangian_share: float, polish_starts: int, polish_share: float,
+            lagrangian_share_large: float, step_patience: int,
             stagnation: float, start: Optional[list[int]]) -> Optional[float]:
     """The phases of `optimize`; every solution it accepts is offered to `incumbent`.
     Returns the lower bound (None when the time ran out before it)."""
@@ -264,14 +316,16 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
     best_penalty: Optional[np.ndarray] = None  # the Lagrangian penalties of the best start
     n_starts = 0
 
-    def consider(name: str, ch: list[int], budget: float) -> bool:
+    def consider(name: str, ch: list[int], budget: float, done: Optional[GroupState] = None) -> bool:
+        """A start, repaired and descended (`done`: a state already repaired and descended)."""
         nonlocal best_state, best_cost, n_starts
         t_s = time.perf_counter()
-        st = GroupState(gp, ch)
-        if not st.repair(min(deadline, t_s + budget)):
-            say(f"start {name}: memory repair failed")
-            return False
-        st.descent(min(deadline, time.perf_counter() + budget))
+        st = done if done is not None else GroupState(gp, ch)
+        if done is None:
+            if not st.repair(min(deadline, t_s + budget)):
+                say(f"start {name}: memory repair failed")
+                return False
+            st.descent(min(deadline, time.perf_counter() + budget))
         n_starts += 1
         if best_cost is not None and st.cur >= best_cost:
             return False
@@ -297,7 +351,9 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
         st.descent(min(deadline, time.perf_counter() + budget))
         if traj not in pool or st.cur < pool[traj][0]:
             pool[traj] = (st.cur, st, pen)
-        if consider(name, list(st.k), budget):
+        # the pool's state is copied before it moves (polish) and the best state is only
+        # read until then: both may hold the same one
+        if consider(name, list(st.k), budget, done=st):
             best_penalty = pen
 
     t_phase = time.perf_counter()
@@ -310,12 +366,13 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
     # on large instances min-sum decodes are the best starts by far (40k synthetic: 59.4 G
     # from the first decode against 68.7 G after 21 s of kicks from the least-peak start)
     # and a round takes seconds: half of the search's time
-    lag_share = lagrangian_share if not big else max(lagrangian_share, 0.5)
+    lag_share = lagrangian_share if not big else max(lagrangian_share, lagrangian_share_large)
     lag_deadline = min(deadline, time.perf_counter() + lag_share * time_limit_s)
     # trajectories: step sizes, then sweep orders breadth-first from random groups (the
     # decoding order changes which local optimum min-sum lands in: V 2.24-2.36 M)
     configs = [(0.01, None), (0.003, None), (0.03, None)]
     configs += [(0.01, "bfs")] * 20
+    trajectories: list[tuple] = []  # per trajectory: per-step rounds, per-group rounds, seconds, best start
     for traj, (step, order) in enumerate(configs):
         if time.perf_counter() > lag_deadline:
             break
@@ -327,18 +384,33 @@ def _search(problem: StrategyProblem, clock: PhaseClock, incumbent: _Incumbent, 
         switch = time.perf_counter() + 0.4 * max(0.0, lag_deadline - time.perf_counter()) if big else None
         # one sweep per round on large instances: the first decode in half the time (40k
         # synthetic: 59.8 G after 5.6 s against 59.5 G after 10.3 s with three)
+        info: dict = {}
+        t_traj = time.perf_counter()
+        stalled = 0  # per-step decodes since the trajectory's best start last improved
         for k, over, pen in lagrangian_starts(gp, lag_deadline, step=step, order=order, switch_at=switch,
-                                              sweeps=1 if big else 3):
+                                              sweeps=1 if big else 3, info=info):
+            before = pool[traj][0] if traj in pool else None
             # far over the limit (no penalty yet): a long repair on V (skipped), a second on
             # the 40k synthetic instance (its best start)
             if over <= 0.1 or big:
                 consider_pooled(f"lagrangian {step}", k, 0.05 * time_limit_s, traj, pen)
+            improved = traj in pool and (before is None or pool[traj][0] < before)
+            stalled = 0 if improved else stalled + 1
+            # per-step penalties that stopped giving better starts: on to the per-group
+            # factors (V's best starts come from them; after a fixed 25 rounds, a loaded
+            # machine's run never reached them: 2.13 M against 1.75 M)
+            if stalled >= step_patience and not info["group_rounds"]:
+                info["switch"] = True
+        trajectories.append((info["step_rounds"], info["group_rounds"], round(time.perf_counter() - t_traj, 1),
+                             int(pool[traj][0]) if traj in pool else None))
+        say(f"trajectory {traj}: {trajectories[-1]}")
     if problem.num_nodes <= 2000 and time.perf_counter() < lag_deadline:
         # the core's older local search (ratio repair from the node DP start)
         ls = local_search(problem, red, start=tree_dp_start(problem, red))
         if ls is not None:
             consider("node DP + local_search", gp.contract(ls, red), 0.05 * time_limit_s)
     clock.record("starts", time.perf_counter() - t_phase)
+    stats["trajectories"] = trajectories
     stats["starts"] = n_starts
     stats["start_cost"] = best_cost
     # polish the best starts of the best few trajectories with kicks, go on from the best:

@@ -18,6 +18,9 @@ producer p and readers R, in this order:
 3. each reader that does not read p's slices moved to its cheapest strategy of the same
    stick choice that does;
 4. p moved to its cheapest strategy of the same stick choice whose slices every reader reads.
+Besides, a chain hold (`chain`: down the chain t leads to, readers aligned to producers)
+and an upstream chain hold (`upstream`: up the chain feeding t, producers aligned to
+readers, as far as each move broke a hand-off).
 The buffer goes first-fit into LX over t's live window (the canonical placement of
 `SpyreModel.canonical_addresses`), sized by p's strategy. The local search prices each
 offer exactly (the residencies a move breaks dropped, bundle windows checked) and keeps
@@ -190,6 +193,58 @@ class HoldMoves:
                 change = tuple(sorted((o, k) for o, k in trial.items() if k != picks[o]))
                 yield HoldMove(tuple(holds), change)
 
+    def upstream(self, t: str, picks: dict[str, int], resident: dict[str, Residency]) -> Iterator[HoldMove]:
+        """An upstream chain hold from t: t's producer moved to its cheapest strategy of its
+        stick choice and orders whose slices t's readers read as they are, then, input by
+        input, the producer of each candidate it reads moved the same way to hand that input
+        on, each candidate on the way held (at most `CHAIN_MAX_HOLDS`). A reader whose split
+        is set (a matmul split for tiling) pulls the chain feeding it into its slicing: the
+        attention scores split by heads and rows read the scaled query held only once the
+        scaling and the head permute before it slice alike."""
+        if t in resident:
+            return
+        sm, S = self.sm, self.sm.S
+        trial = dict(picks)
+        placed = {u: r for u, r in resident.items() if u != t}
+        holds: list = []
+        frontier = [t]
+        seen: set = set()
+        while frontier and len(holds) < CHAIN_MAX_HOLDS:
+            u = frontier.pop(0)
+            if u in seen:
+                continue
+            seen.add(u)
+            q = sm.producer[u].id
+            moved = False
+            if not sm.residency_ok(u, trial):
+                sq = S[q][trial[q]]
+                ks = [k for k, s in enumerate(S[q]) if s.stick == sq.stick and s.orders == sq.orders
+                      and not s.reduction_split and not s.alias and sm.residency_ok(u, dict(trial, **{q: k}))]
+                if not ks:
+                    if u == t:
+                        return
+                    continue
+                trial[q] = min(ks, key=lambda k: (self._price(q, k), k))
+                moved = True
+            if not moved and u == t:
+                return        # t holds as it is: the hold moves above offer that
+            if u not in placed:
+                res = self.place(u, S[q][trial[q]].out_lx_bytes, placed)
+                if res is None:
+                    if u == t:
+                        return
+                    continue
+                placed[u] = res
+                holds.append((u, res))
+            if not moved:
+                continue      # its producer as it was: what it reads is held as before
+            for a in sm.ops[q].inputs:
+                if a.tensor in sm.res and a.tensor not in seen:
+                    frontier.append(a.tensor)
+        if holds and holds[0][0] == t:
+            change = tuple(sorted((o, k) for o, k in trial.items() if k != picks[o]))
+            yield HoldMove(tuple(holds), change)
+
     def replaced(self, mv: HoldMove, resident: dict[str, Residency]) -> Optional[HoldMove]:
         """`mv` with its buffers placed first-fit again beside `resident` (those that no
         longer fit left out; None when none does)."""
@@ -236,6 +291,7 @@ class HoldMoves:
             if holds and holds[0][0] == t:
                 yield HoldMove(tuple(holds), tuple(sorted(change.items())))
         yield from self.chain(t, picks, resident)
+        yield from self.upstream(t, picks, resident)
 
 
 def region_moves(sm, holds: HoldMoves, picks: dict[str, int], resident: dict[str, Residency]

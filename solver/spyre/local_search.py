@@ -24,7 +24,7 @@ from solver.spyre.model import SpyreModel
 
 
 def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], max_passes: int = 50,
-                 chains: bool = True, hold_moves: bool = True) -> PlanDecisions:
+                 chains: bool = True, hold_moves: bool = True, movable: Optional[frozenset] = None) -> PlanDecisions:
     """Best single moves on the model's own objective until none improves or the
     deadline: a weight's stick dim, or one op's strategy (residencies the move breaks
     are dropped; the bundle-window constraints must keep holding); then, each pass, the
@@ -35,7 +35,10 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
     Moves are priced incrementally (exact: the objective is integer nanoseconds): a
     move re-prices only the ops touching a tensor whose residency it changes and the
     restickifies of the tensors the moved op reads and writes. Same moves, same order,
-    same result as `objective_of` on every trial, without its pass over the graph."""
+    same result as `objective_of` on every trial, without its pass over the graph.
+
+    `movable`: when given, only these ops' strategies may change (and no weight's stick
+    dim): the search around a part of the plan set from outside (`steps.realigned`)."""
     ops = {op.id: op for op in sm.pg.ops}
     picks = {op.id: (sm.strategy_index(op.id, d.ops.get(op.id, OpPlan()), d.dim_orders) or 0) for op in sm.pg.ops}
     inputs = {t: d.input_sticks.get(t, sm.ctx.input_sticks.get(t)) for t in sorted(sm.ctx.free_inputs)}
@@ -101,7 +104,8 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
         tensor whose residency it changes and the restickifies of the tensors the moved
         ops and weights touch. `hold`: a `HoldMove` whose tensors the move also keeps in
         LX (none when one's slicing does not hold under the move)."""
-        if not any_operands_ok(sm, trial, trial_inputs, moved_ops, moved_inputs) or \
+        if movable is not None and any(o not in movable and trial[o] != picks[o] for o in moved_ops) or \
+                not any_operands_ok(sm, trial, trial_inputs, moved_ops, moved_inputs) or \
                 not sm.orders_ok(trial, moved_ops):
             return None, None, None, None
         touched = {t for o in moved_ops for t in touching[o]}
@@ -144,7 +148,7 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
     while improved and passes < max_passes and not out_of_time():
         improved = False
         passes += 1
-        for t in sorted(sm.ctx.free_inputs):
+        for t in (sorted(sm.ctx.free_inputs) if movable is None else ()):
             for s in sm.ctx.possible_sticks[t]:
                 if s == inputs[t]:
                     continue
@@ -158,6 +162,8 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
         for op in sm.pg.ops:
             if out_of_time():
                 break
+            if movable is not None and op.id not in movable:
+                continue
             for k in range(len(sm.S[op.id])):
                 if k == picks[op.id]:
                     continue
@@ -185,6 +191,9 @@ def local_search(sm: SpyreModel, d: PlanDecisions, deadline: Optional[float], ma
         for t in (holds.candidates if holds is not None else ()):
             if out_of_time():
                 break
+            if movable is not None and sm.producer[t].id not in movable and \
+                    not any(r in movable for r, _ in sm.readers[t]):
+                continue
             best_hold = best_of((dict(picks, **dict(mv.picks)), [o for o, _ in mv.picks], mv)
                                 for mv in holds.moves(t, picks, resident))
             if best_hold is not None:

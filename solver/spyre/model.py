@@ -318,7 +318,7 @@ class SpyreModel:
         split = outermost_split(prim, gran, hw.cores)
         shapes = {t: ctx.shapes[t], rid: ctx.shapes[t]}
         dtypes = {t: ctx.dtypes[t], rid: ctx.dtypes[t]}
-        layouts = {t: ctx.layout(t, src_stick), rid: ctx.layout(t, stick)}
+        layouts = {t: ctx.layout(t, src_stick), rid: ctx.layout(t, stick, own=False)}
         view = OpView(prim, "restickify", shapes, dtypes, layouts, split, [])
         return to_units(op_time(view, (False,), False, hw).total_ns)
 

@@ -109,6 +109,9 @@ class PostSolveState:
     facts: dict = field(default_factory=dict)
     records: list[StepRecord] = field(default_factory=list)
     events: Optional[EventSink] = None
+    # the solve's CP-SAT model (`solver.spyre.model.SpyreModel`) when the planner has one: a
+    # step may price a candidate on its objective (`local_search`) before simulating it
+    model: Optional[object] = None
     _trial: Optional[tuple] = None
     _checked: Optional[tuple] = None
 

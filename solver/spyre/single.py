@@ -315,7 +315,7 @@ class _Draw:
         phase(events, "fusion", True, "fused kernels and LX relayouts")
         after = steps.post_solve(pg, hw, chosen, deadline=deadline, strategies=self.strategies, fuse=self.fuse,
                                  trial_s=self.emit_s,
-                                 events=events)
+                                 events=events, model=sm)
         chosen, gain_ns = after.decisions, after.gain_ns()
         notes.extend(after.notes)
         seconds["fusion and relayouts"] = time.perf_counter() - t_finish
