@@ -283,6 +283,19 @@ class _WholeReads:
 
 def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> float:
     """The split-aware bound in ns (module docstring)."""
+    return sum(split_bound_shares(pg, hw, ops, memory_ns).values())
+
+
+def split_bound_shares(pg: PrimGraph, hw, ops: Optional[list[OpBound]] = None,
+                       memory_ns: Optional[float] = None) -> dict[str, float]:
+    """The split-aware bound (before `lower_bound`'s max with the plain bound) as per-op
+    shares in ns at the bound's best lam: a matmul's least R + lam*(P + W) + (1-lam)*C over
+    its splits, every other op (1-lam) * its compute, and each op lam * its compulsory bytes
+    / bandwidth. They sum to `split_bound`; a program's op that runs longer than its share
+    is where the plan loses to the bound (`benchmarks/bound_breakdown.py`)."""
+    if ops is None:
+        lb = lower_bound(pg, hw)
+        ops, memory_ns = lb.ops, lb.memory_us * 1e3
     reads: dict[str, int] = {}
     for op in pg.ops:
         for a in op.inputs:
@@ -316,10 +329,14 @@ def split_bound(pg: PrimGraph, hw, ops: list[OpBound], memory_ns: float) -> floa
             terms[op.id] = cache[key]
         else:
             compute_other += ob.compute_ns
-    best = 0.0
+    best: Optional[dict[str, float]] = None
     for lam in _LAMBDAS:
-        total = lam * memory_ns + (1 - lam) * compute_other + sum(
-            min((t.ring + lam * t.extra_mem + (1 - lam) * t.compute for t in ts), default=0.0)
-            for ts in terms.values())
-        best = max(best, total)
-    return best
+        shares = {}
+        for op, ob in zip(pg.ops, ops):
+            ts = terms.get(op.id)
+            own = (min((t.ring + lam * t.extra_mem + (1 - lam) * t.compute for t in ts), default=0.0)
+                   if ts is not None else (1 - lam) * ob.compute_ns)
+            shares[op.id] = own + lam * ob.bytes / hw.dram_oneway_gbps
+        if best is None or sum(shares.values()) > sum(best.values()):
+            best = shares
+    return best or {}

@@ -8,7 +8,9 @@ leaves bundle cuts to the external-tensor limit. Graph inputs are sticked on the
 Like torch-spyre's mandatory span-reduction pass (work_division_planning.md, Pass 1), a split
 that leaves some core touching more than `hw.per_core_span_bytes` of one tensor is replaced:
 first the fewest-core legal split that brings every span under the limit (outer dims first),
-then the remaining cores on the outermost parallel dim it leaves unsplit.
+then the remaining cores on the outermost parallel dim it leaves unsplit. Spans are judged as
+the validator judges them: a copy's inputs by the box its slice reads (a KV-cache concat
+reads its core's part of the cache, not all of it).
 """
 from __future__ import annotations
 
@@ -33,12 +35,12 @@ def span_reduced_split(op: PrimOp, split: dict[str, int], gran: dict[int, int], 
     answer (see module docstring). If no split fits, the one with the smallest span (the
     validator then reports span_exceeded)."""
     limit = hw.per_core_span_bytes
-    if max(first_slice_spans(op, split, gran, layouts, shapes, dtypes).values()) <= limit:
+    if max(first_slice_spans(op, split, gran, layouts, shapes, dtypes, copy_reads=True).values()) <= limit:
         return split
     order = {d.name: i for i, d in enumerate(op.iter_dims)}
     best, best_key = split, None
     for cand in legal_core_splits(op, gran, hw.cores):
-        worst = max(first_slice_spans(op, cand, gran, layouts, shapes, dtypes).values())
+        worst = max(first_slice_spans(op, cand, gran, layouts, shapes, dtypes, copy_reads=True).values())
         fits = worst <= limit
         # fitting first; then fewest cores; then outer dims first
         key = (not fits, _prod(cand) if fits else worst, sorted(order[n] for n in cand))

@@ -571,16 +571,17 @@ def reduction_split(op: PrimOp, core_split: Mapping[str, int]) -> bool:
 
 def first_slice_spans(op: PrimOp, core_split: Mapping[str, int], granules: Mapping[int, int],
                       layouts: Mapping[str, Layout], shapes: Mapping[str, Sequence[int]],
-                      dtypes: Mapping[str, str]) -> dict[int, int]:
+                      dtypes: Mapping[str, str], copy_reads: bool = False) -> dict[int, int]:
     """Per operand (input index, -1 for the output), the device-memory byte span of the first
     work slice (slice 0 along every split dim: a full-size slice). Spans of the other slices
     differ at most by stick rounding, so this is what a planner compares with
     `hw.per_core_span_bytes` (the torch-spyre span-reduction view: the outermost dim a core
-    touches times its stride)."""
+    touches times its stride). `copy_reads`: a copy's inputs in the box its slice reads, as
+    the validator checks them (`operand_box`), instead of whole."""
     ranges = slice_ranges(op, {k: v for k, v in core_split.items() if v > 1}, {}, granules)
     out: dict[int, int] = {}
     for idx, acc in [(i, a) for i, a in enumerate(op.inputs)] + [(-1, op.output)]:
         t = acc.tensor
-        box = operand_box(op, idx, ranges, shapes[t])
+        box = operand_box(op, idx, ranges, shapes[t], copy_reads=copy_reads)
         out[idx] = box_span_bytes(box, layouts[t], dtypes[t])
     return out

@@ -195,3 +195,34 @@ def test_restickify_between_lx_buffers_is_an_on_chip_relayout():
     assert [(o.kind, o.src) for o in program.ops if o.kind in ("restickify", "relayout")] == [("relayout", "e")]
     off = plan_heuristic(pg, HW, lx_planner_relayout=False)
     assert "e" not in off.resident and "e@stick1" not in off.resident
+
+
+def test_span_reduction_covers_every_op_as_upstreams_mandatory_pass_does():
+    """Attention scores of 16 x 8192 x 8192 (2 GB): the matmul's greedy split leaves a core
+    reaching across more than the per-core span; upstream's span reduction (work division,
+    Pass 1) re-divides any op, not only gathers and grouped matmuls, so the baseline's
+    program validates (before: span_exceeded, no baseline plan for a long prefill)."""
+    import tests.primgraphs as primgraphs
+    from simulator.validate import validate_program
+    from solver.baseline.passes import plan_heuristic_upstream
+    from solver.baseline.work_division import divide_work
+    from solver.emit import emit_program
+    from target.geometry import first_slice_spans
+
+    pg, _ = primgraphs.attention_scores(B=16, S=8192)
+    qk = pg.ops[0]
+    hw = load_target()
+    d = plan_heuristic_upstream(pg, hw)
+    program = emit_program(pg, hw, d)
+    assert validate_program(program, hw) == []
+    tmap = program.tensor_map()
+    names = [a.tensor for a in qk.inputs] + [qk.output.tensor]
+    sticks = [tmap[n].layout.stick_dim for n in names]
+    dtypes = {n: pg.tensors[n].dtype for n in names}
+    gran = split_granules(qk, sticks[:-1], sticks[-1], list(dtypes.values()), hw.stick_bytes)
+    greedy = divide_work(qk, gran, hw, list(dtypes.values()))
+    spans = first_slice_spans(qk, greedy, gran, {n: tmap[n].layout for n in names},
+                              {n: pg.tensors[n].shape for n in names}, dtypes)
+    # the case is one the greedy division alone gets wrong, and the plan re-divided it
+    assert max(spans.values()) > hw.per_core_span_bytes
+    assert d.ops["qk"].core_split != greedy

@@ -52,10 +52,13 @@ def _all_cores(s) -> bool:
 
 
 def _chain_can_reside(strategies, chain, ops) -> bool:
-    """Starting from the cheapest strategy of the chain's first op on every core, is there
+    """Starting from a cheapest strategy of the chain's first op on every core, is there
     one strategy per later op of `chain` (each reading the previous one's output), each on
     every core, with every link LX-compatible?"""
-    alive = [min((s for s in strategies[chain[0]] if _all_cores(s)), key=lambda s: s.cost_ns(HW))]
+    wide = [s for s in strategies[chain[0]] if _all_cores(s)]
+    least = min(s.cost_ns(HW) for s in wide)
+    # every strategy tied at the cheapest (which of them a list puts first is arbitrary)
+    alive = [s for s in wide if s.cost_ns(HW) <= least * 1.001]
     for prev, cur in zip(chain, chain[1:]):
         slot = next(i for i, a in enumerate(ops[cur].inputs) if a.tensor == ops[prev].output.tensor)
         alive = [s for s in strategies[cur]

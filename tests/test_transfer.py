@@ -221,3 +221,94 @@ def test_a_split_whose_core_span_exceeds_the_limit_at_the_new_size_is_re_chosen(
     assert moved is not None and validate_program(moved.program, HW) == []
     assert any(r.startswith(f"{qk.id}: split") and "span" in r for r in moved.repairs), moved.repairs
     assert next(o.core_split for o in moved.program.ops if o.id == qk.id) != {"m": 8, "n": 4}
+
+
+def test_an_uneven_tile_count_the_new_size_still_allows_is_kept():
+    """Tiles are balanced (a count need not divide a core's units): K tiles of a projection
+    whose K did not change keep their count at a new number of rows, where rounding them to
+    a divisor (here 8 of 25 units -> 5) would change a decision the size change left alone."""
+    from solver.plan import OpPlan
+    from solver.spyre.transfer import _repair_op
+
+    src, _ = primgraphs.mlp(M=256, K=1600, N=512)
+    dst, _ = primgraphs.mlp(M=512, K=1600, N=512)
+    s = plan(src, HW, "cpsat", **FAST)
+    d = program_decisions(src, s)
+    mm = d.ops["mm"]
+    tiled = OpPlan(stick=mm.stick, core_split={"m": 4}, temporal_tiles={"k": 8})
+    repairs: list[str] = []
+    got = _repair_op(src.ops[0], dst.ops[0], tiled, dst, HW, repairs, False, src)
+    assert got.temporal_tiles == {"k": 8}, repairs
+
+
+def test_residencies_that_no_longer_all_fit_are_kept_by_the_traffic_they_save():
+    """Two LX buffers live at once that fit one at a time: first fit in program order keeps
+    the early, small one; placing by value (`_placed_by_value`'s CP-SAT placement with
+    each buffer's saved traffic as its value) keeps the one worth more."""
+    from solver.baseline.lx_cpsat import cpsat_place
+    from solver.baseline.scratchpad import LxBuffer
+
+    cap, stick = 1024, 128
+    early = LxBuffer("early", 768, [0, 3], value=768 * 2)
+    late = LxBuffer("late", 512, [1, 3], value=50_000)
+    cpsat_place([early, late], cap, stick)
+    assert late.address is not None and early.address is None
+    # without values the spill traffic of each (uses x size) decides: the early one
+    early, late = LxBuffer("early", 768, [0, 3]), LxBuffer("late", 512, [1, 3])
+    cpsat_place([early, late], cap, stick)
+    assert early.address is not None and late.address is None
+
+
+def test_a_kv_cache_concat_past_the_span_is_re_split_by_what_its_cores_read():
+    """Decode's `cat(past_key, new_key)` along the KV length: split over heads at 64 cached
+    tokens a core's access fits the per-core span (96 KB here, a deployment's 256 MB), at 256
+    it does not. A concat's core reads only its own part of the cache (the validator's view,
+    `operand_box(copy_reads=True)`); judged as reading the whole cache no split would fit and
+    the transfer would fail. It re-splits the concat over the batch and validates."""
+    from dataclasses import replace
+
+    import torch
+
+    from backend.capture import capture
+    from lowering import lower_document
+    from lowering.graph_format import GraphDocument
+    from solver.oracle import checked_program
+    from tests.test_in_place_store import _span_variant
+
+    hw = _span_variant(96 * 1024)
+
+    class Step(torch.nn.Module):
+        def forward(self, past, new):
+            return torch.cat([past, new], dim=2) * 2.0
+
+    def graph(S):
+        args = (torch.randn(4, 2, S, 64).half(), torch.randn(4, 2, 1, 64).half())
+        return lower_document(GraphDocument.model_validate(capture(Step(), args, name=f"kv_cat_{S}")))
+
+    src, dst = graph(64), graph(256)
+    cat = next(op for op in src.ops if op.body.kind == "copy" and len(op.inputs) == 2)
+    heads = cat.iter_dims[1].name
+    # row-major layouts (the batch outermost, so a batch split bounds a core's span)
+    d = program_decisions(src, plan(src, hw, "heuristic-2026-06"))
+    d = replace(d, ops={k: replace(p, core_split={heads: 2} if k == cat.id else p.core_split, core_slices=None,
+                                   temporal_tiles={}) for k, p in d.ops.items()}, resident={})
+    source, issues = checked_program(src, hw, d)
+    assert source is not None, issues
+    moved = transfer_decisions(src, d, dst, hw, src_program=source)
+    assert moved is not None and validate_program(moved.program, hw) == []
+    split = next(o.core_split for o in moved.program.ops if o.id == cat.id)
+    assert split.get(cat.iter_dims[0].name, 1) > 1, (split, moved.repairs)
+    assert any(r.startswith(f"{cat.id}: split") and "span" in r for r in moved.repairs), moved.repairs
+
+
+def test_the_value_of_holding_a_tensor_is_its_bytes_times_its_write_and_reads():
+    """`_traffic_saved`: the whole tensor per access (a tile buffer holds one tile of it, its
+    footprint is not what holding it saves): softmax's `ex` is written once and read by the
+    sum and the division."""
+    from solver.spyre.transfer import _traffic_saved
+
+    pg, _ = primgraphs.softmax(M=256, N=1024)
+    saved = _traffic_saved(pg, plan(pg, HW, "naive"))
+    assert saved["ex"] == 3 * 256 * 1024 * 2
+    assert saved["mx"] == 2 * 256 * 2   # read by the subtraction only
+    assert "p" not in saved             # the output: nobody reads it

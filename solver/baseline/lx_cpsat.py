@@ -48,8 +48,9 @@ WINDOW_BUFFERS = 64
 
 def spill_cost(b: LxBuffer) -> int:
     """Bytes of device-memory traffic spilling `b` adds over keeping it in LX: the
-    producer's write and one read per reader (`uses` is the producer and each reader)."""
-    return len(b.uses) * b.size
+    producer's write and one read per reader (`uses` is the producer and each reader), or
+    the buffer's own `value` when its caller set one."""
+    return len(b.uses) * b.size if b.value is None else b.value
 
 
 def placement_value(buffers: list[LxBuffer]) -> int:
@@ -136,7 +137,7 @@ def _solve_window(buffers: list[LxBuffer], fixed: list[LxBuffer], hint: dict, ca
         ys.append(model.NewFixedSizeIntervalVar(b.address // alignment, height(b), f"fa_{k}"))
     model.AddNoOverlap2D(xs, ys)
     # in sticks, so the coefficients stay small
-    model.Maximize(sum(len(b.uses) * height(b) * resident[b.name] for b in fits))
+    model.Maximize(sum(_weight(b, alignment) * resident[b.name] for b in fits))
 
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
@@ -151,6 +152,11 @@ def _solve_window(buffers: list[LxBuffer], fixed: list[LxBuffer], hint: dict, ca
         for b in buffers:
             b.address = None   # no solution around the fixed buffers: this window stays out
     return solver.StatusName(status)
+
+
+def _weight(b: LxBuffer, alignment: int) -> int:
+    """`spill_cost(b)` in sticks (small coefficients for the model)."""
+    return len(b.uses) * -(-b.size // alignment) if b.value is None else max(1, -(-b.value // alignment))
 
 
 def _restore(buffers: list[LxBuffer], addresses: dict[str, Optional[int]]) -> None:

@@ -95,12 +95,12 @@ def linear_weight_sticks(pg: PrimGraph) -> dict[str, int]:
     return out
 
 
-def _grouped_span_split(op: PrimOp, split: dict[str, int], gran, sticks, ch, shapes, dtypes, hw,
-                        fixed_orders: Optional[dict] = None) -> dict[str, int]:
-    """A grouped matmul's (or a gather's or scatter's) split brought under the per-core
-    span limit the way torch-spyre's span-reduction pass does (solver/naive.py:
-    span_reduced_split): expert weights, or a table addressed by data, exceed the limit
-    unless the experts (or the table's other dims) are divided among the cores.
+def _span_reduced(op: PrimOp, split: dict[str, int], gran, sticks, ch, shapes, dtypes, hw,
+                  fixed_orders: Optional[dict] = None) -> dict[str, int]:
+    """An op's split brought under the per-core span limit the way torch-spyre's
+    span-reduction pass does (solver/naive.py: span_reduced_split): expert weights, a table
+    addressed by data, or the scores of a long prefill's attention exceed the limit unless
+    the cores divide the dims that span them. Unchanged when every span fits.
     `fixed_orders`: device dim orders the graph fixes (`PrimTensor.dim_order`)."""
     names = [a.tensor for a in op.inputs] + [op.output.tensor]
     all_sticks = list(sticks) + [ch.output]
@@ -227,7 +227,12 @@ def divide_steps(pg: PrimGraph, hw, layouts, stick_of: dict, shapes: dict, dtype
                 stick_of[rid], shapes[rid], dtypes[rid] = spec, shapes[t], dtypes[t]
                 prim = restickify_prim(f"restick:{rid}", t, rid, shapes[t])
                 gran = split_granules(prim, [stick_of[t]], spec, [dtypes[t]] * 2, stick_bytes)
-                step = WorkStep(prim, divide_work(prim, gran, hw, [dtypes[t]] * 2), gran, restick_of=rid)
+                rsplit = divide_work(prim, gran, hw, [dtypes[t]] * 2)
+                rlayouts = {t: make_layout(shapes[t], dtypes[t], stick_of[t], stick_bytes, fixed_orders.get(t)),
+                            rid: make_layout(shapes[rid], dtypes[rid], spec, stick_bytes)}
+                rsplit = span_reduced_split(prim, rsplit, gran, rlayouts, {t: shapes[t], rid: shapes[rid]},
+                                            {t: dtypes[t], rid: dtypes[rid]}, hw)
+                step = WorkStep(prim, rsplit, gran, restick_of=rid)
                 if restick_hook is not None:
                     step = restick_hook(t, step, producer_step)
                 out.restick_steps[rid] = step
@@ -238,8 +243,10 @@ def divide_steps(pg: PrimGraph, hw, layouts, stick_of: dict, shapes: dict, dtype
         dts = [dtypes[a.tensor] for a in op.inputs] + [dtypes[op.output.tensor]]
         gran = split_granules(op, effective, ch.output, dts, stick_bytes)
         split = divide_work(op, gran, hw, dts)
-        if op.body.kind in ("grouped_matmul", "gather", "scatter"):
-            split = _grouped_span_split(op, split, gran, effective, ch, shapes, dtypes, hw, fixed_orders)
+        # upstream's span reduction is mandatory for every op (work division, Pass 1): a
+        # split whose core reaches across more than the span limit of any operand (expert
+        # weights, a table addressed by data, attention scores of a long prefill) is re-divided
+        split = _span_reduced(op, split, gran, effective, ch, shapes, dtypes, hw, fixed_orders)
         alias = _free_alias(op, stick_of, shapes, dtypes, stick_bytes)
         if alias:
             split = {}  # nothing moves

@@ -44,6 +44,10 @@ class LxBuffer:
     size: int            # bytes per core
     uses: list[int]      # sorted op indices: producer first, then readers
     address: Optional[int] = None
+    # what keeping it in LX is worth to the placement's objective, when the caller knows
+    # better than the spill traffic `len(uses) * size` (`lx_cpsat.spill_cost`): a tile
+    # buffer's per-tile size understates the traffic holding it saves
+    value: Optional[int] = None
 
     @property
     def start(self) -> int:

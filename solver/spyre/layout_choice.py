@@ -80,7 +80,8 @@ def candidate_orders(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, 
     produced = {op.output.tensor for op in pg.ops}
     out: dict[str, list[tuple]] = {}
     for t in sorted(produced):
-        if t in outputs or len(ctx.possible_sticks[t]) != 1 or len(ctx.shapes[t]) < 2:
+        if t in outputs or len(ctx.possible_sticks[t]) != 1 or len(ctx.shapes[t]) < 2 \
+                or ctx.pg.tensors[t].dim_order is not None:   # the graph fixes its order
             continue
         stick = ctx.possible_sticks[t][0]
         rank = len(ctx.shapes[t])

@@ -58,10 +58,11 @@ from solver.naive import plan_naive
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre.cost_model import OpView, op_time, to_units
 from solver.spyre import budget
+from solver.spyre import strategies as strategy_space
 from solver.spyre.fusion.prices import with_tile_classes
 from solver.spyre.layout_choice import candidate_orders, order_variants
 from solver.spyre.strategies import (
-    GraphContext, Strategy, align_strategies, compatible_residency, op_strategies, required_from,
+    GraphContext, Strategy, align_strategies, compatible_residency, drop_dominated, op_strategies, required_from,
 )
 
 
@@ -317,7 +318,7 @@ class SpyreModel:
         split = outermost_split(prim, gran, hw.cores)
         shapes = {t: ctx.shapes[t], rid: ctx.shapes[t]}
         dtypes = {t: ctx.dtypes[t], rid: ctx.dtypes[t]}
-        layouts = {t: ctx.layout(t, src_stick), rid: ctx.layout(t, stick)}
+        layouts = {t: ctx.layout(t, src_stick), rid: ctx.layout(t, stick, own=False)}
         view = OpView(prim, "restickify", shapes, dtypes, layouts, split, [])
         return to_units(op_time(view, (False,), False, hw).total_ns)
 
@@ -681,13 +682,17 @@ def build_model(pg: PrimGraph, hw, hint_d: PlanDecisions, keep: int = 4,
     ctx = GraphContext.build(pg, hw, hint_d.input_sticks)
     naive_d = plan_naive(pg, hw)
     strategies = {}
+    required = {}
     for op in pg.ops:
-        strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident,
-                                          required=required_from(op, (hint_d, naive_d)))
+        req = required_from(op, (hint_d, naive_d))
+        required[op.id] = {(ch, tuple(sorted(sp.items())), al, ()) for ch, sp, _, al in req}
+        strategies[op.id] = op_strategies(op, ctx, keep=keep, keep_resident=keep_resident, required=req)
     strategies = align_strategies(pg, ctx, strategies)
     # the non-stick dim order of the intermediates some op prefers in another order
     ctx.alt_orders = candidate_orders(pg, ctx, strategies, hint_d.dim_orders)
     strategies = order_variants(pg, ctx, strategies)
+    if strategy_space.DROP_DOMINATED:
+        strategies = drop_dominated(pg, strategies, required)
     # the objective prices each op as the fusion search will run it (its tile class)
     if budget.TILE_CLASSES:
         strategies = with_tile_classes(strategies, hw)

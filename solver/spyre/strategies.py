@@ -38,8 +38,8 @@ from target.op_rules import (
 )
 from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
 from target.geometry import (
-    box_lx_bytes, core_ranges, default_core_slices, dim_chunk, first_slice_spans, make_layout, operand_box, padded,
-    reduction_split,
+    box_lx_bytes, core_ranges, default_core_slices, dim_chunk, first_slice_spans, layout_nbytes, make_layout,
+    operand_box, padded, reduction_split,
 )
 from solver.spyre.cost_model import OpCostParts, OpView, op_cost_parts
 
@@ -147,7 +147,7 @@ class GraphContext:
                 s = (input_sticks or {}).get(t.id, rank - 1 if rank else None)
                 fixed[t.id] = s
                 possible[t.id] = [s]
-                if free_params and rank >= 1 and t.role in _LOAD_TIME_ROLES:
+                if free_params and rank >= 1 and t.role in _LOAD_TIME_ROLES and t.dim_order is None:
                     # weights are placed in device memory at load time, in the layout the
                     # program declares: their stick dim is a decision, not a given
                     possible[t.id] += [d for d in range(rank) if d != s]
@@ -163,8 +163,13 @@ class GraphContext:
         candidates = {t for t in produced if t in read and t not in set(pg.outputs)}
         return cls(pg, hw, shapes, dtypes, possible, fixed, roles, candidates, free)
 
-    def layout(self, t: str, stick: Optional[int]):
-        return make_layout(self.shapes[t], self.dtypes[t], stick, self.hw.stick_bytes)
+    def layout(self, t: str, stick: Optional[int], own: bool = True):
+        """The layout of tensor `t` sticked on `stick`: in the device dim order the graph
+        fixes for it (`PrimTensor.dim_order`, a paged KV cache: the emitter lays it out so
+        whatever the plan asks), else the default. `own` False: a restickified copy of `t`,
+        which the emitter lays out in the default order."""
+        fixed = self.pg.tensors[t].dim_order if own and t in self.pg.tensors else None
+        return make_layout(self.shapes[t], self.dtypes[t], stick, self.hw.stick_bytes, fixed)
 
 
 class NoLegalStrategy(ValueError):
@@ -199,7 +204,8 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
     for acc, s in zip(op.inputs, ch.inputs):
         t = acc.tensor
         st = s if (s is not None and s != ANY) else ctx.possible_sticks[t][0]
-        layouts[t] = ctx.layout(t, st)
+        # a stick the tensor cannot take is read from a restickified copy (default order)
+        layouts[t] = ctx.layout(t, st, own=st in ctx.possible_sticks[t])
     layouts[op.output.tensor] = ctx.layout(op.output.tensor, ch.output)
     for acc, order in zip(list(op.inputs) + [op.output], orders):
         if order is not None:
@@ -229,7 +235,7 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
             any_forbidden[i] = frozenset(bad)
             ok = [c for c in ctx.possible_sticks[acc.tensor] if c not in bad]
             layouts[acc.tensor] = ctx.layout(acc.tensor, ok[0])
-    if op.body.kind == "grouped_matmul" and not _grouped_spans_fit(op, ctx, split, base, layouts):
+    if not _spans_fit(op, ctx, split, base, layouts):
         return None
     slices = default_core_slices(op, split) if split else []
     ranges = core_ranges(op, split, slices, base)
@@ -245,15 +251,21 @@ def make_strategy(op: PrimOp, ctx: GraphContext, ch: StickChoice, split: dict[st
                     view, tuple(may), ranges, orders=tuple(orders))
 
 
-def _grouped_spans_fit(op: PrimOp, ctx: GraphContext, split: dict[str, int], gran: dict[int, int],
-                       layouts: dict) -> bool:
-    """A grouped (mixture-of-experts) matmul's expert weights are the largest tensor of a
-    layer (Mixtral-8x7B: 1.8 GB): a split whose first core would span more than
-    `per_core_span_bytes` of an operand is no strategy (the validator refuses it)."""
+def _spans_fit(op: PrimOp, ctx: GraphContext, split: dict[str, int], gran: dict[int, int],
+               layouts: dict) -> bool:
+    """A split whose first core would span more than `per_core_span_bytes` of an operand is
+    no strategy (the validator refuses it): mixture-of-experts weights (Mixtral-8x7B: 1.8 GB),
+    a batch-32, 8k-context KV cache (537 MB) that a concat or attention reads. Only operands
+    larger than the span can break it; a copy's inputs count with the box its slice reads,
+    as the validator counts them."""
+    limit = ctx.hw.per_core_span_bytes
     names = [a.tensor for a in op.inputs] + [op.output.tensor]
+    if all(layout_nbytes(layouts[n], ctx.dtypes[n]) <= limit for n in names):
+        return True
     spans = first_slice_spans(op, split, gran, {n: layouts[n] for n in names},
-                              {n: ctx.shapes[n] for n in names}, {n: ctx.dtypes[n] for n in names})
-    return max(spans.values()) <= ctx.hw.per_core_span_bytes
+                              {n: ctx.shapes[n] for n in names}, {n: ctx.dtypes[n] for n in names},
+                              copy_reads=True)
+    return max(spans.values()) <= limit
 
 
 def alias_strategy(op: PrimOp, ctx: GraphContext) -> Optional[Strategy]:
@@ -373,7 +385,8 @@ def structure_key(op: PrimOp, ctx: GraphContext) -> tuple:
     def acc_key(a) -> tuple:
         t = a.tensor
         return (a.dims, ctx.shapes[t], ctx.dtypes[t], tuple(ctx.possible_sticks[t]),
-                t in ctx.candidates, ctx.roles.get(t), tuple(ctx.alt_orders.get(t, ())))
+                t in ctx.candidates, ctx.roles.get(t), tuple(ctx.alt_orders.get(t, ())),
+                ctx.pg.tensors[t].dim_order if t in ctx.pg.tensors else None)
     return (op.iter_dims, op.body, tuple(acc_key(a) for a in op.inputs), acc_key(op.output))
 
 
@@ -622,4 +635,47 @@ def align_strategies(pg: PrimGraph, ctx: GraphContext, strategies: Mapping[str, 
                 added[op_id] += 1
         if not any(frontier.values()):
             break
+    return out
+
+
+# -- dominated strategies -------------------------------------------------------------------
+# A strategy is dropped only when another of its op, of the same stick choice and operand
+# orders, prices below it by at least this share in every residency combination.
+DOMINANCE_MARGIN = 0.02
+# read as `strategies.DROP_DOMINATED` by `model.build_model` (a test or benchmark may turn it off)
+DROP_DOMINATED = False
+
+
+def _dominates(a: Strategy, b: Strategy) -> bool:
+    """Is `a` cheaper than `b` by `DOMINANCE_MARGIN` in every residency combination `b` may
+    run in, with the same stick choice, operand orders and residency candidates? A
+    combination holding an operand `a` slices otherwise than `b` is compared with `a`
+    reading (or writing) that operand in device memory: what lets `b` hold it (a neighbour
+    slicing it alike) need not let `a`."""
+    if a.alias or b.alias or a.stick != b.stick or a.orders != b.orders or a.may_reside != b.may_reside:
+        return False
+    ca, cb = a.parts.combos, b.parts.combos
+    if ca.keys() != cb.keys():
+        return False
+    n_in = len(b.may_reside) - 1
+    alike = [not b.may_reside[i] or (a.in_boxes[i] == b.in_boxes[i] if i < n_in else a.out_boxes == b.out_boxes)
+             for i in range(len(b.may_reside))]
+    for k, cost in cb.items():
+        held = tuple(x and same for x, same in zip(k, alike))
+        if held not in ca or ca[held].total_ns > (1 - DOMINANCE_MARGIN) * cost.total_ns:
+            return False
+    return True
+
+
+def drop_dominated(pg: PrimGraph, strategies: Mapping[str, list[Strategy]],
+                   required: Mapping[str, set] = None) -> dict[str, list[Strategy]]:
+    """Each op's strategies without those another strategy of the same op dominates (same
+    stick choice and orders, cheaper in every residency combination by `DOMINANCE_MARGIN`):
+    whatever a plan holds in LX around it, the dominating one costs less. `required[op]`:
+    keys (`Strategy.key()`) kept regardless (the hint's and the naive plan's)."""
+    required = required or {}
+    out: dict[str, list[Strategy]] = {}
+    for op_id, ss in strategies.items():
+        keep_keys = required.get(op_id, set())
+        out[op_id] = [s for s in ss if s.key() in keep_keys or not any(_dominates(o, s) for o in ss if o is not s)]
     return out

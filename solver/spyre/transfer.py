@@ -30,13 +30,15 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from simulator.timing import time_program
+from solver.baseline.lx_cpsat import cpsat_place
+from solver.baseline.scratchpad import LxBuffer
 from solver.emit import emit_program
 from solver.oracle import checked_program, program_and_issues
 from solver.plan import OpPlan, PlanDecisions, Residency, program_dim_orders
 from solver.spyre.tile_buffers import LxRequest, add_tile_buffers, add_whole_residencies, place_first_fit
-from target.geometry import first_slice_spans
+from target.geometry import first_slice_spans, padded
 from target.op_rules import check_split, legal_core_splits, matching_choice, split_granules, split_units
-from target.primitives import PrimGraph, PrimOp
+from target.primitives import DTYPE_BYTES, PrimGraph, PrimOp
 from target.superdsc import LxMemory, Program, lx_live_spans
 
 # rounds of dropping the residencies the validator names before all tile buffers go
@@ -51,6 +53,9 @@ MAX_SPLIT_DIMS = 2
 # this many whole-program trials (each a validation and a timing run)
 REDERIVE_EXCESS = 0.01
 REDERIVE_TRIALS = 8
+# CP-SAT deterministic time for re-placing the carried LX residencies by the traffic they
+# save (`_placed_by_value`; a layer's few dozen buffers solve far inside it)
+REPACK_DETERMINISTIC_LIMIT = 0.5
 
 
 class NotTransferable(ValueError):
@@ -161,7 +166,7 @@ def _granules(op: PrimOp, plan: OpPlan, pg: PrimGraph, stick_bytes: int) -> dict
 
 
 def _repair_op(src_op: PrimOp, op: PrimOp, plan: OpPlan, pg: PrimGraph, hw, repairs: list[str],
-               grow: bool) -> OpPlan:
+               grow: bool, src_pg: Optional[PrimGraph] = None) -> OpPlan:
     """`plan` (made for `src_op`) with every split factor and tile count brought to what
     `op`'s sizes allow. Splits either keep their factor (`grow=False`: the nearest factor at
     most the old one that divides the new size) or follow their dim (`grow=True`: scaled by
@@ -200,13 +205,22 @@ def _repair_op(src_op: PrimOp, op: PrimOp, plan: OpPlan, pg: PrimGraph, hw, repa
         if split.get(name, 1) != f and name in index:
             repairs.append(f"{op.id}: {name} split {f} -> {split.get(name, 1)}")
     tiles = {}
+    src_gran = _granules(src_op, plan, src_pg, hw.stick_bytes) if src_pg is not None else gran
     for name, t in plan.temporal_tiles.items():
         if name not in index:
             continue
         size = op.iter_dims[index[name]].size
         want = max(1, round(t * size / src_size.get(name, size)))
         units = split_units(size, gran.get(index[name], 1)) // split.get(name, 1)
-        g = _largest_factor_at_most(max(1, units), want)
+        src_units = split_units(src_size.get(name, size), src_gran.get(index[name], 1)) // \
+            max(1, plan.core_split.get(name, 1))
+        if src_units % t and want <= units:
+            # tiles are balanced (`geometry.tile_ranges`): the source's count did not divide
+            # its units either, and the same uneven tiling stays legal (K tiles of a
+            # projection whose K did not change keep their count)
+            g = want
+        else:
+            g = _largest_factor_at_most(max(1, units), want)
         if g != want:
             repairs.append(f"{op.id}: {name} tiles {want} -> {g}")
         if g > 1:
@@ -287,12 +301,49 @@ def _repacked(pg: PrimGraph, hw, d: PlanDecisions, repairs: list[str]) -> PlanDe
     wanted = {t.id: LxRequest(*spans[t.id], t.memory.size_per_core) for t in program.tensors
               if isinstance(t.memory, LxMemory) and t.id in d.resident}
     addresses = place_first_fit(program, wanted, hw.lx_capacity_bytes, hw.stick_bytes)
+    if set(wanted) - set(addresses):
+        by_value = _placed_by_value(pg, program, wanted, hw)
+        if _kept_value(pg, program, by_value) > _kept_value(pg, program, addresses):
+            addresses = by_value
     left = sorted(set(wanted) - set(addresses))
     if left:
         repairs.append(f"no LX room at the new sizes: {', '.join(left)}")
     resident = {t: replace(r, lx_address=addresses[t], size_per_core=None)
                 for t, r in d.resident.items() if t in addresses}
     return replace(d, resident=resident)
+
+
+def _traffic_saved(pg: PrimGraph, program: Program) -> dict[str, int]:
+    """Per tensor, the device-memory bytes holding it in LX saves: its write and one read
+    per reading op (the whole tensor each time, whatever its LX footprint: a tile buffer
+    holds one tile of it)."""
+    reads: dict[str, int] = {}
+    for o in program.ops:
+        for src in (o.prim or {}).get("inputs", []):
+            reads[src["tensor"]] = reads.get(src["tensor"], 0) + 1
+    out = {}
+    for t in program.tensors:
+        n = reads.get(t.id, 0)
+        if n and t.id in pg.tensors:
+            out[t.id] = (n + 1) * pg.tensors[t.id].numel * DTYPE_BYTES.get(t.dtype, 4)
+    return out
+
+
+def _kept_value(pg: PrimGraph, program: Program, addresses: dict[str, int]) -> int:
+    saved = _traffic_saved(pg, program)
+    return sum(saved.get(t, 0) for t in addresses)
+
+
+def _placed_by_value(pg: PrimGraph, program: Program, wanted: dict[str, LxRequest], hw) -> dict[str, int]:
+    """LX addresses for `wanted` chosen by the traffic they save (`_traffic_saved`), a CP-SAT
+    placement over their live spans (`solver.baseline.lx_cpsat`, deterministic): when the
+    residencies of the old sizes no longer all fit, first fit in program order keeps the
+    early ones, whatever they save; this keeps the set worth the most."""
+    saved = _traffic_saved(pg, program)
+    buffers = [LxBuffer(t, padded(r.size, hw.stick_bytes), [r.live_from, r.live_to], value=saved.get(t, 0))
+               for t, r in wanted.items()]
+    cpsat_place(buffers, hw.lx_capacity_bytes, hw.stick_bytes, deterministic_limit=REPACK_DETERMINISTIC_LIMIT)
+    return {b.name: b.address for b in buffers if b.address is not None}
 
 
 def transfer_decisions(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw,
@@ -396,7 +447,8 @@ def _transferred(src_pg: PrimGraph, src: PlanDecisions, dst_pg: PrimGraph, hw, g
                  src_program: Optional[Program]) -> Optional[Transferred]:
     repairs: list[str] = []
     src_ops = {op.id: op for op in src_pg.ops}
-    ops = {op.id: _repair_op(src_ops[op.id], op, src.ops[op.id], dst_pg, hw, repairs, grow) for op in dst_pg.ops}
+    ops = {op.id: _repair_op(src_ops[op.id], op, src.ops[op.id], dst_pg, hw, repairs, grow, src_pg)
+           for op in dst_pg.ops}
     if src_program is not None:
         _retile_kernels(src_pg, src, dst_pg, src_program, ops, hw, repairs)
     restick = dict(src.restick_ops)
@@ -487,11 +539,15 @@ def _within_spans(pg: PrimGraph, hw, d: PlanDecisions, issues: Optional[list], r
                 used *= f
             return (-used, -len(set(split) & set(plan.core_split)), len(split))
 
-        if max(first_slice_spans(op, plan.core_split, gran, layouts, shapes, dtypes).values()) <= \
-                hw.per_core_span_bytes and issues is None:
+        def span(split: dict[str, int]) -> int:
+            # a copy's inputs in the box its slice reads, as the validator checks them (a
+            # concat of a KV cache reads its own part of the cache, not all of it)
+            return max(first_slice_spans(op, split, gran, layouts, shapes, dtypes, copy_reads=True).values())
+
+        if span(plan.core_split) <= hw.per_core_span_bytes and issues is None:
             continue
         fitting = [sp for sp in legal_core_splits(op, gran, hw.cores, max_split_dims=MAX_SPLIT_DIMS)
-                   if max(first_slice_spans(op, sp, gran, layouts, shapes, dtypes).values()) <= hw.per_core_span_bytes]
+                   if span(sp) <= hw.per_core_span_bytes]
         if not fitting:
             continue
         split = min(fitting, key=rank)

@@ -4,13 +4,14 @@ matmuls reading one tensor moved next to each other in the op order and merged t
 way (`merge_siblings`, the order from `_sibling_order`)."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Optional
 
 from target.op_rules import legal_core_splits
 from target.primitives import PrimGraph
-from target.geometry import op_granules, parsed_prim
+from target.geometry import core_ranges, default_core_slices, op_granules, operand_box, parsed_prim
 from target.superdsc import Program, fused_group_key
 from solver.emit import emit_program
 from solver.plan import OpPlan, PlanDecisions
@@ -53,6 +54,16 @@ def merge_adjacent(pg: PrimGraph, hw, tr: tuple, runs: list[list[str]], deadline
             aligned = _aligned_heads(prog, hw, ops, src[0], dst)
             if aligned is not None:
                 cands.append(replace(fused_d, ops=aligned, bundle_starts=starts,
+                                     resident={x: r for x, r in fused_d.resident.items() if not r.per_tile}))
+        # the first head on a coarser split of the input both heads read, so the second
+        # reads its whole box on chip: with b's run at a's tile count, and with only b's
+        # head at it (a K-tiled head's members are a kernel of their own after it)
+        heads_only = dict(fused_d.ops)
+        heads_only[b[0]] = replace(heads_only[b[0]], temporal_tiles=dict(tiles[a[0]]))
+        for base in (cands[0].ops, heads_only):
+            nested = _nested_heads(prog, hw, base, a, b)
+            if nested is not None:
+                cands.append(replace(fused_d, ops=nested, bundle_starts=starts,
                                      resident={x: r for x, r in fused_d.resident.items() if not r.per_tile}))
         # a member left untiled (it read a producer's result off its own cores) may read it
         # on them once the merge re-split the producer: tried inside the kernel too
@@ -123,6 +134,70 @@ def _aligned_heads(prog: Program, hw, ops: dict, head_a: str, run_b: list[str]) 
         gran = op_granules(prims[oid], layouts, dtypes, hw.stick_bytes)
         if want is not None and oid in out and want in legal_core_splits(prims[oid], gran, hw.cores):
             out[oid] = replace(out[oid], core_split=want, core_slices=None)
+    return out
+
+
+def _contains(outer, inner) -> bool:
+    return all(a0 <= a and b <= b0 for (a0, b0), (a, b) in zip(outer, inner) if b > a)
+
+
+def _nested_heads(prog: Program, hw, ops: dict, run_a: list[str], run_b: list[str]) -> Optional[dict]:
+    """`ops` with run a's heading matmul (the earlier) on the split of its stick choice under
+    which every core loads a box of the input both heads read that contains the box run b's
+    head reads on that core, on as many cores, the smallest such box, and a's members on
+    that split of a's result; None when the heads share no input, a's split already nests
+    (the plain merge has it), or no split but a's and b's own (`_aligned_heads`) does.
+    In one kernel the timing model serves a later member's read inside a box the same core
+    loaded earlier on chip, so b's head does not load the shared input again: a gated MLP's
+    up projection on m4 x n8 before the gate projection on m8 x n4 (each core's 128 rows
+    hold the gate's 64), where one split for both either loads the rows twice or, m8 x n4
+    for both, leaves neither the LX to double-buffer its weight stream."""
+    prims = {o.id: parsed_prim(o.prim) for o in prog.ops if o.prim is not None}
+    by_id = {o.id: o for o in prog.ops}
+    ha, hb = prims.get(run_a[0]), prims.get(run_b[0])
+    if ha is None or hb is None or ha.body.kind != "matmul" or hb.body.kind != "matmul":
+        return None
+    shared = [(i, j) for i, x in enumerate(ha.inputs) for j, y in enumerate(hb.inputs) if x.tensor == y.tensor]
+    if not shared:
+        return None
+    ia, ib = shared[0]
+    layouts = {t.id: t.layout for t in prog.tensors}
+    dtypes = {t.id: t.dtype for t in prog.tensors}
+    shapes = {t.id: tuple(t.shape) for t in prog.tensors}
+    x_shape = shapes[ha.inputs[ia].tensor]
+    gran_a = op_granules(ha, layouts, dtypes, hw.stick_bytes)
+    gran_b = op_granules(hb, layouts, dtypes, hw.stick_bytes)
+    split_b = {k: v for k, v in by_id[hb.id].core_split.items() if v > 1}
+    want = {c: operand_box(hb, ib, r, x_shape)
+            for c, r in core_ranges(hb, split_b, by_id[hb.id].core_slices, gran_b).items()}
+
+    def nests(sp: dict, slices) -> Optional[dict]:
+        got = core_ranges(ha, sp, slices, gran_a)
+        if set(got) != set(want):
+            return None
+        boxes = {c: operand_box(ha, ia, r, x_shape) for c, r in got.items()}
+        return boxes if all(_contains(boxes[c], want[c]) for c in want) else None
+    current = {k: v for k, v in ops[ha.id].core_split.items() if v > 1}
+    if current != split_b and nests(current, by_id[ha.id].core_slices) is not None:
+        return None      # the plain merge has it
+    best, best_size = None, None
+    for sp in legal_core_splits(ha, gran_a, hw.cores):
+        boxes = nests(sp, default_core_slices(ha, sp)) if sp not in (split_b, current) else None
+        if boxes is None:
+            continue
+        size = max(math.prod(b - a for a, b in box) for box in boxes.values())
+        if best_size is None or size < best_size:
+            best, best_size = sp, size
+    if best is None:
+        return None
+    out = dict(ops)
+    out[ha.id] = replace(out[ha.id], core_split=dict(best), core_slices=None)
+    want_of = from_head(ha, best, shapes)
+    for oid in run_a[1:]:
+        w = want_of(prims[oid]) if want_of is not None else None
+        gran = op_granules(prims[oid], layouts, dtypes, hw.stick_bytes)
+        if w is not None and oid in out and w in legal_core_splits(prims[oid], gran, hw.cores):
+            out[oid] = replace(out[oid], core_split=w, core_slices=None)
     return out
 
 
