@@ -105,7 +105,7 @@ def split_point(pg) -> int:
     or the other way): before the first copy of the repeated block and the ops before it
     that repeat its end; 0 when the graph has no repeated block."""
     from solver.spyre.budget import MIN_COPIES
-    from solver.spyre.depth.repeats import find_repeats, partial_edges
+    from solver.spyre.depth.blocks import find_repeats, partial_edges
 
     rep = find_repeats(pg, min_copies=MIN_COPIES)
     if rep is None:
@@ -155,7 +155,7 @@ def _breakdown(pg, report) -> dict:
     times (sums of op durations; ops run one after another), the rest, and restickifies at
     seams (a restickify of a tensor produced in another segment than the op after it)."""
     from solver.spyre.budget import MIN_COPIES
-    from solver.spyre.depth.repeats import find_repeats
+    from solver.spyre.depth.blocks import find_repeats
     from solver.spyre.schedule import chain_order
 
     ordered = chain_order(pg)

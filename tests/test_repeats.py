@@ -14,8 +14,8 @@ from target.hardware import load_target
 from simulator.timing import time_program
 from solver.plan import OpPlan, PlanDecisions, Residency
 from solver.spyre import budget
-from solver.spyre.depth import repeats, segments, windows
-from solver.spyre.depth.repeats import copy_decisions, copy_map, find_repeats, op_signatures
+from solver.spyre.depth import blocks, repeats, segments, windows
+from solver.spyre.depth.blocks import copy_decisions, copy_map, find_repeats, op_signatures
 from solver.spyre.schedule import chain_order
 
 torch = pytest.importorskip("torch")
@@ -83,7 +83,7 @@ def test_find_repeats_on_a_hand_made_stack():
     # the first block reads the graph's input where the others read an intermediate: it is
     # not a copy by signature, but a partial copy at the edge (its decisions are reused)
     assert rep.period == 8 and rep.copies == 5 and rep.start == 8
-    assert repeats.partial_edges(pg, rep) == (8, 0)
+    assert blocks.partial_edges(pg, rep) == (8, 0)
 
 
 def test_a_copy_wired_differently_is_not_a_copy():
@@ -130,7 +130,7 @@ def test_find_repeats_on_a_tiny_llama_stack(llama6):
 
 def test_copy_decisions_renames_everything():
     pg = _chain(3)
-    rep = repeats.Repeats(0, 8, 3)
+    rep = blocks.Repeats(0, 8, 3)
     d = PlanDecisions(planner="cpsat")
     for i in rep.block(0):
         d.ops[pg.ops[i].id] = OpPlan(core_split={"d1": 2})
@@ -211,7 +211,7 @@ def test_partial_copy_keeps_only_residencies_inside_and_never_an_output():
     readers = segments.reader_index(pg)
     # the last 3 positions of block 1 (ops 13..15) onto ops 5..7 of block 0
     src, dst = list(range(13, 16)), list(range(5, 8))
-    out = repeats.partial_copy(pg, d, src, dst, readers)
+    out = blocks.partial_copy(pg, d, src, dst, readers)
     assert set(out.ops) == {"b0_5", "b0_6", "b0_7"}
     assert all(p.core_split == {"d1": 4} for p in out.ops.values())
     assert set(out.resident) == {"b0_5"}          # b0_1 is produced outside the part
@@ -223,7 +223,7 @@ def test_partial_copy_keeps_only_residencies_inside_and_never_an_output():
     # the last block's output is a graph output: never resident, even when copied
     d.ops = {f"b2_{j}": OpPlan() for j in range(8)}
     d.resident = {"b2_7": Residency(0, 64)}
-    out = repeats.partial_copy(pg, d, list(range(16, 24)), list(range(24, 32)), readers)
+    out = blocks.partial_copy(pg, d, list(range(16, 24)), list(range(24, 32)), readers)
     assert not out.resident
 
 

@@ -12,7 +12,7 @@ from target.primitives import Access, Call, IterDim, In, PointwiseBody, PrimGrap
 from target.hardware import load_target
 from simulator.timing import time_program
 from solver.spyre import budget
-from solver.spyre.depth import repeats, stacks
+from solver.spyre.depth import blocks, repeats, stacks
 from solver.spyre.schedule import chain_order
 
 HW = load_target()
@@ -66,9 +66,9 @@ def small_pieces(monkeypatch):
 
 def test_the_first_stack_is_a_stack_of_its_own(small_pieces):
     pg = chain_order(_two_stacks())
-    rep = repeats.find_repeats(pg, min_copies=budget.MIN_COPIES)
+    rep = blocks.find_repeats(pg, min_copies=budget.MIN_COPIES)
     assert rep is not None and rep.period == 12            # the second stack's block
-    before, _ = repeats.partial_edges(pg, rep)
+    before, _ = blocks.partial_edges(pg, rep)
     head = list(range(0, rep.start - before))
     inner = stacks.stack_of(pg, head)
     assert inner is not None and inner.period == 10 and inner.copies >= 4
@@ -78,8 +78,8 @@ def test_the_first_stack_is_a_stack_of_its_own(small_pieces):
 
 def test_split_time_follows_what_each_solve_stands_to_gain(small_pieces):
     pg = chain_order(_two_stacks())
-    rep = repeats.find_repeats(pg, min_copies=budget.MIN_COPIES)
-    before, after = repeats.partial_edges(pg, rep)
+    rep = blocks.find_repeats(pg, min_copies=budget.MIN_COPIES)
+    before, after = blocks.partial_edges(pg, rep)
     rest = [list(range(0, rep.start - before)), list(range(rep.stop + after, len(pg.ops)))]
     head = set(rest[0])
     # the hint spends 3x as long in the first stack's ops as in the rest
@@ -156,7 +156,7 @@ def test_two_stacks_each_under_the_coverage_are_planned_by_repeats_together(smal
     stack covers 100 of 197 ops), both together do: the repeated path, not windows."""
     monkeypatch.setattr(budget, "MIN_COVERAGE", 0.6)
     pg = chain_order(_two_stacks(first=10, second=8))
-    rep = repeats.find_repeats(pg, min_copies=budget.MIN_COPIES)
+    rep = blocks.find_repeats(pg, min_copies=budget.MIN_COPIES)
     assert rep.copies * rep.period < budget.MIN_COVERAGE * len(pg.ops)
     assert repeats.covered_ops(pg, rep) >= budget.MIN_COVERAGE * len(pg.ops)
     d = repeats.plan_depth(pg, HW, time_limit_s=2, deterministic=True, t0=0.0)

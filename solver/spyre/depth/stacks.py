@@ -13,7 +13,7 @@ copied). `plan_stack` plans such a piece that way inside the whole graph's plan:
    producers write (the previous copy's hand-over in its default layout: where the copy
    writes its own counterpart otherwise, the emitter restickifies at each seam);
 3. its decisions go to every copy and to the ops just outside the copies that repeat the
-   block's end and start (`repeats.copy_decisions`, `repeats.partial_copy`);
+   block's end and start (`blocks.copy_decisions`, `blocks.partial_copy`);
 4. what follows the copies keeps its heuristic plan around the layouts the copies write;
 5. when the piece's time leaves the core's search what it needs on the piece after the
    copy's solve (`core_search.MIN_CORE_S` + `CORE_S_PER_OP` per op), that search plans the
@@ -36,6 +36,7 @@ from solver.oracle import checked_program
 from solver.plan import PlanDecisions
 from solver.spyre import budget
 from solver.spyre.depth import core_search
+from solver.spyre.depth.blocks import copy_decisions, copy_map, find_repeats, partial_copy, partial_edges
 from solver.spyre.depth.segments import keep_part, merge, out_stick, reader_index, solve_segment, subgraph
 
 
@@ -47,11 +48,9 @@ SEARCH_MARGIN = 1.2
 
 def stack_of(pg: PrimGraph, idx: list[int]):
     """The repeated block of the contiguous ops `idx` of `pg` as a graph of their own
-    (`repeats.Repeats`, positions relative to idx[0]) when it has more than
+    (`blocks.Repeats`, positions relative to idx[0]) when it has more than
     `budget.WINDOWS_ABOVE_OPS` ops and a block of at least `budget.MIN_COPIES` copies covers
     `budget.MIN_COVERAGE` of them; else None."""
-    from solver.spyre.depth.repeats import find_repeats
-
     if len(idx) <= budget.WINDOWS_ABOVE_OPS or list(idx) != list(range(idx[0], idx[0] + len(idx))):
         return None
     sub = subgraph(pg, idx, f"{pg.name}#stack")
@@ -69,8 +68,6 @@ def plan_stack(pg: PrimGraph, idx: list[int], hw, *, deadline: Optional[float], 
     by one copy's solve within `budget_s` (never past `deadline`), as parts in op order
     (module docstring). `input_sticks`: layouts of the tensors produced before `idx` (not
     changed; the caller reads the layouts the parts write from them)."""
-    from solver.spyre.depth.repeats import copy_decisions, copy_map, partial_copy, partial_edges
-
     t0 = time.perf_counter()
     rep = rep or stack_of(pg, idx)
     if rep is None:
