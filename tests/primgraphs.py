@@ -136,6 +136,23 @@ ALL = {"mlp": mlp, "softmax": softmax, "scores": attention_scores, "copies": cop
        "embedding": embedding, "colsum": colsum}
 
 
+def gated_projections(M=512, K=2048, N=2048):
+    """z = (x @ w1) * (x @ w2): a gated MLP's two projections reading the same rows."""
+    ts = {t.id: t for t in (PrimTensor("x", (M, K), "float16", "user_input"),
+                            PrimTensor("w1", (K, N), "float16", "parameter"),
+                            PrimTensor("w2", (K, N), "float16", "parameter"),
+                            PrimTensor("y1", (M, N), "float16", "intermediate"),
+                            PrimTensor("y2", (M, N), "float16", "intermediate"),
+                            PrimTensor("z", (M, N), "float16", "intermediate"))}
+
+    def mm(oid, b, out):
+        return PrimOp(oid, (IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),
+                      (Access("x", (0, 2)), Access(b, (2, 1))), Access(out, (0, 1)), MatmulBody(0, 1, 2))
+    mul = PrimOp("mul", (IterDim("m", M), IterDim("n", N)), (Access("y1", (0, 1)), Access("y2", (0, 1))),
+                 Access("z", (0, 1)), PointwiseBody(Call("mul", (In(0), In(1)))))
+    return PrimGraph("gated", ts, [mm("mm1", "w1", "y1"), mm("mm2", "w2", "y2"), mul], ["x", "w1", "w2"], ["z"])
+
+
 def inputs_for(pg: PrimGraph, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     out = {}

@@ -180,32 +180,13 @@ def test_split_k_matmul_is_resplit_when_tiling_would_beat_it(monkeypatch):
     assert res_moved.fused_us < res_k.fused_us
 
 
-def _gated(M=512, K=2048, N=2048):
-    """z = (x @ w1) * (x @ w2): a gated MLP's two projections reading the same rows."""
-    from target.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
-                                     PrimOp, PrimTensor)
-    ts = {t.id: t for t in (PrimTensor("x", (M, K), "float16", "user_input"),
-                            PrimTensor("w1", (K, N), "float16", "parameter"),
-                            PrimTensor("w2", (K, N), "float16", "parameter"),
-                            PrimTensor("y1", (M, N), "float16", "intermediate"),
-                            PrimTensor("y2", (M, N), "float16", "intermediate"),
-                            PrimTensor("z", (M, N), "float16", "intermediate"))}
-
-    def mm(oid, b, out):
-        return PrimOp(oid, (IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),
-                      (Access("x", (0, 2)), Access(b, (2, 1))), Access(out, (0, 1)), MatmulBody(0, 1, 2))
-    mul = PrimOp("mul", (IterDim("m", M), IterDim("n", N)), (Access("y1", (0, 1)), Access("y2", (0, 1))),
-                 Access("z", (0, 1)), PointwiseBody(Call("mul", (In(0), In(1)))))
-    return PrimGraph("gated", ts, [mm("mm1", "w1", "y1"), mm("mm2", "w2", "y2"), mul], ["x", "w1", "w2"], ["z"])
-
-
 def test_adjacent_runs_merge_into_one_kernel_where_that_is_faster(monkeypatch):
     """Two projections of the same rows on different splits: the search tiles each run,
     then tries the second on the first's split and tile count without the cut between
     them; one kernel loads x once and overlaps one weight stream with the other's compute."""
     from solver.spyre.fusion import merge
     from solver.plan import OpPlan
-    pg = _gated(M=16384)   # (row tiles re-read the weights: tall rows make tiling pay)
+    pg = primgraphs.gated_projections(M=16384)   # (row tiles re-read the weights: tall rows make tiling pay)
     d = PlanDecisions("test", ops={"mm1": OpPlan(core_split={"m": 8, "n": 4}),
                                    "mm2": OpPlan(core_split={"m": 4, "n": 8}),
                                    "mul": OpPlan(core_split={"m": 4, "n": 8})})

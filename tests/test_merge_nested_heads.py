@@ -6,27 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from target.hardware import load_target
+from tests.primgraphs import gated_projections
 
 HW = load_target()
-
-
-def _gated(M=512, K=2048, N=4096):
-    """z = (x @ w1) * (x @ w2): a gated MLP's two projections reading the same rows."""
-    from target.primitives import (Access, Call, In, IterDim, MatmulBody, PointwiseBody, PrimGraph,
-                                     PrimOp, PrimTensor)
-    ts = {t.id: t for t in (PrimTensor("x", (M, K), "float16", "user_input"),
-                            PrimTensor("w1", (K, N), "float16", "parameter"),
-                            PrimTensor("w2", (K, N), "float16", "parameter"),
-                            PrimTensor("y1", (M, N), "float16", "intermediate"),
-                            PrimTensor("y2", (M, N), "float16", "intermediate"),
-                            PrimTensor("z", (M, N), "float16", "intermediate"))}
-
-    def mm(oid, b, out):
-        return PrimOp(oid, (IterDim("m", M), IterDim("n", N), IterDim("k", K, "reduction")),
-                      (Access("x", (0, 2)), Access(b, (2, 1))), Access(out, (0, 1)), MatmulBody(0, 1, 2))
-    mul = PrimOp("mul", (IterDim("m", M), IterDim("n", N)), (Access("y1", (0, 1)), Access("y2", (0, 1))),
-                 Access("z", (0, 1)), PointwiseBody(Call("mul", (In(0), In(1)))))
-    return PrimGraph("gated", ts, [mm("mm1", "w1", "y1"), mm("mm2", "w2", "y2"), mul], ["x", "w1", "w2"], ["z"])
 
 
 def test_the_first_head_takes_the_smallest_split_whose_rows_hold_the_seconds():
@@ -42,7 +24,7 @@ def test_the_first_head_takes_the_smallest_split_whose_rows_hold_the_seconds():
     from solver.spyre.fusion.merge import _nested_heads
 
     M, K, N = 512, 2048, 4096
-    pg = _gated(M, K, N)
+    pg = gated_projections(M, K, N)
     split = {"m": 8, "n": 4}
     d = PlanDecisions("test", ops={"mm1": OpPlan(core_split=dict(split), temporal_tiles={"k": 8}),
                                    "mm2": OpPlan(core_split=dict(split), temporal_tiles={"k": 8}),
@@ -76,7 +58,7 @@ def test_merging_two_k_tiled_projections_tries_the_nested_split(monkeypatch):
     from solver.spyre.fusion import merge
     from solver.spyre.fusion.trial import issues_of, trial
 
-    pg = _gated(512, 4096, 14336)
+    pg = gated_projections(512, 4096, 14336)
     tiled = dict(core_split={"m": 8, "n": 4}, temporal_tiles={"k": 64})
     d = PlanDecisions("test", ops={"mm1": OpPlan(**tiled), "mm2": OpPlan(**tiled),
                                    "mul": OpPlan(core_split={"m": 8, "n": 4})},

@@ -126,10 +126,17 @@ def _aligned_heads(prog: Program, hw, ops: dict, head_a: str, run_b: list[str]) 
     shapes = {t.id: tuple(t.shape) for t in prog.tensors}
     if split not in legal_core_splits(hb, op_granules(hb, layouts, dtypes, hw.stick_bytes), hw.cores):
         return None
+    return _run_on_split(ops, hb, run_b, split, prims, shapes, layouts, dtypes, hw)
+
+
+def _run_on_split(ops: dict, head, run: list[str], split: dict, prims: dict, shapes: dict, layouts: dict,
+                  dtypes: dict, hw) -> dict:
+    """`ops` with the run's heading matmul `head` on `split` and each member after it on
+    the split of the head's result that split makes (where legal for the member)."""
     out = dict(ops)
-    out[hb.id] = replace(out[hb.id], core_split=dict(split), core_slices=None)
-    want_of = from_head(hb, split, shapes)
-    for oid in run_b[1:]:
+    out[head.id] = replace(out[head.id], core_split=dict(split), core_slices=None)
+    want_of = from_head(head, split, shapes)
+    for oid in run[1:]:
         want = want_of(prims[oid]) if want_of is not None else None
         gran = op_granules(prims[oid], layouts, dtypes, hw.stick_bytes)
         if want is not None and oid in out and want in legal_core_splits(prims[oid], gran, hw.cores):
@@ -190,15 +197,7 @@ def _nested_heads(prog: Program, hw, ops: dict, run_a: list[str], run_b: list[st
             best, best_size = sp, size
     if best is None:
         return None
-    out = dict(ops)
-    out[ha.id] = replace(out[ha.id], core_split=dict(best), core_slices=None)
-    want_of = from_head(ha, best, shapes)
-    for oid in run_a[1:]:
-        w = want_of(prims[oid]) if want_of is not None else None
-        gran = op_granules(prims[oid], layouts, dtypes, hw.stick_bytes)
-        if w is not None and oid in out and w in legal_core_splits(prims[oid], gran, hw.cores):
-            out[oid] = replace(out[oid], core_split=w, core_slices=None)
-    return out
+    return _run_on_split(ops, ha, run_a, best, prims, shapes, layouts, dtypes, hw)
 
 
 def merge_siblings(pg: PrimGraph, hw, tr: tuple, deadline: Optional[float], trial_s: float) -> tuple:
