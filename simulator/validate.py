@@ -20,7 +20,7 @@ Codes (docs/simulator.md has the full table):
   cores_over_limit    more cores than the hardware has (split product or a core id)
   multi_reduction_split more than one reduction dim split across cores
   core_slices         coreIdToWkSlice_ is not a bijection cores <-> work slices of the split
-  temporal_tiles      temporal tiles name unknown dims or do not divide the per-core slice
+  temporal_tiles      temporal tiles name unknown dims or outnumber a core's units along the dim
   op_rule             operand layouts violate the op's stick rule (target/op_rules.py)
   op_decl_mismatch    opfunc / ex_unit disagree with the op's loop nest (matmul on pt, the rest on sfp)
   restickify_invalid  a restickify/relayout whose src/dst are not one tensor in two layouts
