@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_DATASET = DATA_DIR / "spyre_v4.json"
@@ -77,17 +77,23 @@ class Dataset(_Model):
     collected: str
     changes: str = ""
     points: list[Point]
+    # the file it was read from: the dataset's edition (spyre_v4.json) is the file's, not the
+    # format version's (a v4 dataset is written in format version 3)
+    _file: Optional[str] = PrivateAttr(default=None)
 
     @property
     def label(self) -> str:
-        return f"{self.target} v{self.version} ({self.collected}, {len(self.points)} points)"
+        name = self._file or self.target
+        return f"{name} (format v{self.version}, {self.collected}, {len(self.points)} points)"
 
     def by_id(self) -> dict[str, Point]:
         return {p.id: p for p in self.points}
 
 
 def load_dataset(path: Optional[str | Path] = None) -> Dataset:
-    ds = Dataset.model_validate_json(Path(path or DEFAULT_DATASET).read_text(encoding="utf-8"))
+    path = Path(path or DEFAULT_DATASET)
+    ds = Dataset.model_validate_json(path.read_text(encoding="utf-8"))
+    ds._file = path.name
     ids = ds.by_id()
     if len(ids) != len(ds.points):
         raise ValueError("calibration dataset: duplicate point ids")
