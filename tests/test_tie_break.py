@@ -1,4 +1,4 @@
-"""The solve's second, lexicographic objective (`solve.add_tie_break`): of strategies the
+"""The solve's second, lexicographic objective (`model.add_tie_break`): of strategies the
 cost model prices alike, every seed's solve picks the one whose core split cuts the output's
 sticks least, whatever order the strategies come in."""
 import math
@@ -8,9 +8,8 @@ from ortools.sat.python import cp_model
 from benchmarks.suite import load_suite
 from lowering import lower_document
 from solver.spyre import budget
-from solver.spyre.model import SpyreModel, build_model
+from solver.spyre.model import SpyreModel, add_tie_break, build_model, stick_split_pieces
 from solver.spyre.schedule import chain_order
-from solver.spyre.solve import add_tie_break, stick_split_pieces
 from solver.spyre.start import starting_plan
 from target.hardware import load_target
 

@@ -66,7 +66,7 @@ DETERMINISTIC_WALL_FACTOR = 10.0
 # function of the model's size), four at the default 10 s limit, one below 5 s.
 DETERMINISTIC_DRAWS = 4
 DETERMINISTIC_DRAW_S = 2.5
-# A second, lexicographic objective (`solve.add_tie_break`): this many ns per halving of an
+# A second, lexicographic objective (`model.add_tie_break`): this many ns per halving of an
 # op's output stick dim by its core split, so tied splits (a matmul's m8 x n4 and m4 x n8)
 # resolve the same way in every seed's solve, rows first. 0: off.
 STICK_SPLIT_TIE_NS = 1
@@ -277,7 +277,7 @@ TABLE: tuple[Knob, ...] = (
          "deterministic draws (seeds) while a solve finds a plan, the fastest program kept: stability against wall"),
     Knob("DETERMINISTIC_DRAW_S", "single.draw_count",
          "budget seconds per deterministic draw: more draws against the deterministic wall"),
-    Knob("STICK_SPLIT_TIE_NS", "solve.add_tie_break",
+    Knob("STICK_SPLIT_TIE_NS", "model.add_tie_break",
          "ns per halving of an op's stick dim in the objective: tied splits resolved alike in every seed's solve "
          "(rows before sticks) against overriding differences of a few ns"),
     Knob("DETERMINISTIC_WALL_FACTOR", "solve.solve_rounds",

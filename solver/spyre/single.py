@@ -37,11 +37,11 @@ from solver.spyre.draw_crossover import crossover, plan_key
 from solver.spyre.fusion.prices import predict_fused_ns
 from solver.spyre.fusion import FUSION_TRIALS
 from solver.spyre.local_search import local_search
-from solver.spyre.model import build_model
+from solver.spyre.model import add_tie_break, build_model
 from solver.spyre.post_solve import records_note
 from solver.spyre.progress import phase, phase_note
 from solver.spyre.schedule import chain_order
-from solver.spyre.solve import add_tie_break, solve_rounds
+from solver.spyre.solve import solve_rounds
 from solver.spyre.start import Hint, own_order_plan, starting_plan
 
 
@@ -150,7 +150,7 @@ def plan_chain_ordered(pg: PrimGraph, hw, *, time_limit_s: Optional[float], dete
     # hint to beat is unchanged)
     feasible = sm.feasible_hint(hint_d, ctx.input_sticks)
     sm.add_hint(feasible)
-    add_tie_break(sm)   # tied splits resolved alike by every seed (solve.add_tie_break)
+    add_tie_break(sm)   # tied splits resolved alike by every seed (model.add_tie_break)
     sm.m.Minimize(sum(sm.objective_terms))
     seconds = {"build": elapsed, "local search": time.perf_counter() - t0 - elapsed}
     notes = [f"hint: {hint_name}", f"strategies: {n_strategies} over "
